@@ -1,0 +1,98 @@
+# course_lesson(NN topic [DEPENDS MM ...]) declares lesson NN_topic:
+#
+#   lessonNN_solution   library from solutions/NN_topic/*.cpp
+#   lessonNN_exercise   library from <exercises>/NN_topic/*.cpp (exercises track only)
+#   lessonNN            what this track's tests and programs of lesson NN use
+#   lessonNN_tests      tests/NN_topic/*_test.cpp, one ctest per test case,
+#                       labels lessonNN and graded
+#   lessonNN_cuda_tests tests/NN_topic/*_test.cu where CUDA is built, label cuda too
+#   lessonNN_demo/bench lessons/NN_topic/demo.cpp and bench.cpp, when present
+#
+# A lesson's library links the *reference* libraries of the lessons it
+# DEPENDS on, in both tracks: a student stuck on lesson 2 can still do lesson 3.
+set(COURSE_TEST_TIMEOUT 120 CACHE STRING "Seconds one test case may run before it counts as failed")
+
+function(course_lesson nn topic)
+  cmake_parse_arguments(L "" "" "DEPENDS" ${ARGN})
+  set(dir "${nn}_${topic}")
+  set_property(GLOBAL APPEND PROPERTY COURSE_LESSONS "${dir}")
+
+  set(dep_libs "")
+  foreach(dep IN LISTS L_DEPENDS)
+    list(APPEND dep_libs "lesson${dep}_solution")
+  endforeach()
+
+  file(GLOB sol_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/solutions/${dir}/*.cpp")
+  add_library(lesson${nn}_solution STATIC ${sol_src})
+  target_link_libraries(lesson${nn}_solution PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
+
+  if(COURSE_TRACK STREQUAL "exercises")
+    file(GLOB ex_src CONFIGURE_DEPENDS "${COURSE_EXERCISES_DIR}/${dir}/*.cpp")
+    if(NOT ex_src)
+      message(FATAL_ERROR "lesson ${nn}: no starter sources in ${COURSE_EXERCISES_DIR}/${dir}")
+    endif()
+    add_library(lesson${nn}_exercise STATIC ${ex_src})
+    target_link_libraries(lesson${nn}_exercise PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
+    set(track_lib lesson${nn}_exercise)
+  else()
+    set(track_lib lesson${nn}_solution)
+  endif()
+  add_library(lesson${nn} INTERFACE)
+  target_link_libraries(lesson${nn} INTERFACE ${track_lib})
+
+  file(GLOB test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cpp")
+  if(test_src)
+    course_add_tests(lesson${nn}_tests "lesson${nn};graded" lesson${nn} ${test_src})
+  endif()
+  file(GLOB cuda_test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cu")
+  if(cuda_test_src AND COURSE_HAVE_CUDA)
+    course_add_tests(lesson${nn}_cuda_tests "lesson${nn};graded;cuda" lesson${nn} ${cuda_test_src})
+  endif()
+
+  foreach(prog demo bench)
+    if(EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/${prog}.cpp")
+      add_executable(lesson${nn}_${prog} "${CMAKE_SOURCE_DIR}/lessons/${dir}/${prog}.cpp")
+      target_link_libraries(lesson${nn}_${prog} PRIVATE lesson${nn} course_flags)
+    endif()
+  endforeach()
+endfunction()
+
+# course_add_tests(target labels lib sources...): one test binary, each GoogleTest
+# case its own ctest (so a crash or a hang costs that case only).
+function(course_add_tests target labels lib)
+  add_executable(${target} ${ARGN})
+  target_link_libraries(${target} PRIVATE ${lib} course_testing course_flags)
+  course_discover_tests(${target} "${labels}")
+endfunction()
+
+# course_discover_tests(target labels): one ctest per GoogleTest case, with a timeout and labels.
+function(course_discover_tests target labels)
+  gtest_discover_tests(${target}
+    DISCOVERY_MODE PRE_TEST
+    TEST_LIST ${target}_TESTS
+    PROPERTIES TIMEOUT ${COURSE_TEST_TIMEOUT})
+  # gtest_discover_tests flattens a list-valued property ("lesson00;graded" would become two
+  # words), so the labels are set by a file ctest reads after the discovered tests.
+  set(labels_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake")
+  file(WRITE "${labels_file}"
+    "if(${target}_TESTS)\n  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${labels}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
+endfunction()
+
+# course_extra_tests(DIR): an instructor's hidden tests, DIR/NN_topic/*_test.cpp,
+# graded against this track's lesson NN exactly like the course's own tests.
+function(course_extra_tests root)
+  get_property(lessons GLOBAL PROPERTY COURSE_LESSONS)
+  set(found FALSE)
+  foreach(dir IN LISTS lessons)
+    file(GLOB extra CONFIGURE_DEPENDS "${root}/${dir}/*_test.cpp")
+    if(extra)
+      string(SUBSTRING "${dir}" 0 2 nn)
+      course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" lesson${nn} ${extra})
+      set(found TRUE)
+    endif()
+  endforeach()
+  if(NOT found)
+    message(FATAL_ERROR "COURSE_EXTRA_TESTS=${root}: no NN_topic/*_test.cpp files for any lesson")
+  endif()
+endfunction()

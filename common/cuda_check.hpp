@@ -1,0 +1,35 @@
+/// @file cuda_check.hpp
+/// @brief CUDA error checking for the CUDA lessons: every runtime call's status becomes an
+/// infer::Error naming the call, the file and the line.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/errors.hpp"
+
+namespace infer {
+
+/// Throws infer::Error if `status` is not cudaSuccess.
+inline void cuda_check(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess) {
+    throw Error(cat("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") in ",
+                    call, " at ", file, ":", line));
+  }
+}
+
+/// True when a CUDA device can be used. With no GPU or no driver, cudaGetDeviceCount
+/// returns an error rather than zero devices: any error there means "no device".
+inline bool cuda_device_available() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace infer
+
+/// Wraps a CUDA runtime call: `INFER_CUDA_CHECK(cudaMalloc(&p, n));`
+#define INFER_CUDA_CHECK(call) ::infer::cuda_check((call), #call, __FILE__, __LINE__)

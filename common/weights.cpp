@@ -1,0 +1,156 @@
+#include "common/weights.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "common/errors.hpp"
+#include "common/rng.hpp"
+#include "common/safetensors.hpp"
+
+#ifndef COURSE_SOURCE_DIR
+#error "COURSE_SOURCE_DIR must name the repository root"
+#endif
+
+namespace infer {
+
+long ModelWeights::parameter_count() const {
+  long n = embed_tokens.size() + norm.size();
+  if (!config.tie_word_embeddings) n += lm_head.size();
+  for (const auto& l : layers) {
+    n += l.input_layernorm.size() + l.q_proj.size() + l.k_proj.size() + l.v_proj.size() +
+         l.o_proj.size() + l.post_attention_layernorm.size() + l.gate_proj.size() +
+         l.up_proj.size() + l.down_proj.size();
+  }
+  return n;
+}
+
+namespace {
+
+/// Takes tensors out of the file's map by name, checking each shape.
+class TensorTaker {
+ public:
+  TensorTaker(std::map<std::string, Tensor> tensors, std::string file)
+      : tensors_(std::move(tensors)), file_(std::move(file)) {}
+
+  Matrix matrix(const std::string& name, long rows, long cols) {
+    Tensor t = take(name, {rows, cols});
+    return Eigen::Map<Matrix>(t.data.data(), rows, cols);
+  }
+
+  Vector vector(const std::string& name, long n) {
+    Tensor t = take(name, {n});
+    return Eigen::Map<Vector>(t.data.data(), n);
+  }
+
+  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+
+  /// Everything left over that is not a known, harmless extra.
+  void expect_all_used() const {
+    for (const auto& [name, t] : tensors_) {
+      if (name.ends_with("rotary_emb.inv_freq")) continue;  // a buffer some exporters save
+      throw Error(cat("model '", file_, "': unexpected tensor '", name, "' of shape ",
+                      shape_string(t.shape), " (this engine implements the Llama architecture)"));
+    }
+  }
+
+ private:
+  Tensor take(const std::string& name, std::vector<long> expected) {
+    auto it = tensors_.find(name);
+    require(it != tensors_.end(), "model '", file_, "': missing tensor '", name, "' (expected shape ",
+            shape_string(expected), ")");
+    require(it->second.shape == expected, "model '", file_, "': tensor '", name, "' has shape ",
+            shape_string(it->second.shape), ", expected ", shape_string(expected), " from config.json");
+    Tensor t = std::move(it->second);
+    tensors_.erase(it);
+    return t;
+  }
+
+  std::map<std::string, Tensor> tensors_;
+  std::string file_;
+};
+
+}  // namespace
+
+ModelWeights load_model(const std::string& dir) {
+  namespace fs = std::filesystem;
+  require(fs::is_directory(dir), "model: '", dir, "' is not a directory (expected config.json and model.safetensors in it)");
+  ModelWeights m;
+  m.config = load_config((fs::path(dir) / "config.json").string());
+  const ModelConfig& c = m.config;
+  const std::string file = (fs::path(dir) / "model.safetensors").string();
+  TensorTaker take(read_safetensors(file), file);
+
+  const long d = c.hidden_size, q = long(c.num_attention_heads) * c.head_dim,
+             kv = long(c.num_key_value_heads) * c.head_dim, h = c.intermediate_size;
+  m.embed_tokens = take.matrix("model.embed_tokens.weight", c.vocab_size, d);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    LayerWeights l;
+    l.input_layernorm = take.vector(p + "input_layernorm.weight", d);
+    l.q_proj = take.matrix(p + "self_attn.q_proj.weight", q, d);
+    l.k_proj = take.matrix(p + "self_attn.k_proj.weight", kv, d);
+    l.v_proj = take.matrix(p + "self_attn.v_proj.weight", kv, d);
+    l.o_proj = take.matrix(p + "self_attn.o_proj.weight", d, q);
+    l.post_attention_layernorm = take.vector(p + "post_attention_layernorm.weight", d);
+    l.gate_proj = take.matrix(p + "mlp.gate_proj.weight", h, d);
+    l.up_proj = take.matrix(p + "mlp.up_proj.weight", h, d);
+    l.down_proj = take.matrix(p + "mlp.down_proj.weight", d, h);
+    m.layers.push_back(std::move(l));
+  }
+  m.norm = take.vector("model.norm.weight", d);
+  if (c.tie_word_embeddings && !take.has("lm_head.weight")) {
+    m.lm_head = m.embed_tokens;
+  } else {
+    m.lm_head = take.matrix("lm_head.weight", c.vocab_size, d);
+  }
+  take.expect_all_used();
+  return m;
+}
+
+ModelWeights random_model(const ModelConfig& config, uint64_t seed) {
+  config.validate("random_model");
+  Rng rng(seed);
+  // Each matrix gets std 1/sqrt(in_features), so activations and logits stay of order 1
+  // at any size and random models have clear greedy winners, like a trained one.
+  auto mat = [&](long rows, long cols) {
+    Matrix m(rows, cols);
+    const double std = 1.0 / std::sqrt(static_cast<double>(cols));
+    for (long i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(std * rng.normal());
+    return m;
+  };
+  auto norm = [&](long n) {
+    Vector v(n);
+    for (long i = 0; i < n; ++i) v[i] = static_cast<float>(1.0 + 0.1 * rng.normal());
+    return v;
+  };
+  const ModelConfig& c = config;
+  const long d = c.hidden_size, q = long(c.num_attention_heads) * c.head_dim,
+             kv = long(c.num_key_value_heads) * c.head_dim, h = c.intermediate_size;
+  ModelWeights m;
+  m.config = c;
+  m.embed_tokens = mat(c.vocab_size, d) * std::sqrt(static_cast<float>(d));  // std 1 per entry
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights l;
+    l.input_layernorm = norm(d);
+    l.q_proj = mat(q, d);
+    l.k_proj = mat(kv, d);
+    l.v_proj = mat(kv, d);
+    l.o_proj = mat(d, q);
+    l.post_attention_layernorm = norm(d);
+    l.gate_proj = mat(h, d);
+    l.up_proj = mat(h, d);
+    l.down_proj = mat(d, h);
+    m.layers.push_back(std::move(l));
+  }
+  m.norm = norm(d);
+  m.lm_head = c.tie_word_embeddings ? m.embed_tokens : mat(c.vocab_size, d);
+  return m;
+}
+
+std::string bundled_model_dir(const std::string& name) {
+  return (std::filesystem::path(COURSE_SOURCE_DIR) / "models" / name).string();
+}
+
+}  // namespace infer

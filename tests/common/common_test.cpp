@@ -1,0 +1,161 @@
+// common/: file formats, the tokenizer, the generator, and the validation given to students.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/rng.hpp"
+#include "common/safetensors.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+
+namespace infer {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::throws_error_mentioning;
+
+/// A scratch directory removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("infer_test_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + header + data;
+}
+
+TEST(Safetensors, ReadsF32F16AndBf16) {
+  TempDir dir;
+  float f[2] = {1.5f, -2.25f};
+  const unsigned char half[4] = {0x00, 0x3C, 0x00, 0xC0};   // 1.0, -2.0 in binary16
+  const unsigned char bf16[4] = {0x80, 0x3F, 0x40, 0x40};   // 1.0, 3.0 in bfloat16
+  std::string data(reinterpret_cast<const char*>(f), 8);
+  data += std::string(reinterpret_cast<const char*>(half), 4) + std::string(reinterpret_cast<const char*>(bf16), 4);
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]},)"
+      R"("c":{"dtype":"BF16","shape":[2],"data_offsets":[12,16]},"__metadata__":{"format":"pt"}})";
+  write_file(dir.path / "t.safetensors", safetensors_bytes(header, data));
+  const auto t = read_safetensors((dir.path / "t.safetensors").string());
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.at("a").data, (std::vector<float>{1.5f, -2.25f}));
+  EXPECT_EQ(t.at("b").shape, (std::vector<long>{1, 2}));
+  EXPECT_EQ(t.at("b").data, (std::vector<float>{1.0f, -2.0f}));
+  EXPECT_EQ(t.at("c").data, (std::vector<float>{1.0f, 3.0f}));
+}
+
+TEST(Safetensors, HalfPrecisionEdgeCases) {
+  EXPECT_EQ(half_to_float(0x7BFF), 65504.0f);           // largest finite
+  EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(half_to_float(0x7C00)));
+  EXPECT_TRUE(std::signbit(half_to_float(0x8000)));
+}
+
+TEST(Safetensors, TruncatedFileSaysSo) {
+  TempDir dir;
+  const std::string header = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  write_file(dir.path / "t.safetensors", safetensors_bytes(header, std::string(8, '\0')));
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "t.safetensors").string()); }, "truncated"));
+  write_file(dir.path / "short.safetensors", "abc");
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "short.safetensors").string()); },
+                                      "at least 8"));
+}
+
+TEST(Safetensors, ShapeAndByteRangeMustAgree) {
+  TempDir dir;
+  const std::string header = R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})";
+  write_file(dir.path / "t.safetensors", safetensors_bytes(header, std::string(16, '\0')));
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "t.safetensors").string()); },
+                                      "expected 12"));
+}
+
+TEST(Weights, BundledModelsLoadWithTheDocumentedShape) {
+  const ModelWeights t = load_model(bundled_model_dir("tiny-fortunes"));
+  EXPECT_EQ(t.config.hidden_size, 192);
+  EXPECT_EQ(t.config.num_hidden_layers, 4);
+  EXPECT_EQ(t.config.num_attention_heads, 8);
+  EXPECT_EQ(t.config.num_key_value_heads, 2);
+  EXPECT_EQ(t.config.vocab_size, ByteTokenizer::kVocabSize);
+  EXPECT_EQ(t.parameter_count(), 1649472);
+  const ModelWeights d = load_model(bundled_model_dir("tiny-fortunes-draft"));
+  EXPECT_EQ(d.config.hidden_size, 96);
+  EXPECT_EQ(d.config.vocab_size, t.config.vocab_size) << "draft and target must share a vocabulary";
+}
+
+TEST(Weights, WrongShapeNamesTensorAndBothShapes) {
+  TempDir dir;
+  fs::copy_file(bundled_model_dir("tiny-fortunes") + "/model.safetensors", dir.path / "model.safetensors");
+  // Same weights, but a config claiming a wider MLP: the first MLP tensor must be refused.
+  std::ifstream in(bundled_model_dir("tiny-fortunes") + "/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), {});
+  const auto at = config.find("\"intermediate_size\": 512");
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, std::strlen("\"intermediate_size\": 512"), "\"intermediate_size\": 640");
+  write_file(dir.path / "config.json", config);
+  EXPECT_TRUE(throws_error_mentioning([&] { load_model(dir.path.string()); },
+                                      "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [512, 192], "
+                                      "expected [640, 192]"));
+}
+
+TEST(Weights, MissingConfigKeyIsNamed) {
+  TempDir dir;
+  write_file(dir.path / "config.json", R"({"hidden_size": 8})");
+  EXPECT_TRUE(throws_error_mentioning([&] { load_config((dir.path / "config.json").string()); }, "vocab_size"));
+  EXPECT_TRUE(throws_error_mentioning([&] { load_model((dir.path / "nope").string()); }, "not a directory"));
+}
+
+TEST(Tokenizer, RoundTripsUtf8AndSkipsSpecials) {
+  const std::string text = "Fortune: ça va? \xF0\x9F\x8E\xB2";
+  const auto ids = ByteTokenizer::encode(text);
+  EXPECT_EQ(ids.front(), ByteTokenizer::kBos);
+  EXPECT_EQ(ids[1], 'F' + 3);
+  EXPECT_EQ(ByteTokenizer::decode(ids), text);
+  EXPECT_EQ(ByteTokenizer::decode(std::vector<int>{1, 'h' + 3, 'i' + 3, 2}), "hi");
+  EXPECT_TRUE(throws_error_mentioning([] { ByteTokenizer::decode(std::vector<int>{5, 259}); }, "index 1"));
+}
+
+TEST(Rng, IsReproducibleAndUniformish) {
+  Rng a(7), b(7), c(8);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.next_u64(), b.next_u64());
+  EXPECT_NE(Rng(7).next_u64(), c.next_u64());
+  Rng r(1);
+  double sum = 0;
+  for (int i = 0; i < 100000; ++i) sum += r.uniform();
+  EXPECT_NEAR(sum / 100000, 0.5, 0.01);
+  // The first value of seed 0 is fixed by the algorithm, on every platform.
+  EXPECT_EQ(Rng(0).next_u64(), 0xE220A8397B1DCDAFull);
+}
+
+TEST(Plumbing, SamplingParamsRejectNonsense) {
+  EXPECT_TRUE(throws_error_mentioning([] { SamplingParams{.top_p = 0.0f}.validate(); }, "top_p"));
+  EXPECT_TRUE(throws_error_mentioning([] { SamplingParams{.top_p = 1.5f}.validate(); }, "(0, 1]"));
+  EXPECT_TRUE(throws_error_mentioning([] { SamplingParams{.temperature = -1.0f}.validate(); }, "temperature"));
+  EXPECT_TRUE(throws_error_mentioning([] { SamplingParams{.top_k = -3}.validate(); }, "top_k"));
+}
+
+TEST(Plumbing, CheckTokensNamesTheProblem) {
+  ModelConfig c;
+  c.vocab_size = 10, c.max_position_embeddings = 4;
+  EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{}, "f"); }, "empty"));
+  EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{1, 2, 3, 4, 5}, "f"); }, "context"));
+  EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{1, -1}, "f"); }, "index 1"));
+}
+
+}  // namespace
+}  // namespace infer

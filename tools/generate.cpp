@@ -1,0 +1,99 @@
+// generate: run a model on a prompt and print what it writes.
+//
+//   generate --model DIR --prompt TEXT --max-new-tokens N
+//            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
+//
+// Text streams to stdout as it is produced; with --ids, the generated token ids are printed
+// instead, on one line, separated by spaces. Statistics go to stderr with --stats.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "common/errors.hpp"
+#include "common/timer.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+
+namespace {
+
+void usage(std::ostream& out) {
+  out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
+         "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
+         "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
+         "  --ids prints the generated token ids on one line instead of text.\n"
+         "  --stats prints tokens and tokens/s to stderr.\n";
+}
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    T value;
+    if constexpr (std::is_same_v<T, int>) value = std::stoi(text, &used);
+    else if constexpr (std::is_same_v<T, float>) value = std::stof(text, &used);
+    else value = static_cast<T>(std::stoull(text, &used));
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw infer::Error(infer::cat("generate: ", flag, " expects a number, got '", text, "'"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string model_dir, prompt;
+    int max_new = -1;
+    bool print_ids = false, stats = false, have_prompt = false;
+    infer::SamplingParams params{.temperature = 0.8f};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw infer::Error(infer::cat("generate: ", a, " needs a value"));
+        return argv[++i];
+      };
+      if (a == "--model") model_dir = value();
+      else if (a == "--prompt") prompt = value(), have_prompt = true;
+      else if (a == "--max-new-tokens") max_new = parse_number<int>(a, value());
+      else if (a == "--temperature") params.temperature = parse_number<float>(a, value());
+      else if (a == "--top-k") params.top_k = parse_number<int>(a, value());
+      else if (a == "--top-p") params.top_p = parse_number<float>(a, value());
+      else if (a == "--seed") params.seed = parse_number<uint64_t>(a, value());
+      else if (a == "--ids") print_ids = true;
+      else if (a == "--stats") stats = true;
+      else if (a == "-h" || a == "--help") return usage(std::cout), 0;
+      else throw infer::Error(infer::cat("generate: unknown option '", a, "'"));
+    }
+    if (model_dir.empty() || !have_prompt || max_new < 0) {
+      usage(std::cerr);
+      std::cerr << "generate: --model, --prompt and --max-new-tokens are required\n";
+      return 2;
+    }
+
+    const infer::ModelWeights model = infer::load_model(model_dir);
+    infer::Sampler sampler(params);
+    const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
+    if (!print_ids) std::cout << prompt << std::flush;
+
+    infer::Stopwatch clock;
+    const auto out = infer::generate(model, prompt_ids, max_new, sampler, [&](int token) {
+      if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
+    });
+    const double seconds = clock.seconds();
+
+    if (print_ids) {
+      for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
+    }
+    std::cout << "\n";
+    if (stats) {
+      std::fprintf(stderr, "[%zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prompt_ids.size(),
+                   out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

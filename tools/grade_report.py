@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""The grade report: points per lesson from ctest's JUnit file and the tests' sources.
+
+    tools/grade_report.py --junit build/grade/junit.xml [--extra-tests DIR]
+                          [--json FILE] [--csv FILE] [--lesson NN] [--quiet]
+                          [--expect-none-pass] [--first-failure]
+
+Points come from the GRADED_TEST(Suite, Name, points) lines of tests/NN_topic/*_test.cpp
+(and of an instructor's extra tests), so a lesson whose tests failed to compile still shows
+what it was worth. A case earns its points when ctest ran it and it passed; failed, crashed,
+timed out, skipped (no GPU) and never built all earn zero.
+
+--expect-none-pass is the check of the exercise set itself: it exits 1 if any graded case
+passes (a test that passes on an untouched starter tests nothing).
+--first-failure prints the first failing case's message and the README section to read.
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRADED = re.compile(r"^\s*GRADED_TEST\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\d+)\s*\)", re.M)
+
+
+def lesson_dirs():
+    return sorted(d for d in os.listdir(os.path.join(ROOT, "lessons")) if re.match(r"\d\d_", d))
+
+
+def graded_cases(extra_dir=None):
+    """{test name: (lesson dir, points, source file)} from the sources."""
+    cases = {}
+    roots = [os.path.join(ROOT, "tests")] + ([extra_dir] if extra_dir else [])
+    for lesson in lesson_dirs():
+        for root in roots:
+            for path in sorted(glob.glob(os.path.join(root, lesson, "*_test.c*"))):
+                with open(path, encoding="utf-8") as f:
+                    for suite, name, points in GRADED.findall(f.read()):
+                        cases[f"{suite}.{name}"] = (lesson, int(points), path)
+    return cases
+
+
+def junit_results(path):
+    """{test name: (status, output)} with status passed / failed / skipped / not run."""
+    results = {}
+    if not path or not os.path.exists(path):
+        return results
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        name = tc.get("name")
+        out = tc.findtext("system-out") or ""
+        status = tc.get("status", "")
+        if tc.find("failure") is not None or status == "fail":
+            state = "failed"
+        elif tc.find("skipped") is not None or status in ("notrun", "disabled"):
+            state = "skipped"
+        elif status == "run":
+            state = "passed"
+        else:
+            state = "not run"
+        # gtest prints "[  SKIPPED ]" for GTEST_SKIP; ctest reports those as run.
+        if state == "passed" and "[  SKIPPED ]" in out:
+            state = "skipped"
+        results[name] = (state, out)
+    return results
+
+
+def failure_message(output, limit=25):
+    """The lines of a GoogleTest log that explain the failure."""
+    lines = output.splitlines()
+    keep, on = [], False
+    for line in lines:
+        if line.startswith("[ RUN") or line.startswith("Note: Google Test filter"):
+            continue
+        if line.startswith("[  FAILED") or line.startswith("[==========]") or line.startswith("[----------]"):
+            on = False
+            continue
+        if "Failure" in line or "C++ exception" in line or "Timeout" in line:
+            on = True
+        if on or "exception" in line:
+            keep.append(line)
+    if not keep:
+        keep = [l for l in lines if l.strip()][-limit:]
+    return "\n".join(keep[:limit])
+
+
+def readme_section(lesson, test_name):
+    """The heading of the README section that mentions the test (or its suite)."""
+    path = os.path.join(ROOT, "lessons", lesson, "README.md")
+    if not os.path.exists(path):
+        return None
+    suite = test_name.split(".")[0]
+    heading = None
+    best = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#"):
+                heading = line.lstrip("#").strip()
+                heading = re.sub(r"\s*\{#[^}]*\}\s*$", "", heading)
+            elif test_name.split(".")[-1] in line and heading:
+                return heading
+            elif suite in line and heading and best is None:
+                best = heading
+    return best
+
+
+def build_report(cases, results):
+    lessons = {}
+    # Lesson order, then source order (files sort by name: number them in the order to work).
+    for name, (lesson, points, _) in sorted(cases.items(), key=lambda kv: kv[1][0]):
+        state = results.get(name, ("not built", ""))[0]
+        row = lessons.setdefault(lesson, {"lesson": lesson, "earned": 0, "total": 0, "passed": 0,
+                                          "cases": 0, "tests": []})
+        earned = points if state == "passed" else 0
+        row["earned"] += earned
+        row["total"] += points
+        row["cases"] += 1
+        row["passed"] += state == "passed"
+        row["tests"].append({"name": name, "points": points, "earned": earned, "status": state})
+    earned = sum(r["earned"] for r in lessons.values())
+    total = sum(r["total"] for r in lessons.values())
+    return {"lessons": list(lessons.values()), "earned": earned, "total": total}
+
+
+def print_table(report, colour):
+    def paint(text, code):
+        return f"\033[{code}m{text}\033[0m" if colour else text
+    print(f"{'lesson':<28} {'points':>9} {'cases':>9}  progress")
+    for r in report["lessons"]:
+        frac = r["earned"] / r["total"] if r["total"] else 0
+        bar = "#" * round(20 * frac) + "." * (20 - round(20 * frac))
+        code = "32" if frac == 1 else ("33" if frac > 0 else "31")
+        print(f"{r['lesson']:<28} {r['earned']:>4}/{r['total']:<4} {r['passed']:>4}/{r['cases']:<4}  "
+              f"{paint(bar, code)}")
+    t = report
+    print(f"{'total':<28} {t['earned']:>4}/{t['total']:<4}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--junit", required=True)
+    ap.add_argument("--extra-tests")
+    ap.add_argument("--json")
+    ap.add_argument("--csv")
+    ap.add_argument("--lesson", help="only this lesson (NN)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--expect-none-pass", action="store_true")
+    ap.add_argument("--first-failure", action="store_true")
+    args = ap.parse_args()
+
+    cases = graded_cases(args.extra_tests)
+    if args.lesson:
+        cases = {k: v for k, v in cases.items() if v[0].startswith(args.lesson + "_")}
+    if not cases:
+        print("grade_report: no GRADED_TEST cases found" + (f" for lesson {args.lesson}" if args.lesson else ""),
+              file=sys.stderr)
+        return 2
+    results = junit_results(args.junit)
+    report = build_report(cases, results)
+
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    if args.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lesson", "test", "points", "earned", "status"])
+            for r in report["lessons"]:
+                for t in r["tests"]:
+                    w.writerow([r["lesson"], t["name"], t["points"], t["earned"], t["status"]])
+    if not args.quiet:
+        print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+
+    if args.first_failure:
+        for r in report["lessons"]:
+            for t in r["tests"]:
+                if t["status"] != "passed":
+                    print(f"\nFirst failing case: {t['name']} ({t['status']}, {t['points']} points)")
+                    out = results.get(t["name"], ("", ""))[1]
+                    if out:
+                        print(failure_message(out))
+                    elif t["status"] == "not built":
+                        print("The test program did not build: see the compiler errors above.")
+                    section = readme_section(r["lesson"], t["name"])
+                    where = f"lessons/{r['lesson']}/README.md"
+                    print(f"\nRead: {where}" + (f', section "{section}"' if section else ""))
+                    return 1
+    if args.expect_none_pass:
+        passing = [t["name"] for r in report["lessons"] for t in r["tests"] if t["status"] == "passed"]
+        if passing:
+            print("These graded cases pass on the untouched starters, so they test nothing:", file=sys.stderr)
+            for n in passing:
+                print(f"  {n}", file=sys.stderr)
+            return 1
+        missing = [t["name"] for r in report["lessons"] for t in r["tests"] if t["status"] in ("not built", "not run")]
+        if missing:
+            print("These graded cases did not run on the starters (they must build and fail):", file=sys.stderr)
+            for n in missing:
+                print(f"  {n}", file=sys.stderr)
+            return 1
+        print(f"exercise set: all {sum(r['cases'] for r in report['lessons'])} graded cases fail on the starters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
