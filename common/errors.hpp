@@ -22,7 +22,7 @@ class NotImplemented : public Error {
   /// `lesson` is the two-digit number ("00"), `what` the function left to write.
   NotImplemented(std::string_view lesson, std::string_view what)
       : Error("lesson " + std::string(lesson) + ": " + std::string(what) +
-              " is not implemented yet (see lessons/" + std::string(lesson) + "*/README.md)") {}
+              " is not implemented yet") {}
 };
 
 /// Concatenates its arguments with operator<<: `cat("expected ", n, " got ", m)`.

@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""The generate program end to end: --ids at temperature 0 prints the golden greedy ids,
+and bad options are refused with a message and a non-zero exit status.
+
+    generate_cli_test.py GENERATE_BINARY REPOSITORY_ROOT
+"""
+import json
+import os
+import subprocess
+import sys
+
+binary, root = sys.argv[1], sys.argv[2]
+model = os.path.join(root, "models", "tiny-fortunes")
+with open(os.path.join(model, "golden.json")) as f:
+    golden = json.load(f)["greedy"][0]
+
+n = 64
+run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                      "--temperature", "0", "--ids"], capture_output=True, text=True, check=False)
+if run.returncode != 0:
+    sys.exit(f"generate failed ({run.returncode}): {run.stderr}")
+got = [int(x) for x in run.stdout.split()]
+want = golden["ids"][:n]
+if got != want:
+    sys.exit(f"generate --ids printed\n  {got}\nexpected the golden greedy ids\n  {want}")
+print(f"generate --ids: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
+
+for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects a number"),
+                      (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context")]:
+    args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
+    run = subprocess.run(args, capture_output=True, text=True, check=False)
+    if run.returncode == 0 or fragment not in run.stderr:
+        sys.exit(f"{' '.join(bad)}: expected a non-zero exit and a message mentioning {fragment!r}, "
+                 f"got exit {run.returncode} and {run.stderr!r}")
+print("generate refuses bad options with a message")
