@@ -70,7 +70,8 @@ function(course_discover_tests target labels)
   gtest_discover_tests(${target}
     DISCOVERY_MODE PRE_TEST
     TEST_LIST ${target}_TESTS
-    PROPERTIES TIMEOUT ${COURSE_TEST_TIMEOUT})
+    # ctest runs cases side by side: one OpenMP thread each keeps them from fighting over cores.
+    PROPERTIES TIMEOUT ${COURSE_TEST_TIMEOUT} ENVIRONMENT OMP_NUM_THREADS=1)
   # gtest_discover_tests flattens a list-valued property ("lesson00;graded" would become two
   # words), so the labels are set by a file ctest reads after the discovered tests.
   set(labels_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake")

@@ -2,12 +2,17 @@
 //
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
+//            [--kv-cache [--kv-dtype f32|int8]]
+//
+// Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
+// prefilled once and each step computes one token (lesson 02).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "common/errors.hpp"
@@ -15,15 +20,19 @@
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/02_kv_cache/kv_cache.hpp"
 
 namespace {
 
 void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
+         "                [--kv-cache [--kv-dtype f32|int8]]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
-         "  --stats prints tokens and tokens/s to stderr.\n";
+         "  --stats prints tokens and tokens/s to stderr.\n"
+         "  --kv-cache keeps keys and values (lesson 02) instead of recomputing them (lesson 00);\n"
+         "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n";
 }
 
 template <typename T>
@@ -46,7 +55,8 @@ int main(int argc, char** argv) {
   try {
     std::string model_dir, prompt;
     int max_new = -1;
-    bool print_ids = false, stats = false, have_prompt = false;
+    bool print_ids = false, stats = false, have_prompt = false, kv_cache = false;
+    std::string kv_dtype = "f32";
     infer::SamplingParams params{.temperature = 0.8f};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -63,6 +73,8 @@ int main(int argc, char** argv) {
       else if (a == "--seed") params.seed = parse_number<uint64_t>(a, value());
       else if (a == "--ids") print_ids = true;
       else if (a == "--stats") stats = true;
+      else if (a == "--kv-cache") kv_cache = true;
+      else if (a == "--kv-dtype") kv_dtype = value();
       else if (a == "-h" || a == "--help") return usage(std::cout), 0;
       else throw infer::Error(infer::cat("generate: unknown option '", a, "'"));
     }
@@ -72,15 +84,29 @@ int main(int argc, char** argv) {
       return 2;
     }
 
+    if (kv_dtype != "f32" && kv_dtype != "int8")
+      throw infer::Error(infer::cat("generate: --kv-dtype must be f32 or int8, got '", kv_dtype, "'"));
+    if (kv_dtype != "f32" && !kv_cache) throw infer::Error("generate: --kv-dtype needs --kv-cache");
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     if (!print_ids) std::cout << prompt << std::flush;
 
     infer::Stopwatch clock;
-    const auto out = infer::generate(model, prompt_ids, max_new, sampler, [&](int token) {
+    const auto stream = [&](int token) {
       if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
-    });
+    };
+    std::vector<int> out;
+    if (!kv_cache) {
+      out = infer::generate(model, prompt_ids, max_new, sampler, stream);
+    } else {
+      // Room for everything the sequence will hold; generate_cached refuses more than the context.
+      const int room = static_cast<int>(prompt_ids.size()) + max_new;
+      std::unique_ptr<infer::KVStore> cache;
+      if (kv_dtype == "int8") cache = std::make_unique<infer::Int8KVCache>(model.config, std::max(room, 1));
+      else cache = std::make_unique<infer::KVCache>(model.config, std::max(room, 1));
+      out = infer::generate_cached(model, prompt_ids, max_new, sampler, *cache, stream);
+    }
     const double seconds = clock.seconds();
 
     if (print_ids) {

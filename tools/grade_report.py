@@ -125,13 +125,23 @@ def build_report(cases, results):
     return {"lessons": list(lessons.values()), "earned": earned, "total": total}
 
 
+def progress_bar(earned, total, width=20):
+    """Full only when everything is earned; otherwise rounded down."""
+    filled = width if earned == total else (width * earned) // max(total, 1)
+    return "#" * filled + "." * (width - filled)
+
+
+def points(n):
+    return f"{n} point" + ("" if n == 1 else "s")
+
+
 def print_table(report, colour):
     def paint(text, code):
         return f"\033[{code}m{text}\033[0m" if colour else text
     print(f"{'lesson':<28} {'points':>9} {'cases':>9}  progress")
     for r in report["lessons"]:
+        bar = progress_bar(r["earned"], r["total"])
         frac = r["earned"] / r["total"] if r["total"] else 0
-        bar = "#" * round(20 * frac) + "." * (20 - round(20 * frac))
         code = "32" if frac == 1 else ("33" if frac > 0 else "31")
         print(f"{r['lesson']:<28} {r['earned']:>4}/{r['total']:<4} {r['passed']:>4}/{r['cases']:<4}  "
               f"{paint(bar, code)}")
@@ -181,7 +191,10 @@ def main():
         for r in report["lessons"]:
             for t in r["tests"]:
                 if t["status"] != "passed":
-                    print(f"\nFirst failing case: {t['name']} ({t['status']}, {t['points']} points)")
+                    failing = [u for u in r["tests"] if u["status"] != "passed"]
+                    print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
+                          + ", ".join(u["name"].split(".")[-1] for u in failing))
+                    print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")
                     out = results.get(t["name"], ("", ""))[1]
                     if out:
                         print(failure_message(out))

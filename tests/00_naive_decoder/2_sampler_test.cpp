@@ -11,7 +11,8 @@
 namespace infer {
 namespace {
 
-Vector logits_of(std::initializer_list<float> v) {
+/// A Vector from a list: logits or probabilities.
+Vector vec(std::initializer_list<float> v) {
   Vector l(static_cast<Eigen::Index>(v.size()));
   Eigen::Index i = 0;
   for (float x : v) l[i++] = x;
@@ -19,26 +20,26 @@ Vector logits_of(std::initializer_list<float> v) {
 }
 
 GRADED_TEST(Lesson00Sampler, ArgmaxPicksTheFirstOfEqualMaxima, 1) {
-  EXPECT_EQ(argmax(logits_of({0.5f, 2.0f, -1.0f, 2.0f})), 1);
-  EXPECT_EQ(argmax(logits_of({-3.0f, -2.0f, -7.0f})), 1) << "all-negative logits";
+  EXPECT_EQ(argmax(vec({0.5f, 2.0f, -1.0f, 2.0f})), 1);
+  EXPECT_EQ(argmax(vec({-3.0f, -2.0f, -7.0f})), 1) << "all-negative logits";
 }
 
 GRADED_TEST(Lesson00Sampler, TemperatureZeroIsOneHotAtArgmax, 1) {
-  const Vector p = sampling_distribution(logits_of({1.0f, 3.0f, 2.0f}), {.temperature = 0.0f});
-  EXPECT_TRUE(testing::all_close(logits_of({0, 1, 0}), p, 0, 0, "temperature-0 distribution"));
+  const Vector p = sampling_distribution(vec({1.0f, 3.0f, 2.0f}), {.temperature = 0.0f});
+  EXPECT_TRUE(testing::all_close(vec({0, 1, 0}), p, 0, 0, "temperature-0 distribution"));
 }
 
 GRADED_TEST(Lesson00Sampler, SoftmaxIsStableAndMatchesTheFormula, 2) {
   // Logits near 1000 overflow exp() unless the maximum is subtracted first.
-  const Vector l = logits_of({1000.0f, 999.0f, 997.0f});
+  const Vector l = vec({1000.0f, 999.0f, 997.0f});
   const Vector p = sampling_distribution(l, {.temperature = 0.5f});
   const double e1 = std::exp(-2.0), e2 = std::exp(-6.0), z = 1 + e1 + e2;
-  EXPECT_TRUE(testing::all_close(logits_of({float(1 / z), float(e1 / z), float(e2 / z)}), p, 1e-6, 1e-5,
+  EXPECT_TRUE(testing::all_close(vec({float(1 / z), float(e1 / z), float(e2 / z)}), p, 1e-6, 1e-5,
                                  "softmax(logits / 0.5) of {1000, 999, 997}"));
 }
 
 GRADED_TEST(Lesson00Sampler, TinyTemperatureBehavesLikeGreedy, 1) {
-  const Vector l = logits_of({0.1f, 0.3f, 0.25f, -2.0f});
+  const Vector l = vec({0.1f, 0.3f, 0.25f, -2.0f});
   Sampler s({.temperature = 1e-3f, .seed = 3});
   for (int i = 0; i < 200; ++i) ASSERT_EQ(s.next(l), 1) << "draw " << i << " at temperature 0.001";
 }
@@ -67,34 +68,34 @@ GRADED_TEST(Lesson00Sampler, TopKNeverLeavesTheKBest, 2) {
 
 GRADED_TEST(Lesson00Sampler, TopPKeepsTheSmallestSetReachingP, 2) {
   // Probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs, in shuffled order).
-  const Vector l = logits_of({std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)});
+  const Vector l = vec({std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)});
   const Vector p40 = sampling_distribution(l, {.top_p = 0.4f});
-  EXPECT_TRUE(testing::all_close(logits_of({0, 1, 0, 0}), p40, 1e-6, 0, "top_p 0.4 keeps only the 0.5 token"));
+  EXPECT_TRUE(testing::all_close(vec({0, 1, 0, 0}), p40, 1e-6, 0, "top_p 0.4 keeps only the 0.5 token"));
   const Vector p75 = sampling_distribution(l, {.top_p = 0.75f});
-  EXPECT_TRUE(testing::all_close(logits_of({0, 0.625f, 0, 0.375f}), p75, 1e-6, 1e-5,
+  EXPECT_TRUE(testing::all_close(vec({0, 0.625f, 0, 0.375f}), p75, 1e-6, 1e-5,
                                  "top_p 0.75 keeps 0.5 + 0.3 and renormalizes them"));
   const Vector p90 = sampling_distribution(l, {.top_p = 0.9f});
-  EXPECT_TRUE(testing::all_close(logits_of({0.15f / 0.95f, 0.5f / 0.95f, 0, 0.3f / 0.95f}), p90, 1e-6, 1e-5,
+  EXPECT_TRUE(testing::all_close(vec({0.15f / 0.95f, 0.5f / 0.95f, 0, 0.3f / 0.95f}), p90, 1e-6, 1e-5,
                                  "top_p 0.9 keeps 0.5 + 0.3 + 0.15"));
 }
 
 GRADED_TEST(Lesson00Sampler, SampleFromInvertsTheCumulativeDistribution, 1) {
-  const Vector p = logits_of({0.2f, 0.3f, 0.5f});
+  const Vector p = vec({0.2f, 0.3f, 0.5f});
   EXPECT_EQ(sample_from(p, 0.0), 0);
   EXPECT_EQ(sample_from(p, 0.19), 0);
   EXPECT_EQ(sample_from(p, 0.21), 1);
   EXPECT_EQ(sample_from(p, 0.49), 1);
   EXPECT_EQ(sample_from(p, 0.51), 2);
   EXPECT_EQ(sample_from(p, 0.999999), 2);
-  EXPECT_EQ(sample_from(logits_of({0, 0.5f, 0, 0.5f, 0}), 0.0), 1) << "zero-probability tokens are never drawn";
-  EXPECT_EQ(sample_from(logits_of({0, 0.5f, 0, 0.5f, 0}), 0.999999), 3) << "zero-probability tokens are never drawn";
+  EXPECT_EQ(sample_from(vec({0, 0.5f, 0, 0.5f, 0}), 0.0), 1) << "zero-probability tokens are never drawn";
+  EXPECT_EQ(sample_from(vec({0, 0.5f, 0, 0.5f, 0}), 0.999999), 3) << "zero-probability tokens are never drawn";
 }
 
 GRADED_TEST(Lesson00Sampler, SampledFrequenciesFollowTheDistribution, 2) {
   // 20,000 seeded draws at temperature 1; Pearson's chi-square against softmax(logits).
   // With 5 degrees of freedom, 25.7 is the 99.99th percentile: a correct sampler passes with
   // this seed, and a sampler that ignores the distribution lands in the thousands.
-  const Vector l = logits_of({1.0f, 0.0f, 2.0f, -1.0f, 0.5f, 1.5f});
+  const Vector l = vec({1.0f, 0.0f, 2.0f, -1.0f, 0.5f, 1.5f});
   const Vector p = sampling_distribution(l, {.temperature = 1.0f});
   Sampler s({.temperature = 1.0f, .seed = 2024});
   const int n = 20000;

@@ -15,18 +15,20 @@ with open(os.path.join(model, "golden.json")) as f:
     golden = json.load(f)["greedy"][0]
 
 n = 64
-run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
-                      "--temperature", "0", "--ids"], capture_output=True, text=True, check=False)
-if run.returncode != 0:
-    sys.exit(f"generate failed ({run.returncode}): {run.stderr}")
-got = [int(x) for x in run.stdout.split()]
 want = golden["ids"][:n]
-if got != want:
-    sys.exit(f"generate --ids printed\n  {got}\nexpected the golden greedy ids\n  {want}")
-print(f"generate --ids: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
+for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"]):
+    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                          "--temperature", "0", "--ids"] + extra, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        sys.exit(f"generate {' '.join(extra)} failed ({run.returncode}): {run.stderr}")
+    got = [int(x) for x in run.stdout.split()]
+    if got != want:
+        sys.exit(f"generate --ids {' '.join(extra)} printed\n  {got}\nexpected the golden greedy ids\n  {want}")
+    print(f"generate --ids {' '.join(extra)}: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
 
 for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects a number"),
-                      (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context")]:
+                      (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
+                      (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8")]:
     args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
     if run.returncode == 0 or fragment not in run.stderr:

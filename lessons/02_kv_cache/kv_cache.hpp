@@ -1,0 +1,135 @@
+/// @file kv_cache.hpp
+/// @brief Lesson 02's contract: keep every token's keys and values, so that each decode step
+/// computes only the new token's.
+///
+/// You implement the classes and functions declared here in `exercises/02_kv_cache/kv_cache.cpp`.
+/// They extend lesson 00's model, not replace it: forward_cached() reuses rms_norm, apply_rope,
+/// causal_attention and swiglu_mlp, and must produce the same logits as forward() on the whole
+/// sequence.
+///
+///     prefill:  prompt (T tokens)  -> K/V of positions 0..T-1 appended -> logits of position T-1
+///     decode:   1 token at position n -> its K/V appended -> attention over positions 0..n
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/model_config.hpp"
+#include "common/tensor.hpp"
+#include "common/weights.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+
+namespace infer {
+
+/// Where a sequence's keys and values live. Given to you: the interface that lesson 02's two
+/// caches implement, that forward_cached() talks to, and that later lessons implement again
+/// (paged blocks in lesson 04).
+///
+/// Each layer holds rows of `kv_dim = num_key_value_heads * head_dim` values: row p is the
+/// (already rotated) key, or the value, of the token at position p. Layers fill in step: a
+/// forward appends the same new positions to every layer.
+class KVStore {
+ public:
+  virtual ~KVStore() = default;
+
+  /// Layers stored (the model's num_hidden_layers).
+  virtual int num_layers() const = 0;
+  /// Positions stored in `layer`: the next append writes position length(layer).
+  virtual int length(int layer) const = 0;
+  /// Positions the store can hold in each layer.
+  virtual int max_tokens() const = 0;
+
+  /// Appends rows of keys and values to `layer` (k and v: [n, kv_dim]). Throws infer::Error,
+  /// writing nothing, if the rows would pass max_tokens() or have the wrong width.
+  virtual void append(int layer, ConstMatrixRef k, ConstMatrixRef v) = 0;
+  /// Every stored key of `layer`, [length(layer), kv_dim], as float32.
+  virtual ConstMatrixRef keys(int layer) const = 0;
+  /// Every stored value of `layer`, [length(layer), kv_dim], as float32.
+  virtual ConstMatrixRef values(int layer) const = 0;
+  /// Forgets every position (the memory stays reserved).
+  virtual void reset() = 0;
+
+  /// Bytes holding stored positions (including any scales).
+  virtual size_t bytes_used() const = 0;
+  /// Bytes reserved for max_tokens() positions (including any scales).
+  virtual size_t bytes_reserved() const = 0;
+
+  /// The sequence length: positions stored in every layer.
+  int length() const { return num_layers() > 0 ? length(num_layers() - 1) : 0; }
+};
+
+/// A contiguous float32 cache for one sequence: per layer, a [max_tokens, kv_dim] block for
+/// keys and one for values, reserved up front, filled from the top.
+class KVCache final : public KVStore {
+ public:
+  /// Reserves room for `max_tokens` positions of a model shaped like `config`.
+  /// Throws infer::Error if max_tokens is not positive.
+  KVCache(const ModelConfig& config, int max_tokens);
+
+  using KVStore::length;  // keep length() visible next to length(layer)
+  int num_layers() const override;
+  int length(int layer) const override;
+  int max_tokens() const override;
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
+  ConstMatrixRef keys(int layer) const override;
+  ConstMatrixRef values(int layer) const override;
+  void reset() override;
+  size_t bytes_used() const override;
+  size_t bytes_reserved() const override;
+
+ private:
+  int kv_dim_ = 0;
+  int max_tokens_ = 0;
+  std::vector<Matrix> k_, v_;  ///< per layer: [max_tokens, kv_dim]
+  std::vector<int> length_;    ///< per layer: positions stored
+};
+
+/// An INT8 cache: each row of each K/V head is stored as int8 values with one float scale,
+/// `scale = max|x| / 127`, `q = round(x / scale)`; reading dequantizes `q * scale`. A quarter
+/// of the float32 bytes, plus one float per head per token for K and for V.
+class Int8KVCache final : public KVStore {
+ public:
+  /// Reserves room for `max_tokens` positions of a model shaped like `config`.
+  Int8KVCache(const ModelConfig& config, int max_tokens);
+
+  using KVStore::length;  // keep length() visible next to length(layer)
+  int num_layers() const override;
+  int length(int layer) const override;
+  int max_tokens() const override;
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
+  ConstMatrixRef keys(int layer) const override;    ///< dequantized on read
+  ConstMatrixRef values(int layer) const override;  ///< dequantized on read
+  void reset() override;
+  size_t bytes_used() const override;
+  size_t bytes_reserved() const override;
+
+ private:
+  /// One layer's quantized K or V.
+  struct Quantized {
+    std::vector<int8_t> q;       ///< [max_tokens * kv_dim]
+    std::vector<float> scale;    ///< [max_tokens * kv_heads]
+    mutable Matrix dequantized;  ///< scratch for reads: [length, kv_dim]
+  };
+  int kv_dim_ = 0, head_dim_ = 0, kv_heads_ = 0, max_tokens_ = 0;
+  std::vector<Quantized> k_, v_;
+  std::vector<int> length_;
+};
+
+/// The model over `tokens`, which sit at positions cache.length() onward: computes only their
+/// K/V, appends them to `cache`, and attends over everything cached.
+///
+/// With an empty cache and the whole prompt this is the prefill; with one token it is a decode
+/// step. Either way the logits equal forward() on the whole sequence so far.
+/// @return [tokens.size(), vocab] logits for the new tokens
+/// @throws infer::Error for bad ids, or if the cache cannot hold the new tokens (before
+///         anything is appended).
+Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KVStore& cache);
+
+/// Lesson 00's generate() with a cache: one prefill of the prompt, then one decode step per
+/// token. Same arguments, same results, same exceptions; `cache` must be empty and hold
+/// prompt.size() + max_new_tokens positions.
+std::vector<int> generate_cached(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
+                                 Sampler& sampler, KVStore& cache, const TokenCallback& on_token = {});
+
+}  // namespace infer

@@ -1,0 +1,141 @@
+// Lesson 02: the cached forward against lesson 00's naive one, step by step.
+#include <map>
+
+#include "common/testing/compare.hpp"
+#include "common/testing/golden.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/02_kv_cache/kv_cache.hpp"
+
+namespace infer {
+namespace {
+
+// Cached and naive logits do the same float32 arithmetic in a different order.
+constexpr double kAtol = 1e-4, kRtol = 1e-4;
+
+const ModelWeights& bundled() {
+  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
+  return m;
+}
+
+ModelConfig shape(int heads, int kv_heads, int head_dim) {
+  ModelConfig c;
+  c.vocab_size = 50, c.hidden_size = 40, c.intermediate_size = 64, c.num_hidden_layers = 2;
+  c.num_attention_heads = heads, c.num_key_value_heads = kv_heads, c.head_dim = head_dim;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+/// Runs `steps` greedy decode steps with the cache and checks each step's logits against a
+/// naive forward over the whole sequence.
+void expect_cached_equals_naive(const ModelWeights& m, std::vector<int> seq, int steps, KVStore& cache,
+                                double atol, double rtol, const std::string& what) {
+  Matrix logits = forward_cached(m, seq, cache);
+  for (int step = 0; step <= steps; ++step) {
+    const Matrix naive = forward(m, seq);
+    ASSERT_TRUE(testing::all_close(naive.row(naive.rows() - 1), logits.row(logits.rows() - 1), atol, rtol,
+                                   cat(what, ": logits at step ", step, " (sequence length ", seq.size(), ")")));
+    if (step == steps) break;
+    seq.push_back(argmax(naive.row(naive.rows() - 1).transpose()));
+    logits = forward_cached(m, std::span(&seq.back(), 1), cache);
+  }
+}
+
+GRADED_TEST(Lesson02Forward, PrefillEqualsTheNaiveForward, 2) {
+  const ModelWeights m = random_model(shape(4, 2, 10), 3);
+  const std::vector<int> prompt = {1, 5, 9, 11, 20, 33, 7};
+  KVCache cache(m.config, 16);
+  EXPECT_TRUE(testing::all_close(forward(m, prompt), forward_cached(m, prompt, cache), kAtol, kRtol,
+                                 "every row of a 7-token prefill"));
+  EXPECT_EQ(cache.length(), 7) << "a prefill of 7 tokens stores 7 positions";
+}
+
+GRADED_TEST(Lesson02Forward, CachedLogitsEqualNaiveAtEveryStep, 4) {
+  // GQA ratios 1, 2 and 4; a head_dim of 6 has an odd half, where RoPE offsets go wrong first.
+  for (const auto& [h, kv, d] : std::vector<std::tuple<int, int, int>>{{4, 4, 10}, {4, 2, 6}, {8, 2, 6}}) {
+    const ModelWeights m = random_model(shape(h, kv, d), 10 + h + kv);
+    KVCache cache(m.config, 64);
+    expect_cached_equals_naive(m, {1, 4, 8}, 30, cache, kAtol, kRtol,
+                               cat(h, " query heads over ", kv, " K/V heads of ", d));
+  }
+  KVCache cache(bundled().config, 256);
+  expect_cached_equals_naive(bundled(), ByteTokenizer::encode("The "), 100, cache, kAtol, kRtol, "the bundled model");
+}
+
+/// A float cache that counts how many times each (layer, position) was appended.
+class CountingStore final : public KVStore {
+ public:
+  explicit CountingStore(const ModelConfig& c) : inner_(c, c.max_position_embeddings) {}
+  int num_layers() const override { return inner_.num_layers(); }
+  int length(int layer) const override { return inner_.length(layer); }
+  int max_tokens() const override { return inner_.max_tokens(); }
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override {
+    for (int p = inner_.length(layer); p < inner_.length(layer) + k.rows(); ++p) ++appends[{layer, p}];
+    inner_.append(layer, k, v);
+  }
+  ConstMatrixRef keys(int layer) const override { return inner_.keys(layer); }
+  ConstMatrixRef values(int layer) const override { return inner_.values(layer); }
+  void reset() override { inner_.reset(); }
+  size_t bytes_used() const override { return inner_.bytes_used(); }
+  size_t bytes_reserved() const override { return inner_.bytes_reserved(); }
+  std::map<std::pair<int, int>, int> appends;
+
+ private:
+  KVCache inner_;
+};
+
+GRADED_TEST(Lesson02Forward, EachPositionsKeysAndValuesAreComputedOnce, 3) {
+  CountingStore store(bundled().config);
+  Sampler greedy({.temperature = 0.0f});
+  const auto prompt = ByteTokenizer::encode("Q: What");
+  const auto out = generate_cached(bundled(), prompt, 12, greedy, store);
+  const int positions = static_cast<int>(prompt.size() + out.size()) - 1;  // the last token is never fed back
+  for (int l = 0; l < bundled().config.num_hidden_layers; ++l)
+    for (int p = 0; p < positions; ++p) {
+      const int n = store.appends.count({l, p}) ? store.appends[{l, p}] : 0;
+      ASSERT_EQ(n, 1) << "layer " << l << ": position " << p << "'s K/V was computed " << n
+                      << " times; a cache computes it once";
+    }
+}
+
+GRADED_TEST(Lesson02Forward, GreedyContinuationMatchesTheFixture, 2) {
+  const auto golden = testing::load_golden("tiny-fortunes");
+  const auto& g = golden.greedy.front();
+  KVCache cache(bundled().config, 256);
+  Sampler greedy({.temperature = 0.0f});
+  const auto got = generate_cached(bundled(), g.prompt_ids, static_cast<int>(g.ids.size()), greedy, cache);
+  EXPECT_EQ(got, g.ids) << "greedy text with the cache: \"" << ByteTokenizer::decode(got) << "\"\nexpected: \""
+                        << ByteTokenizer::decode(g.ids) << "\"";
+}
+
+GRADED_TEST(Lesson02Forward, RefusesWhatTheCacheCannotHold, 1) {
+  KVCache cache(bundled().config, 8);
+  const std::vector<int> ten(10, 40);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_cached(bundled(), ten, cache); }, "exceed"));
+  EXPECT_EQ(cache.length(), 0) << "nothing may be appended when the tokens do not fit";
+  Sampler greedy({.temperature = 0.0f});
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { generate_cached(bundled(), std::vector<int>{1, 40}, 7, greedy, cache); }, "cache holds 8"));
+}
+
+GRADED_TEST(Lesson02Int8, LogitsStayCloseToTheFloatCache, 2) {
+  // INT8 keys and values err by at most half a quantization step each; over 64 steps of the
+  // bundled model that moves no logit by more than 0.05 (see the lesson text for the measurement).
+  Int8KVCache cache(bundled().config, 256);
+  expect_cached_equals_naive(bundled(), ByteTokenizer::encode("The "), 64, cache, 0.05, 0.0, "INT8 cache");
+}
+
+GRADED_TEST(Lesson02Int8, GreedyTextIsUnchangedOnTheBundledModel, 2) {
+  const auto golden = testing::load_golden("tiny-fortunes");
+  const auto& g = golden.greedy.front();
+  Int8KVCache cache(bundled().config, 256);
+  Sampler greedy({.temperature = 0.0f});
+  const int n = std::min<int>(64, static_cast<int>(g.ids.size()));
+  const auto got = generate_cached(bundled(), g.prompt_ids, n, greedy, cache);
+  EXPECT_EQ(got, std::vector<int>(g.ids.begin(), g.ids.begin() + n))
+      << "greedy text with the INT8 cache: \"" << ByteTokenizer::decode(got) << "\"";
+}
+
+}  // namespace
+}  // namespace infer
