@@ -171,9 +171,10 @@ using TokenCallback = std::function<void(int token)>;
 /// Stops after `max_new_tokens` tokens, or right after the model emits EOS (EOS is kept in
 /// the result).
 /// @return the generated ids only, not the prompt
-/// @throws infer::Error if the prompt is empty or holds an id outside the vocabulary, if
-///         max_new_tokens is negative, or if prompt.size() + max_new_tokens exceeds the
-///         context (nothing is silently cut).
+/// @throws infer::Error if the prompt is empty or holds an id outside the vocabulary (the
+///         message mentions the "vocabulary"; check_tokens() says it for you), if
+///         max_new_tokens is negative, or if prompt.size() + max_new_tokens exceeds the context
+///         (the message mentions the "context"; nothing is silently cut).
 std::vector<int> generate(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                           Sampler& sampler, const TokenCallback& on_token = {});
 

@@ -99,7 +99,8 @@ ModelShape shape_from_config(const ModelConfig& config, const std::string& name)
 double dense_parameter_count(const ModelShape& shape);
 
 /// Parameters that a token's forward multiplies by: every matrix except the embedding table
-/// (an embedding is a lookup, not a product). The lm_head is counted.
+/// (an embedding is a lookup, not a product). The lm_head is counted, tied or not: a tied head
+/// is the embedding matrix used once more, as a product this time.
 double matmul_parameter_count(const ModelShape& shape);
 
 // ========================================================== work and bytes ==
@@ -195,7 +196,7 @@ struct Capacity {
   double overhead_bytes = 0;   ///< overhead_fraction of the total memory
   double kv_budget_bytes = 0;  ///< what is left for the KV cache (0 if the weights don't fit)
   long max_tokens = 0;         ///< whole tokens of KV that fit in the budget
-  bool fits = false;           ///< whether the weights fit at all
+  bool fits = false;           ///< whether anything is left for the KV cache after weights and overhead
 };
 
 /// Weights, overhead and KV budget of a deployment, and the tokens of KV it can hold.

@@ -41,7 +41,8 @@ class KVStore {
   virtual int max_tokens() const = 0;
 
   /// Appends rows of keys and values to `layer` (k and v: [n, kv_dim]). Throws infer::Error,
-  /// writing nothing, if the rows would pass max_tokens() or have the wrong width.
+  /// writing nothing, if the rows would pass max_tokens() (the message names `max_tokens`) or
+  /// have the wrong width (the message names `kv_dim`).
   virtual void append(int layer, ConstMatrixRef k, ConstMatrixRef v) = 0;
   /// Every stored key of `layer`, [length(layer), kv_dim], as float32.
   virtual ConstMatrixRef keys(int layer) const = 0;
@@ -86,8 +87,9 @@ class KVCache final : public KVStore {
 };
 
 /// An INT8 cache: each row of each K/V head is stored as int8 values with one float scale,
-/// `scale = max|x| / 127`, `q = round(x / scale)`; reading dequantizes `q * scale`. A quarter
-/// of the float32 bytes, plus one float per head per token for K and for V.
+/// `scale = max|x| / 127`, `q = round(x / scale)`; reading dequantizes `q * scale`. An all-zero
+/// head gets scale 1 (any scale stores zeros; 1 avoids dividing by 0). A quarter of the float32
+/// bytes, plus one float per head per token for K and for V.
 class Int8KVCache final : public KVStore {
  public:
   /// Reserves room for `max_tokens` positions of a model shaped like `config`.
@@ -122,13 +124,14 @@ class Int8KVCache final : public KVStore {
 /// With an empty cache and the whole prompt this is the prefill; with one token it is a decode
 /// step. Either way the logits equal forward() on the whole sequence so far.
 /// @return [tokens.size(), vocab] logits for the new tokens
-/// @throws infer::Error for bad ids, or if the cache cannot hold the new tokens (before
-///         anything is appended).
+/// @throws infer::Error for bad ids, or, before anything is appended, if the new tokens would
+///         not fit in the cache or the context (the message says they "exceed" it).
 Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KVStore& cache);
 
 /// Lesson 00's generate() with a cache: one prefill of the prompt, then one decode step per
-/// token. Same arguments, same results, same exceptions; `cache` must be empty and hold
-/// prompt.size() + max_new_tokens positions.
+/// token. Same arguments, same results, same exceptions; in addition `cache` must be empty and
+/// hold prompt.size() + max_new_tokens positions, or infer::Error says "the cache holds N
+/// positions" and what the generation needs.
 std::vector<int> generate_cached(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                                  Sampler& sampler, KVStore& cache, const TokenCallback& on_token = {});
 

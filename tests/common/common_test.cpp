@@ -11,6 +11,7 @@
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/03_batching/batching.hpp"
 
 namespace infer {
 namespace {
@@ -155,6 +156,19 @@ TEST(Plumbing, CheckTokensNamesTheProblem) {
   EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{}, "f"); }, "empty"));
   EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{1, 2, 3, 4, 5}, "f"); }, "context"));
   EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{1, -1}, "f"); }, "index 1"));
+}
+
+TEST(Plumbing, BatchEngineSubmitRefusesBadRequests) {
+  ModelConfig cfg;
+  cfg.vocab_size = 40, cfg.hidden_size = 16, cfg.intermediate_size = 16, cfg.num_hidden_layers = 1;
+  cfg.num_attention_heads = 2, cfg.num_key_value_heads = 1, cfg.head_dim = 8, cfg.max_position_embeddings = 64;
+  const ModelWeights m = random_model(cfg, 1);
+  BatchEngine engine(m, Policy::Continuous, 2);
+  engine.submit({1, {1, 5}, 4, {}, 0});
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({1, {1, 6}, 4, {}, 0}); }, "already submitted"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({2, {1, 6}, 70, {}, 0}); }, "context"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({3, {1, 6}, 0, {}, 0}); }, "new tokens"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({4, {}, 3, {}, 0}); }, "empty"));
 }
 
 }  // namespace

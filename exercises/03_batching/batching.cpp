@@ -1,0 +1,139 @@
+// Lesson 03, your turn: one scheduler, a step simulator, and the batched engine.
+//
+// Replace each `throw NotImplemented(...)`. The contract is lessons/03_batching/batching.hpp; the
+// lesson text is lessons/03_batching/README.md. Check your work with `./course check 03`.
+// The plumbing (the Scheduler's queue, the engine's constructor, submit and run) is written
+// for you; the ideas are yours.
+#include "lessons/03_batching/batching.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <map>
+#include <tuple>
+
+namespace infer {
+
+// --------------------------------------------------------------- scheduling --
+
+Scheduler::Scheduler(Policy policy, int max_batch) : policy_(policy), max_batch_(max_batch) {
+  require(max_batch > 0, "Scheduler: max_batch must be positive, got ", max_batch);
+}
+
+void Scheduler::add(int id, int arrival_step) {
+  require(queue_.empty() || arrival_step >= queue_.back().arrival, "Scheduler::add: request ", id, " arrives at step ",
+          arrival_step, ", before the last queued one (", queue_.back().arrival, "): add requests in arrival order");
+  queue_.push_back({id, arrival_step});
+}
+
+std::vector<int> Scheduler::admit(int step, int running) {
+  // Continuous: pop arrived requests (front().arrival <= step), oldest first, while
+  // running + admitted < max_batch_. Static: nothing unless running == 0; then the next
+  // min(max_batch_, queue size) requests together, once the last of them has arrived.
+  (void)step, (void)running;
+  throw NotImplemented("03", "Scheduler::admit");
+}
+
+// ---------------------------------------------------------------- simulator --
+
+SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch) {
+  // Sort by (arrival, id), validate, and add every request to a Scheduler. Then, step by step
+  // from 0 until every request has finished:
+  //   1. start what scheduler.admit(step, slots taken) returns (start_step = step);
+  //   2. every unfinished request holding a slot produces one token: count them in busy_slots;
+  //      one that produces its last token finishes at step + 1;
+  //   3. free slots: continuous frees a finished request's slot at once; static frees the
+  //      whole batch when its last member finishes, and every member's finish_step is then
+  //      that moment (a static batch returns its results together).
+  (void)requests, (void)policy, (void)max_batch;
+  throw NotImplemented("03", "simulate");
+}
+
+double percentile(std::vector<double> values, double p) {
+  // Sort; rank = p / 100 * (n - 1); interpolate between values[floor(rank)] and the next.
+  (void)values, (void)p;
+  throw NotImplemented("03", "percentile");
+}
+
+BatchStats summarize(const SimRun& run) {
+  // Latency of each outcome (finish - arrival); total_steps from the first arrival to the last
+  // finish; throughput = output tokens / total_steps; utilization = sum(busy_slots) /
+  // (max_batch * total_steps).
+  (void)run;
+  throw NotImplemented("03", "summarize");
+}
+
+std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed) {
+  // Rng rng(seed); for each: u = 1 - rng.uniform() (in (0, 1]), x = floor(scale / u^(1/shape)),
+  // capped at `cap`.
+  (void)n, (void)shape, (void)scale, (void)cap, (void)seed;
+  throw NotImplemented("03", "pareto_lengths");
+}
+
+// ----------------------------------------------------------- the real model --
+
+Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches) {
+  // Like forward_cached with one token per sequence, except that the B rows belong to B
+  // different sequences: read each row's position from its own cache before the first layer;
+  // do the projections and the MLP on all rows at once; then, per row i, RoPE at pos[i],
+  // append k.row(i), v.row(i) to caches[i], and attend over caches[i]'s keys and values.
+  // (To rotate one row in place: `auto qi = q.row(i); apply_rope(qi, ...)`.)
+  (void)model, (void)tokens, (void)caches;
+  throw NotImplemented("03", "forward_batch");
+}
+
+// ------------------------------------------------------------------ engine --
+
+struct BatchEngine::Running {
+  size_t index;                    // into requests_ and results_
+  Sampler sampler;
+  std::unique_ptr<KVCache> cache;
+  int next_token = 0;              // sampled, not yet fed to the model
+  bool done = false;               // finished; a static batch keeps it until the batch ends
+};
+
+BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch)
+    : model_(model), scheduler_(policy, max_batch) {
+  for (int i = 0; i < max_batch; ++i)
+    free_caches_.push_back(std::make_unique<KVCache>(model.config, model.config.max_position_embeddings));
+}
+
+BatchEngine::~BatchEngine() = default;
+
+void BatchEngine::submit(GenerationRequest r) {
+  const ModelConfig& c = model_.config;
+  check_tokens(c, r.prompt, "BatchEngine::submit");
+  r.sampling.validate();
+  require(r.max_new_tokens >= 1, "BatchEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
+          " new tokens, expected >= 1");
+  require(r.prompt.size() + r.max_new_tokens <= static_cast<size_t>(c.max_position_embeddings),
+          "BatchEngine::submit: request ", r.id, ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ",
+          r.max_new_tokens, " exceeds the context of ", c.max_position_embeddings, " positions");
+  for (const auto& q : requests_) require(q.id != r.id, "BatchEngine::submit: request id ", r.id, " was already submitted");
+  scheduler_.add(static_cast<int>(requests_.size()), r.arrival_step);  // the scheduler sees submission indices
+  results_.push_back({r.id, {}, r.arrival_step, 0, 0});
+  requests_.push_back(std::move(r));
+}
+
+bool BatchEngine::step() {
+  // One step, in the simulator's order:
+  //   1. one forward_batch over every running sequence that is not done (its next_token and
+  //      its cache), and sample each one's next token with its own sampler;
+  //   2. admit what scheduler_.admit(now_, running_.size()) returns: take a cache from
+  //      free_caches_ (reset it), prefill the prompt with forward_cached, sample the first
+  //      token, set first_token_step = now_;
+  //   3. append every new token to its result; a sequence that produced EOS or reached
+  //      max_new_tokens is done, with finish_step = now_ + 1;
+  //   4. free slots like the simulator (continuous: done ones now; static: all when all are
+  //      done, moving each finish_step to now_ + 1), returning caches to free_caches_;
+  //   5. push a log_ entry, advance now_. Return false when nothing runs or waits.
+  throw NotImplemented("03", "BatchEngine::step");
+}
+
+std::vector<GenerationResult> BatchEngine::run() {
+  while (step()) {
+  }
+  return results_;
+}
+
+}  // namespace infer

@@ -1,0 +1,287 @@
+// Lesson 03, reference solution: one scheduler, a step simulator, and the batched engine.
+#include "lessons/03_batching/batching.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <map>
+#include <tuple>
+
+namespace infer {
+
+// --------------------------------------------------------------- scheduling --
+
+Scheduler::Scheduler(Policy policy, int max_batch) : policy_(policy), max_batch_(max_batch) {
+  require(max_batch > 0, "Scheduler: max_batch must be positive, got ", max_batch);
+}
+
+void Scheduler::add(int id, int arrival_step) {
+  require(queue_.empty() || arrival_step >= queue_.back().arrival, "Scheduler::add: request ", id, " arrives at step ",
+          arrival_step, ", before the last queued one (", queue_.back().arrival, "): add requests in arrival order");
+  queue_.push_back({id, arrival_step});
+}
+
+std::vector<int> Scheduler::admit(int step, int running) {
+  std::vector<int> start;
+  if (policy_ == Policy::Continuous) {
+    while (!queue_.empty() && running + static_cast<int>(start.size()) < max_batch_ && queue_.front().arrival <= step) {
+      start.push_back(queue_.front().id);
+      queue_.pop_front();
+    }
+    return start;
+  }
+  // Static: only into an empty batch, and only once the whole next batch has arrived.
+  if (running > 0 || queue_.empty()) return start;
+  const size_t n = std::min<size_t>(max_batch_, queue_.size());
+  if (queue_[n - 1].arrival > step) return start;
+  for (size_t i = 0; i < n; ++i) {
+    start.push_back(queue_.front().id);
+    queue_.pop_front();
+  }
+  return start;
+}
+
+// ---------------------------------------------------------------- simulator --
+
+SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch) {
+  std::vector<size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::tie(requests[a].arrival_step, requests[a].id) < std::tie(requests[b].arrival_step, requests[b].id);
+  });
+  Scheduler scheduler(policy, max_batch);
+  std::map<int, size_t> by_id;  // request id -> index into `requests`
+  for (size_t i : order) {
+    const SimRequest& r = requests[i];
+    require(r.output_tokens >= 1, "simulate: request ", r.id, " has output_tokens ", r.output_tokens, ", expected >= 1");
+    require(r.arrival_step >= 0, "simulate: request ", r.id, " arrives at step ", r.arrival_step, ", expected >= 0");
+    require(by_id.emplace(r.id, i).second, "simulate: request id ", r.id, " appears twice");
+    scheduler.add(r.id, r.arrival_step);
+  }
+
+  SimRun run;
+  run.max_batch = max_batch;
+  run.outcomes.resize(requests.size());
+  struct Slot {
+    size_t index;
+    int remaining;
+  };
+  std::vector<Slot> slots;  // requests holding a slot (static: until the whole batch is done)
+  size_t finished = 0;
+  for (int step = 0; finished < requests.size(); ++step) {
+    for (int id : scheduler.admit(step, static_cast<int>(slots.size()))) {
+      const size_t i = by_id.at(id);
+      run.outcomes[i] = {requests[i].id, requests[i].arrival_step, step, 0, requests[i].output_tokens};
+      slots.push_back({i, requests[i].output_tokens});
+    }
+    int busy = 0;
+    for (Slot& s : slots) {
+      if (s.remaining == 0) continue;  // a finished member of a static batch, holding its slot
+      ++busy;
+      if (--s.remaining == 0) run.outcomes[s.index].finish_step = step + 1;
+    }
+    run.busy_slots.push_back(busy);
+
+    const bool all_done = std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.remaining == 0; });
+    if (policy == Policy::Continuous || all_done) {
+      for (const Slot& s : slots) {
+        if (s.remaining > 0) continue;
+        // A static batch hands back every result when its last member finishes.
+        if (policy == Policy::Static) run.outcomes[s.index].finish_step = step + 1;
+        ++finished;
+      }
+      std::erase_if(slots, [](const Slot& s) { return s.remaining == 0; });
+    }
+  }
+  return run;
+}
+
+double percentile(std::vector<double> values, double p) {
+  require(!values.empty(), "percentile: no values");
+  require(p >= 0 && p <= 100, "percentile: p must be in [0, 100], got ", p);
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
+}
+
+BatchStats summarize(const SimRun& run) {
+  require(!run.outcomes.empty(), "summarize: an empty run");
+  BatchStats s;
+  std::vector<double> latency;
+  int first_arrival = run.outcomes.front().arrival_step, last_finish = 0;
+  long tokens = 0;
+  for (const SimOutcome& o : run.outcomes) {
+    latency.push_back(o.latency());
+    first_arrival = std::min(first_arrival, o.arrival_step);
+    last_finish = std::max(last_finish, o.finish_step);
+    tokens += o.output_tokens;
+  }
+  s.mean_latency = std::accumulate(latency.begin(), latency.end(), 0.0) / static_cast<double>(latency.size());
+  s.p50_latency = percentile(latency, 50);
+  s.p99_latency = percentile(latency, 99);
+  s.total_steps = last_finish - first_arrival;
+  s.throughput = static_cast<double>(tokens) / s.total_steps;
+  const long busy = std::accumulate(run.busy_slots.begin(), run.busy_slots.end(), 0L);
+  s.utilization = static_cast<double>(busy) / (static_cast<double>(run.max_batch) * s.total_steps);
+  return s;
+}
+
+std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed) {
+  require(n >= 0 && shape > 0 && scale >= 1 && cap >= 1, "pareto_lengths: need n >= 0, shape > 0, scale >= 1, cap >= 1");
+  Rng rng(seed);
+  std::vector<int> out(n);
+  for (int& x : out) {
+    const double u = 1.0 - rng.uniform();  // in (0, 1]
+    x = static_cast<int>(std::min<double>(cap, std::floor(scale / std::pow(u, 1.0 / shape))));
+  }
+  return out;
+}
+
+// ----------------------------------------------------------- the real model --
+
+Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches) {
+  const ModelConfig& c = model.config;
+  require(!tokens.empty() && tokens.size() == caches.size(), "forward_batch: ", tokens.size(), " tokens for ",
+          caches.size(), " caches (expected one token per cache, at least one)");
+  const Eigen::Index B = static_cast<Eigen::Index>(tokens.size());
+  std::vector<int> pos(B);
+  for (Eigen::Index i = 0; i < B; ++i) {
+    require(tokens[i] >= 0 && tokens[i] < c.vocab_size, "forward_batch: token ", tokens[i], " of sequence ", i,
+            " is outside the vocabulary [0, ", c.vocab_size, ")");
+    pos[i] = caches[i]->length();
+    require(pos[i] + 1 <= std::min(caches[i]->max_tokens(), c.max_position_embeddings), "forward_batch: sequence ", i,
+            " at position ", pos[i], " would exceed its cache or the context");
+  }
+
+  Matrix x(B, c.hidden_size);  // one row per sequence
+  for (Eigen::Index i = 0; i < B; ++i) x.row(i) = model.embed_tokens.row(tokens[i]);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& layer = model.layers[l];
+    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+    Matrix q = h * layer.q_proj.transpose();  // the whole batch in one product
+    Matrix k = h * layer.k_proj.transpose();
+    const Matrix v = h * layer.v_proj.transpose();
+    Matrix attn(B, q.cols());
+    for (Eigen::Index i = 0; i < B; ++i) {  // attention is per sequence: each has its own past
+      auto qi = q.row(i), ki = k.row(i);
+      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+      caches[i]->append(l, k.row(i), v.row(i));
+      attn.row(i) = causal_attention(q.row(i), caches[i]->keys(l), caches[i]->values(l), c.num_attention_heads,
+                                     c.num_key_value_heads, c.head_dim);
+    }
+    x += attn * layer.o_proj.transpose();
+    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+  }
+  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+}
+
+// ------------------------------------------------------------------ engine --
+
+struct BatchEngine::Running {
+  size_t index;                    // into requests_ and results_
+  Sampler sampler;
+  std::unique_ptr<KVCache> cache;
+  int next_token = 0;              // sampled, not yet fed to the model
+  bool done = false;               // finished; a static batch keeps it until the batch ends
+};
+
+BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch)
+    : model_(model), scheduler_(policy, max_batch) {
+  for (int i = 0; i < max_batch; ++i)
+    free_caches_.push_back(std::make_unique<KVCache>(model.config, model.config.max_position_embeddings));
+}
+
+BatchEngine::~BatchEngine() = default;
+
+void BatchEngine::submit(GenerationRequest r) {
+  const ModelConfig& c = model_.config;
+  check_tokens(c, r.prompt, "BatchEngine::submit");
+  r.sampling.validate();
+  require(r.max_new_tokens >= 1, "BatchEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
+          " new tokens, expected >= 1");
+  require(r.prompt.size() + r.max_new_tokens <= static_cast<size_t>(c.max_position_embeddings),
+          "BatchEngine::submit: request ", r.id, ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ",
+          r.max_new_tokens, " exceeds the context of ", c.max_position_embeddings, " positions");
+  for (const auto& q : requests_) require(q.id != r.id, "BatchEngine::submit: request id ", r.id, " was already submitted");
+  scheduler_.add(static_cast<int>(requests_.size()), r.arrival_step);  // the scheduler sees submission indices
+  results_.push_back({r.id, {}, r.arrival_step, 0, 0});
+  requests_.push_back(std::move(r));
+}
+
+bool BatchEngine::step() {
+  if (running_.empty() && scheduler_.waiting() == 0) return false;
+  EngineStepLog entry{now_, 0, 0, 0};
+
+  // Decode first, for the sequences already running: one batched forward.
+  std::vector<Running*> decoding;
+  for (auto& r : running_)
+    if (!r->done) decoding.push_back(r.get());
+  std::vector<int> tokens;
+  std::vector<KVStore*> caches;
+  for (Running* r : decoding) {
+    tokens.push_back(r->next_token);
+    caches.push_back(r->cache.get());
+  }
+  std::vector<int> sampled;
+  if (!decoding.empty()) {
+    const Matrix logits = forward_batch(model_, tokens, caches);
+    for (size_t i = 0; i < decoding.size(); ++i) sampled.push_back(decoding[i]->sampler.next(logits.row(i).transpose()));
+  }
+  entry.decodes = static_cast<int>(decoding.size());
+
+  // Then admit: each newcomer's prefill gives its first token in this same step.
+  const int occupied_before = static_cast<int>(running_.size());
+  for (int index : scheduler_.admit(now_, occupied_before)) {
+    const GenerationRequest& req = requests_[index];
+    auto r = std::make_unique<Running>(Running{static_cast<size_t>(index), Sampler(req.sampling),
+                                               std::move(free_caches_.back()), 0, false});
+    free_caches_.pop_back();
+    r->cache->reset();
+    const Matrix logits = forward_cached(model_, req.prompt, *r->cache);
+    decoding.push_back(r.get());
+    sampled.push_back(r->sampler.next(logits.row(logits.rows() - 1).transpose()));
+    results_[index].first_token_step = now_;
+    running_.push_back(std::move(r));
+    ++entry.prefills;
+  }
+  entry.occupied = static_cast<int>(running_.size());
+
+  // Record every new token; finish sequences at EOS or their limit.
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Running& r = *decoding[i];
+    GenerationResult& res = results_[r.index];
+    res.tokens.push_back(sampled[i]);
+    r.next_token = sampled[i];
+    if (sampled[i] == model_.config.eos_token_id ||
+        static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
+      r.done = true;
+      res.finish_step = now_ + 1;
+    }
+  }
+
+  // Free slots: at once (continuous), or when the whole batch is done (static, which hands
+  // back every member's result at that moment).
+  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
+  if (scheduler_.policy() == Policy::Continuous || all_done) {
+    for (auto& r : running_) {
+      if (!r->done) continue;
+      if (scheduler_.policy() == Policy::Static) results_[r->index].finish_step = now_ + 1;
+      free_caches_.push_back(std::move(r->cache));
+    }
+    std::erase_if(running_, [](const auto& r) { return r->done; });
+  }
+  log_.push_back(entry);
+  ++now_;
+  return true;
+}
+
+std::vector<GenerationResult> BatchEngine::run() {
+  while (step()) {
+  }
+  return results_;
+}
+
+}  // namespace infer

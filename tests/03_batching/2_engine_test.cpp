@@ -1,0 +1,154 @@
+// Lesson 03, part B: the batched forward and the engine on real models.
+#include <set>
+
+#include "common/testing/compare.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/03_batching/batching.hpp"
+
+namespace infer {
+namespace {
+
+const ModelWeights& bundled() {
+  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
+  return m;
+}
+
+const ModelWeights& small() {  // fast enough for hundreds of requests
+  static const ModelWeights m = [] {
+    ModelConfig c;
+    c.vocab_size = 40, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.max_position_embeddings = 64;
+    c.eos_token_id = 2;
+    return random_model(c, 77);
+  }();
+  return m;
+}
+
+std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
+  KVCache cache(m.config, m.config.max_position_embeddings);
+  Sampler s(r.sampling);
+  return generate_cached(m, r.prompt, r.max_new_tokens, s, cache);
+}
+
+GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
+  const ModelWeights& m = small();
+  const std::vector<std::vector<int>> prompts = {{1, 5}, {1, 9, 10, 11, 12, 13}, {1, 7, 7, 7}};
+  std::vector<std::unique_ptr<KVCache>> batched, alone;
+  for (const auto& p : prompts) {
+    batched.push_back(std::make_unique<KVCache>(m.config, 32));
+    alone.push_back(std::make_unique<KVCache>(m.config, 32));
+    forward_cached(m, p, *batched.back());
+    forward_cached(m, p, *alone.back());
+  }
+  const std::vector<int> next = {20, 21, 22};
+  std::vector<KVStore*> caches = {batched[0].get(), batched[1].get(), batched[2].get()};
+  const Matrix logits = forward_batch(m, next, caches);
+  for (int i = 0; i < 3; ++i) {
+    const Matrix want = forward_cached(m, std::span(&next[i], 1), *alone[i]);
+    EXPECT_TRUE(testing::all_close(want, logits.row(i), 1e-4, 1e-4,
+                                   cat("sequence ", i, " (at position ", prompts[i].size(), ") in a batch of 3")));
+    EXPECT_EQ(batched[i]->length(), static_cast<int>(prompts[i].size()) + 1) << "sequence " << i << "'s cache";
+  }
+}
+
+GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
+  BatchEngine engine(bundled(), Policy::Continuous, 3);
+  std::vector<GenerationRequest> reqs;
+  const char* prompts[] = {"The ", "Q: What", "You will", "Love is", "If you ", "A "};
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back({i, ByteTokenizer::encode(prompts[i]), 16 + 4 * i, {.temperature = 0.0f}, i});
+    engine.submit(reqs.back());
+  }
+  const auto results = engine.run();
+  ASSERT_EQ(results.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(results[i].id, i);
+    EXPECT_EQ(results[i].tokens, solo(bundled(), reqs[i]))
+        << "request " << i << " (\"" << prompts[i] << "\") in a batch differs from the same request alone";
+  }
+}
+
+GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 2) {
+  BatchEngine engine(small(), Policy::Continuous, 4);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    reqs.push_back({100 + i, {1, 3 + i, 4 + i}, 20, {.temperature = 0.9f, .top_p = 0.95f, .seed = 1000u + i}, i / 3});
+    engine.submit(reqs.back());
+  }
+  const auto results = engine.run();
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(results[i].tokens, solo(small(), reqs[i])) << "request " << reqs[i].id << " with its own seeded sampler";
+}
+
+std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<GenerationRequest> reqs;
+  int arrival = 0;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest r;
+    r.id = 5000 + i;
+    r.prompt = {1};
+    for (int k = 1 + static_cast<int>(rng.below(12)); k > 0; --k) r.prompt.push_back(3 + static_cast<int>(rng.below(37)));
+    r.max_new_tokens = 1 + static_cast<int>(rng.below(20));
+    r.sampling = {.temperature = 0.0f};
+    arrival += static_cast<int>(rng.below(3));
+    r.arrival_step = arrival;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput, 4) {
+  BatchEngine engine(small(), Policy::Continuous, 8);
+  const auto reqs = random_requests(200, 9);
+  for (const auto& r : reqs) engine.submit(r);
+  const auto results = engine.run();
+  ASSERT_EQ(results.size(), reqs.size()) << "every request gets exactly one result";
+  std::set<int> seen;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(seen.insert(results[i].id).second) << "request " << results[i].id << " came back twice";
+    ASSERT_EQ(results[i].id, reqs[i].id) << "results come back in submission order";
+    ASSERT_EQ(results[i].tokens, solo(small(), reqs[i])) << "request " << reqs[i].id << " got someone else's tokens?";
+    ASSERT_LE(results[i].arrival_step, results[i].first_token_step);
+    ASSERT_LT(results[i].first_token_step, results[i].finish_step);
+  }
+}
+
+GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 1) {
+  BatchEngine engine(small(), Policy::Continuous, 5);
+  for (const auto& r : random_requests(60, 4)) engine.submit(r);
+  engine.run();
+  ASSERT_FALSE(engine.log().empty());
+  for (const auto& e : engine.log()) {
+    ASSERT_LE(e.occupied, 5) << "step " << e.step;
+    ASSERT_LE(e.prefills + e.decodes, 5) << "step " << e.step << ": " << e.prefills << " prefills + " << e.decodes
+                                         << " decodes in a batch of 5";
+  }
+}
+
+GRADED_TEST(Lesson03Engine, EngineFollowsTheSimulatorsSchedule, 2) {
+  // Given the lengths the model actually produced, the simulator predicts every start and
+  // finish step of the engine, under both policies.
+  for (Policy policy : {Policy::Continuous, Policy::Static}) {
+    BatchEngine engine(small(), policy, 4);
+    const auto reqs = random_requests(40, 21);
+    for (const auto& r : reqs) engine.submit(r);
+    const auto results = engine.run();
+    std::vector<SimRequest> sim;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      sim.push_back({reqs[i].id, static_cast<int>(reqs[i].prompt.size()), static_cast<int>(results[i].tokens.size()),
+                     reqs[i].arrival_step});
+    const SimRun predicted = simulate(sim, policy, 4);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(results[i].first_token_step, predicted.outcomes[i].start_step)
+          << (policy == Policy::Static ? "static" : "continuous") << ", request " << reqs[i].id;
+      EXPECT_EQ(results[i].finish_step, predicted.outcomes[i].finish_step)
+          << (policy == Policy::Static ? "static" : "continuous") << ", request " << reqs[i].id;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace infer
