@@ -177,14 +177,17 @@ class BatchEngine {
   /// Queues a request. Throws infer::Error for a duplicate id, an empty prompt, bad ids,
   /// max_new_tokens < 1, a prompt + max_new_tokens beyond the context, or arrivals out of order.
   void submit(GenerationRequest request);
+  /// One step (admissions, one batched decode, retirements); false when nothing was left to do.
+  bool step();
   /// Runs steps until every submitted request has finished; returns results in submission order.
   std::vector<GenerationResult> run();
   /// What each step did.
   const std::vector<EngineStepLog>& log() const { return log_; }
+  /// Results so far, in submission order (complete once step() has returned false).
+  const std::vector<GenerationResult>& results() const { return results_; }
 
  private:
   struct Running;  ///< a sequence in a slot
-  bool step();     ///< one step; false when there is nothing left to do
 
   const ModelWeights& model_;
   Scheduler scheduler_;

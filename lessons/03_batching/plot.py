@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Plot lesson 03's bench: batch utilization over time, static against continuous.
+
+    lessons/03_batching/plot.py DIR    (reads DIR/batching_utilization.csv, writes DIR/batching.png)
+"""
+import csv
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+out = sys.argv[1] if len(sys.argv) > 1 else "."
+with open(os.path.join(out, "batching_utilization.csv")) as f:
+    rows = list(csv.DictReader(f))
+with open(os.path.join(out, "batching_summary.csv")) as f:
+    summary = {r["policy"]: r for r in csv.DictReader(f)}
+
+fig, ax = plt.subplots(figsize=(8, 4))
+for policy, style in (("static", "C3"), ("continuous", "C0")):
+    pts = [r for r in rows if r["policy"] == policy]
+    t = [float(r["seconds"]) for r in pts]
+    u = [100 * int(r["working"]) / int(r["batch"]) for r in pts]
+    s = summary[policy]
+    label = (f"{policy}: {float(s['tokens_per_s']):.0f} tokens/s, done in {float(s['seconds']):.1f} s, "
+             f"mean utilization {100 * float(s['utilization']):.0f}%")
+    ax.step(t, u, where="post", color=style, label=label, lw=1.2)
+ax.set_xlabel("seconds since the requests arrived")
+ax.set_ylabel("batch slots doing work (%)")
+ax.set_ylim(0, 105)
+ax.set_title("Lesson 03: static vs continuous batching on the bundled model")
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8, loc="lower left")
+fig.tight_layout()
+path = os.path.join(out, "batching.png")
+fig.savefig(path, dpi=120)
+print(f"wrote {path}")
