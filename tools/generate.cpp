@@ -114,8 +114,9 @@ int main(int argc, char** argv) {
     }
     std::cout << "\n";
     if (stats) {
-      std::fprintf(stderr, "[%zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prompt_ids.size(),
-                   out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
+      const std::string engine = kv_cache ? "KV cache, " + kv_dtype : "naive decoder";
+      std::fprintf(stderr, "[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", engine.c_str(),
+                   prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     }
     return 0;
   } catch (const std::exception& e) {

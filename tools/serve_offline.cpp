@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
     long tokens = 0;
     for (size_t i = 0; i < results.size(); ++i) {
       tokens += static_cast<long>(results[i].tokens.size());
-      std::cout << "[" << i << "] " << prompts[i] << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
+      // Fortunes span lines: a header line per request keeps the boundaries visible.
+      std::cout << "--- request " << i << " (" << results[i].tokens.size() << " tokens) ---\n"
+                << prompts[i] << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch);

@@ -6,6 +6,11 @@ everything under models/ from a seed:
 
     /usr/bin/python3 tools/train_models.py --out models --steps 1200
 
+and, to continue training the target from the bundled weights (a new warmup and cosine decay):
+
+    /usr/bin/python3 tools/train_models.py --out models --only target \
+        --init-from models/tiny-fortunes --steps 800 --lr 1e-3
+
 It needs Debian's python3-torch, libopenblas0-pthread and fortunes packages
 (`./course setup --trainer` installs them). On 2 cores the target takes most
 of an hour; the draft a few minutes.
@@ -366,6 +371,8 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=["target", "draft", "both"], default="both")
+    ap.add_argument("--init-from", help="start the target from this model directory's weights (continue training)")
+    ap.add_argument("--lr", type=float, default=2e-3, help="the target's peak learning rate")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -386,20 +393,42 @@ def main():
     draft_cfg = hf_config(96, 2, 4, 2, 256, 256)
     tdir = os.path.join(args.out, "tiny-fortunes")
     target = Llama(target_cfg)
+    previous = None
+    if args.init_from:
+        from_safetensors(target, os.path.join(args.init_from, "model.safetensors"))
+        with open(os.path.join(args.init_from, "training.json")) as f:
+            previous = json.load(f)
     if args.only in ("target", "both"):
-        secs = train(target, stream, args.steps, args.batch, args.seq, 2e-3, args.seed, 25, "target")
+        secs = train(target, stream, args.steps, args.batch, args.seq, args.lr, args.seed, 25, "target")
         bpb = evaluate_bits_per_byte(target, val_eval, 256)
         info = {
             "parameters": sum(p.numel() for p in target.parameters()),
             "steps": args.steps, "batch": args.batch, "seq": args.seq, "seed": args.seed,
             "tokens_seen": args.steps * args.batch * args.seq,
             "training_minutes": round(secs / 60, 1), "threads": args.threads,
-            "heldout_bits_per_byte": round(bpb, 3), "heldout_quotes": len(val_eval),
+            "heldout_bits_per_byte": round(bpb, 3), "heldout_quotes": len(val_eval), "peak_lr": args.lr,
             "torch": torch.__version__,
             "samples_t0.8": [sample_text(target, p, 256, 200, args.seed + i) for i, p in enumerate(["The ", "A "])],
         }
+        if previous is not None:
+            # Continued training: keep the history, add this stage's figures to it.
+            info["continued_from"] = previous
+            info["tokens_seen"] += previous.get("tokens_seen", 0)
+            info["training_minutes"] = round(info["training_minutes"] + previous.get("training_minutes", 0), 1)
         print(json.dumps(info, indent=2), flush=True)
         save(target, target_cfg, args.out, "tiny-fortunes", info, prompts, logit_texts)
+        ddir = os.path.join(args.out, "tiny-fortunes-draft")
+        if args.only == "target" and os.path.exists(os.path.join(ddir, "model.safetensors")):
+            # The draft's agreement with the target changes with the target: measure it again.
+            draft = Llama(draft_cfg)
+            from_safetensors(draft, os.path.join(ddir, "model.safetensors"))
+            with open(os.path.join(ddir, "training.json")) as f:
+                dinfo = json.load(f)
+            dinfo["greedy_agreement_with_target"] = round(greedy_agreement(draft.eval(), target.eval(), val_eval, 256), 3)
+            with open(os.path.join(ddir, "training.json"), "w") as f:
+                json.dump(dinfo, f, indent=2)
+                f.write("\n")
+            print(f"draft agreement with the new target: {dinfo['greedy_agreement_with_target']}", flush=True)
     else:
         from_safetensors(target, os.path.join(tdir, "model.safetensors"))
 

@@ -37,7 +37,8 @@ std::vector<int> Scheduler::admit(int step, int running) {
 // ---------------------------------------------------------------- simulator --
 
 SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch) {
-  // Sort by (arrival, id), validate, and add every request to a Scheduler. Then, step by step
+  // Sort by (arrival, id), validate, and add every request to a Scheduler (a map from id to
+  // index into `requests` finds a request again when admit() returns its id). Then, step by step
   // from 0 until every request has finished:
   //   1. start what scheduler.admit(step, slots taken) returns (start_step = step);
   //   2. every unfinished request holding a slot produces one token: count them in busy_slots;
@@ -116,9 +117,11 @@ void BatchEngine::submit(GenerationRequest r) {
 }
 
 bool BatchEngine::step() {
-  // One step, in the simulator's order:
+  // If nothing runs and nothing waits, return false (and log nothing). Otherwise:
   //   1. one forward_batch over every running sequence that is not done (its next_token and
-  //      its cache), and sample each one's next token with its own sampler;
+  //      its cache), and sample each one's next token with its own sampler (decoding first
+  //      keeps newcomers out of this batch; it frees no slot, so admission below sees the same
+  //      occupancy as in the simulator, which admits first);
   //   2. admit what scheduler_.admit(now_, running_.size()) returns: take a cache from
   //      free_caches_ (reset it), prefill the prompt with forward_cached, sample the first
   //      token, set first_token_step = now_;
@@ -126,7 +129,7 @@ bool BatchEngine::step() {
   //      max_new_tokens is done, with finish_step = now_ + 1;
   //   4. free slots like the simulator (continuous: done ones now; static: all when all are
   //      done, moving each finish_step to now_ + 1), returning caches to free_caches_;
-  //   5. push a log_ entry, advance now_. Return false when nothing runs or waits.
+  //   5. push a log_ entry, advance now_, return true.
   throw NotImplemented("03", "BatchEngine::step");
 }
 

@@ -100,6 +100,28 @@ int main(int argc, char** argv) {
       gens << n << "," << naive << "," << cached << "," << naive / cached << "\n";
     }
 
+    // ---- INT8 accuracy ---------------------------------------------------------------------
+    {
+      // Greedy from "The " with both caches side by side, feeding the float path's tokens to both.
+      f32.reset();
+      i8.reset();
+      std::vector<int> seq = {1, 'T' + 3, 'h' + 3, 'e' + 3, ' ' + 3};
+      Matrix a = forward_cached(m, seq, f32), b = forward_cached(m, seq, i8);
+      double worst = 0;
+      int flips = 0;
+      const int steps = 200;
+      for (int s = 0; s < steps; ++s) {
+        const Vector la = a.row(a.rows() - 1).transpose(), lb = b.row(b.rows() - 1).transpose();
+        worst = std::max(worst, static_cast<double>((la - lb).cwiseAbs().maxCoeff()));
+        flips += argmax(la) != argmax(lb);
+        const int next = argmax(la);
+        a = forward_cached(m, std::span(&next, 1), f32);
+        b = forward_cached(m, std::span(&next, 1), i8);
+      }
+      std::printf("\nINT8 against float32 cache over %d greedy steps: largest logit difference %.4f, "
+                  "argmax differs at %d steps\n", steps, worst, flips);
+    }
+
     // ---- memory --------------------------------------------------------------------------
     std::ofstream mem(out_dir + "/kv_memory.csv");
     mem << "length,f32_bytes,int8_bytes\n";

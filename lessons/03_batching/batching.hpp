@@ -38,8 +38,10 @@ enum class Policy {
 ///
 /// - Continuous: at step s, admit waiting requests that have arrived (arrival <= s), oldest
 ///   first, until the batch is full.
-/// - Static: admit only when the batch is empty, and then the next min(max_batch, waiting)
-///   requests in arrival order, all at once, as soon as the last of them has arrived.
+/// - Static: admit only when the batch is empty, and then the next min(max_batch, waiting())
+///   queued requests in arrival order, all at once, as soon as the last of them has arrived.
+///   waiting() counts every queued request, arrived or not: a static batch waits to be full
+///   (or to hold everything that is left) rather than starting with whoever is there.
 class Scheduler {
  public:
   /// Throws infer::Error if max_batch is not positive.
@@ -130,6 +132,8 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 ///
 /// The projections and the MLP run as one matrix product over the batch (B rows); RoPE uses
 /// each row's own position; each row appends its K/V to its own cache and attends over it.
+/// Validate everything first (ids, equal counts, room in every cache): a refused call appends
+/// nothing. Two rows must not share a cache.
 /// @return [B, vocab] logits, row i for sequence i; equal to forward_cached() of each alone.
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches);
 
@@ -159,10 +163,13 @@ struct EngineStepLog {
   int occupied = 0;  ///< slots taken during the step (static batches keep finished members' slots)
 };
 
-/// The engine: a Scheduler over the bundled model. Each step, it admits what the scheduler
-/// allows (a prefill each, with forward_cached, giving each its first token), runs one
-/// forward_batch over every other running sequence, samples each sequence's next token with
-/// its own Sampler, and retires sequences that emitted EOS or reached max_new_tokens.
+/// The engine: a Scheduler over a model. Each step, it runs one forward_batch over the running
+/// sequences and samples each one's next token with its own Sampler; then admits what the
+/// scheduler allows (a prefill each, with forward_cached, which yields each newcomer's first
+/// token in the same step); then retires sequences that emitted EOS or reached max_new_tokens.
+/// Decoding before admitting keeps newcomers out of the decode batch, and gives the same
+/// schedule as the simulator (which admits first): decoding frees no slot, so admission sees
+/// the same occupancy either way.
 ///
 /// Sequences are independent: a request's tokens are exactly what generate_cached() would
 /// produce for it alone, whatever else shares the batch.
@@ -177,7 +184,8 @@ class BatchEngine {
   /// Queues a request. Throws infer::Error for a duplicate id, an empty prompt, bad ids,
   /// max_new_tokens < 1, a prompt + max_new_tokens beyond the context, or arrivals out of order.
   void submit(GenerationRequest request);
-  /// One step (admissions, one batched decode, retirements); false when nothing was left to do.
+  /// One step (one batched decode, admissions, retirements) and true; or, when nothing runs
+  /// and nothing waits, false without doing or logging anything.
   bool step();
   /// Runs steps until every submitted request has finished; returns results in submission order.
   std::vector<GenerationResult> run();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace infer {
@@ -146,6 +147,8 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
   require(!tokens.empty() && tokens.size() == caches.size(), "forward_batch: ", tokens.size(), " tokens for ",
           caches.size(), " caches (expected one token per cache, at least one)");
   const Eigen::Index B = static_cast<Eigen::Index>(tokens.size());
+  require(std::set<KVStore*>(caches.begin(), caches.end()).size() == caches.size(),
+          "forward_batch: two sequences share a cache (each sequence needs its own)");
   std::vector<int> pos(B);
   for (Eigen::Index i = 0; i < B; ++i) {
     require(tokens[i] >= 0 && tokens[i] < c.vocab_size, "forward_batch: token ", tokens[i], " of sequence ", i,
