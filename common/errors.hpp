@@ -33,7 +33,9 @@ std::string cat(const Args&... args) {
   return out.str();
 }
 
-/// Throws infer::Error with the concatenated message unless `condition` holds.
+/// Throws infer::Error with the concatenated message unless `condition` holds. The message's
+/// arguments are evaluated either way: never pass one that is only valid when the condition
+/// fails (`queue.back()` of a queue that may be empty); write an `if` and `throw` instead.
 template <typename... Args>
 void require(bool condition, const Args&... message) {
   if (!condition) throw Error(cat(message...));

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     if (print_ids) {
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
     }
-    std::cout << "\n";
+    std::cout << std::endl;  // flushed before the statistics go to stderr
     if (stats) {
       const std::string engine = kv_cache ? "KV cache, " + kv_dtype : "naive decoder";
       std::fprintf(stderr, "[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", engine.c_str(),

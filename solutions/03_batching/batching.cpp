@@ -17,8 +17,10 @@ Scheduler::Scheduler(Policy policy, int max_batch) : policy_(policy), max_batch_
 }
 
 void Scheduler::add(int id, int arrival_step) {
-  require(queue_.empty() || arrival_step >= queue_.back().arrival, "Scheduler::add: request ", id, " arrives at step ",
-          arrival_step, ", before the last queued one (", queue_.back().arrival, "): add requests in arrival order");
+  // (Not one require(): its message arguments are evaluated even when the condition holds.)
+  if (!queue_.empty() && arrival_step < queue_.back().arrival)
+    throw Error(cat("Scheduler::add: request ", id, " arrives at step ", arrival_step, ", before the last queued one (",
+                    queue_.back().arrival, "): add requests in arrival order"));
   queue_.push_back({id, arrival_step});
 }
 
