@@ -125,8 +125,9 @@ int argmax(const Vector& logits);
 ///
 /// - temperature 0: all mass on argmax(logits).
 /// - otherwise: softmax(logits / temperature), computed stably (subtract the max first).
-/// - top_k > 0: zero every token outside the k largest (ties broken towards the smaller
-///   index, so exactly min(k, vocab) tokens stay), then renormalize.
+/// - top_k > 0: zero every token outside the k largest (ranked by probability, which orders
+///   tokens exactly as the logits do; ties broken towards the smaller index, so exactly
+///   min(k, vocab) tokens stay), then renormalize.
 /// - top_p < 1: sort the remaining tokens by probability (largest first, ties by index),
 ///   keep the shortest prefix whose total reaches top_p, zero the rest, renormalize.
 ///
