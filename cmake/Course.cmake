@@ -1,7 +1,10 @@
 # course_lesson(NN topic [DEPENDS MM ...]) declares lesson NN_topic:
 #
-#   lessonNN_solution   library from solutions/NN_topic/*.cpp
-#   lessonNN_exercise   library from <exercises>/NN_topic/*.cpp (exercises track only)
+#   lessonNN_solution   library from solutions/NN_topic/*.cpp (+ lessons/NN_topic/given.cpp)
+#   lessonNN_exercise   library from <exercises>/NN_topic/*.cpp (+ given.cpp; exercises track only)
+#
+# lessons/NN_topic/given.cpp, when present, is the plumbing handed to students (constructors,
+# queues, validation): written once, compiled into both libraries.
 #   lessonNN            what this track's tests and programs of lesson NN use
 #   lessonNN_tests      tests/NN_topic/*_test.cpp, one ctest per test case,
 #                       labels lessonNN and graded
@@ -22,8 +25,12 @@ function(course_lesson nn topic)
     list(APPEND dep_libs "lesson${dep}_solution")
   endforeach()
 
+  set(given "")
+  if(EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given.cpp")
+    set(given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given.cpp")
+  endif()
   file(GLOB sol_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/solutions/${dir}/*.cpp")
-  add_library(lesson${nn}_solution STATIC ${sol_src})
+  add_library(lesson${nn}_solution STATIC ${sol_src} ${given})
   target_link_libraries(lesson${nn}_solution PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
 
   if(COURSE_TRACK STREQUAL "exercises")
@@ -31,7 +38,7 @@ function(course_lesson nn topic)
     if(NOT ex_src)
       message(FATAL_ERROR "lesson ${nn}: no starter sources in ${COURSE_EXERCISES_DIR}/${dir}")
     endif()
-    add_library(lesson${nn}_exercise STATIC ${ex_src})
+    add_library(lesson${nn}_exercise STATIC ${ex_src} ${given})
     target_link_libraries(lesson${nn}_exercise PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
     set(track_lib lesson${nn}_exercise)
   else()

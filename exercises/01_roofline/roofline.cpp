@@ -12,14 +12,6 @@ namespace infer {
 
 // ------------------------------------------------------------ model shapes --
 
-ModelShape shape_from_config(const ModelConfig& c, const std::string& name) {
-  ModelShape s{name,          c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-               c.head_dim,    c.intermediate_size, c.vocab_size,  c.tie_word_embeddings, 0,
-               false};
-  s.parameters = dense_parameter_count(s);
-  return s;
-}
-
 double dense_parameter_count(const ModelShape& s) {
   // Embedding table + lm_head (unless tied) + per layer (q, k, v, o projections, the three MLP
   // matrices, two norm vectors) + the final norm. K and V have num_kv_heads * head_dim rows.

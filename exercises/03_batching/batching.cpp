@@ -3,7 +3,7 @@
 // Replace each `throw NotImplemented(...)`. The contract is lessons/03_batching/batching.hpp; the
 // lesson text is lessons/03_batching/README.md. Check your work with `./course check 03`.
 // The plumbing (the Scheduler's queue, the engine's constructor, submit and run) is written
-// for you; the ideas are yours.
+// for you in lessons/03_batching/given.cpp; the ideas are yours.
 #include "lessons/03_batching/batching.hpp"
 
 #include <algorithm>
@@ -15,18 +15,6 @@
 namespace infer {
 
 // --------------------------------------------------------------- scheduling --
-
-Scheduler::Scheduler(Policy policy, int max_batch) : policy_(policy), max_batch_(max_batch) {
-  require(max_batch > 0, "Scheduler: max_batch must be positive, got ", max_batch);
-}
-
-void Scheduler::add(int id, int arrival_step) {
-  // (Not one require(): its message arguments are evaluated even when the condition holds.)
-  if (!queue_.empty() && arrival_step < queue_.back().arrival)
-    throw Error(cat("Scheduler::add: request ", id, " arrives at step ", arrival_step, ", before the last queued one (",
-                    queue_.back().arrival, "): add requests in arrival order"));
-  queue_.push_back({id, arrival_step});
-}
 
 std::vector<int> Scheduler::admit(int step, int running) {
   // Continuous: pop arrived requests (front().arrival <= step), oldest first, while
@@ -87,37 +75,6 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
 
 // ------------------------------------------------------------------ engine --
 
-struct BatchEngine::Running {
-  size_t index;                    // into requests_ and results_
-  Sampler sampler;
-  std::unique_ptr<KVCache> cache;
-  int next_token = 0;              // sampled, not yet fed to the model
-  bool done = false;               // finished; a static batch keeps it until the batch ends
-};
-
-BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch)
-    : model_(model), scheduler_(policy, max_batch) {
-  for (int i = 0; i < max_batch; ++i)
-    free_caches_.push_back(std::make_unique<KVCache>(model.config, model.config.max_position_embeddings));
-}
-
-BatchEngine::~BatchEngine() = default;
-
-void BatchEngine::submit(GenerationRequest r) {
-  const ModelConfig& c = model_.config;
-  check_tokens(c, r.prompt, "BatchEngine::submit");
-  r.sampling.validate();
-  require(r.max_new_tokens >= 1, "BatchEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
-          " new tokens, expected >= 1");
-  require(r.prompt.size() + r.max_new_tokens <= static_cast<size_t>(c.max_position_embeddings),
-          "BatchEngine::submit: request ", r.id, ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ",
-          r.max_new_tokens, " exceeds the context of ", c.max_position_embeddings, " positions");
-  for (const auto& q : requests_) require(q.id != r.id, "BatchEngine::submit: request id ", r.id, " was already submitted");
-  scheduler_.add(static_cast<int>(requests_.size()), r.arrival_step);  // the scheduler sees submission indices
-  results_.push_back({r.id, {}, r.arrival_step, 0, 0});
-  requests_.push_back(std::move(r));
-}
-
 bool BatchEngine::step() {
   // If nothing runs and nothing waits, return false (and log nothing). Otherwise:
   //   1. one forward_batch over every running sequence that is not done (its next_token and
@@ -133,12 +90,6 @@ bool BatchEngine::step() {
   //      done, moving each finish_step to now_ + 1), returning caches to free_caches_;
   //   5. push a log_ entry, advance now_, return true.
   throw NotImplemented("03", "BatchEngine::step");
-}
-
-std::vector<GenerationResult> BatchEngine::run() {
-  while (step()) {
-  }
-  return results_;
 }
 
 }  // namespace infer

@@ -195,7 +195,14 @@ class BatchEngine {
   const std::vector<GenerationResult>& results() const { return results_; }
 
  private:
-  struct Running;  ///< a sequence in a slot
+  /// A sequence in a slot.
+  struct Running {
+    size_t index;                    ///< into requests_ and results_
+    Sampler sampler;                 ///< this request's own sampler
+    std::unique_ptr<KVCache> cache;  ///< this sequence's KV cache, taken from free_caches_
+    int next_token = 0;              ///< sampled, not yet fed to the model
+    bool done = false;               ///< finished; a static batch keeps it until the batch ends
+  };
 
   const ModelWeights& model_;
   Scheduler scheduler_;

@@ -1,0 +1,47 @@
+// Lesson 02: the plumbing given to students (constructors and accessors), compiled with your
+// exercises/ and with the reference.
+#include "lessons/02_kv_cache/kv_cache.hpp"
+
+namespace infer {
+
+KVCache::KVCache(const ModelConfig& config, int max_tokens)
+    : kv_dim_(config.num_key_value_heads * config.head_dim), max_tokens_(max_tokens) {
+  require(max_tokens > 0, "KVCache: max_tokens must be positive, got ", max_tokens);
+  k_.assign(config.num_hidden_layers, Matrix::Zero(max_tokens, kv_dim_));
+  v_.assign(config.num_hidden_layers, Matrix::Zero(max_tokens, kv_dim_));
+  length_.assign(config.num_hidden_layers, 0);
+}
+
+int KVCache::num_layers() const { return static_cast<int>(length_.size()); }
+
+int KVCache::length(int layer) const {
+  require(layer >= 0 && layer < num_layers(), "KVCache: layer ", layer, " is outside [0, ", num_layers(), ")");
+  return length_[layer];
+}
+
+int KVCache::max_tokens() const { return max_tokens_; }
+
+Int8KVCache::Int8KVCache(const ModelConfig& config, int max_tokens)
+    : kv_dim_(config.num_key_value_heads * config.head_dim),
+      head_dim_(config.head_dim),
+      kv_heads_(config.num_key_value_heads),
+      max_tokens_(max_tokens) {
+  require(max_tokens > 0, "Int8KVCache: max_tokens must be positive, got ", max_tokens);
+  Quantized empty;
+  empty.q.assign(static_cast<size_t>(max_tokens) * kv_dim_, 0);
+  empty.scale.assign(static_cast<size_t>(max_tokens) * kv_heads_, 0.0f);
+  k_.assign(config.num_hidden_layers, empty);
+  v_.assign(config.num_hidden_layers, empty);
+  length_.assign(config.num_hidden_layers, 0);
+}
+
+int Int8KVCache::num_layers() const { return static_cast<int>(length_.size()); }
+
+int Int8KVCache::length(int layer) const {
+  require(layer >= 0 && layer < num_layers(), "Int8KVCache: layer ", layer, " is outside [0, ", num_layers(), ")");
+  return length_[layer];
+}
+
+int Int8KVCache::max_tokens() const { return max_tokens_; }
+
+}  // namespace infer
