@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/options.hpp"
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -20,31 +21,22 @@
 
 int main(int argc, char** argv) {
   try {
-    std::string model_dir, prompts_path, policy_name = "continuous";
-    int max_batch = 8, max_new = 64;
-    infer::SamplingParams sampling{.temperature = 0.8f};
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw infer::Error("serve_offline: " + a + " needs a value");
-        return argv[++i];
-      };
-      if (a == "--model") model_dir = value();
-      else if (a == "--prompts") prompts_path = value();
-      else if (a == "--max-batch") max_batch = std::stoi(value());
-      else if (a == "--max-new-tokens") max_new = std::stoi(value());
-      else if (a == "--policy") policy_name = value();
-      else if (a == "--temperature") sampling.temperature = std::stof(value());
-      else if (a == "--top-p") sampling.top_p = std::stof(value());
-      else if (a == "--seed") sampling.seed = std::stoull(value());
-      else if (a == "-h" || a == "--help") {
-        std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
-                     "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n";
-        return 0;
-      } else {
-        throw infer::Error("serve_offline: unknown option '" + a + "'");
-      }
+    const infer::Options opts(argc, argv, "serve_offline",
+                              {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
+                               "--top-p", "--seed"},
+                              {"-h", "--help"});
+    if (opts.has("-h") || opts.has("--help")) {
+      std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
+                   "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n";
+      return 0;
     }
+    const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");
+    const std::string policy_name = opts.text("--policy", "continuous");
+    const int max_batch = static_cast<int>(opts.number("--max-batch", 8, 1));
+    const int max_new = static_cast<int>(opts.number("--max-new-tokens", 64, 1));
+    infer::SamplingParams sampling{.temperature = static_cast<float>(opts.real("--temperature", 0.8)),
+                                   .top_p = static_cast<float>(opts.real("--top-p", 1.0)),
+                                   .seed = static_cast<uint64_t>(opts.number("--seed", 0))};
     if (model_dir.empty() || prompts_path.empty())
       throw infer::Error("serve_offline: --model and --prompts are required (see --help)");
     if (policy_name != "continuous" && policy_name != "static")

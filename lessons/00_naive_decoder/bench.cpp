@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/timer.hpp"
 #include "common/weights.hpp"
@@ -21,14 +22,9 @@
 
 int main(int argc, char** argv) {
   try {
-    std::string out_dir = ".";
-    int reps = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i];
-      if (a == "--out") out_dir = argv[i + 1];
-      else if (a == "--reps") reps = std::stoi(argv[i + 1]);
-      else throw infer::Error("lesson00_bench: unknown option '" + a + "'");
-    }
+    const infer::Options opts(argc, argv, "lesson00_bench", {"--out", "--reps"});
+    const std::string out_dir = opts.text("--out", ".");
+    const int reps = static_cast<int>(opts.number("--reps", 5, 1));
     const infer::ModelWeights model = infer::load_model(infer::bundled_model_dir("tiny-fortunes"));
     infer::Rng rng(1);
     std::vector<int> tokens(model.config.max_position_embeddings);
@@ -47,8 +43,7 @@ int main(int argc, char** argv) {
         ms.push_back(clock.millis());
         if (logits.rows() != n) throw infer::Error("forward returned the wrong number of rows");
       }
-      std::sort(ms.begin(), ms.end());
-      const double median = ms[ms.size() / 2];
+      const double median = infer::median(ms);
       std::printf("%8d %14.2f %14.1f\n", n, median, 1e3 / median);
       csv << n << "," << median << "," << 1e3 / median << "\n";
     }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -15,16 +16,10 @@
 
 int main(int argc, char** argv) {
   try {
-    std::string prompt = "The ";
-    int tokens = 200;
-    uint64_t seed = 7;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i];
-      if (a == "--prompt") prompt = argv[i + 1];
-      else if (a == "--tokens") tokens = std::stoi(argv[i + 1]);
-      else if (a == "--seed") seed = std::stoull(argv[i + 1]);
-      else throw infer::Error("lesson00_demo: unknown option '" + a + "'");
-    }
+    const infer::Options opts(argc, argv, "lesson00_demo", {"--prompt", "--tokens", "--seed"});
+    const std::string prompt = opts.text("--prompt", "The ");
+    const int tokens = static_cast<int>(opts.number("--tokens", 200));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 7));
     const infer::ModelWeights model = infer::load_model(infer::bundled_model_dir("tiny-fortunes"));
     const auto ids = infer::ByteTokenizer::encode(prompt);
     infer::Sampler sampler({.temperature = 0.8f, .top_p = 0.95f, .seed = seed});

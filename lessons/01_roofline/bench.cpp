@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/timer.hpp"
 #include "common/weights.hpp"
@@ -29,18 +30,6 @@
 using namespace infer;
 
 namespace {
-
-/// Best of `reps` runs of fn, in seconds.
-template <typename Fn>
-double best_seconds(int reps, Fn&& fn) {
-  double best = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    Stopwatch clock;
-    fn();
-    best = std::min(best, clock.seconds());
-  }
-  return best;
-}
 
 double measure_bandwidth(size_t bytes) {
   const size_t n = bytes / sizeof(float);
@@ -79,14 +68,9 @@ struct Point {
 
 int main(int argc, char** argv) {
   try {
-    std::string out_dir = ".";
-    bool quick = false;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
-      else if (a == "--quick") quick = true;
-      else throw Error("lesson01_bench: unknown option '" + a + "' (expected --out DIR or --quick)");
-    }
+    const Options opts(argc, argv, "lesson01_bench", {"--out"}, {"--quick"});
+    const std::string out_dir = opts.text("--out", ".");
+    const bool quick = opts.has("--quick");
     std::filesystem::create_directories(out_dir);
 
     // ---- the roofs -------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/timer.hpp"
 #include "common/weights.hpp"
@@ -24,11 +25,6 @@
 using namespace infer;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 /// Median ms of one decode step at position n - 1 with `cache` holding the n - 1 before it.
 double cached_step_ms(const ModelWeights& m, const std::vector<int>& tokens, int n, KVStore& cache, int reps) {
@@ -47,14 +43,9 @@ double cached_step_ms(const ModelWeights& m, const std::vector<int>& tokens, int
 
 int main(int argc, char** argv) {
   try {
-    std::string out_dir = ".";
-    int reps = 7;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i];
-      if (a == "--out") out_dir = argv[i + 1];
-      else if (a == "--reps") reps = std::stoi(argv[i + 1]);
-      else throw Error("lesson02_bench: unknown option '" + a + "'");
-    }
+    const Options opts(argc, argv, "lesson02_bench", {"--out", "--reps"});
+    const std::string out_dir = opts.text("--out", ".");
+    const int reps = static_cast<int>(opts.number("--reps", 7, 1));
     std::filesystem::create_directories(out_dir);
     const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
     const int context = m.config.max_position_embeddings;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -30,17 +31,11 @@ using namespace infer;
 
 int main(int argc, char** argv) {
   try {
-    std::string out_dir = ".";
-    int n = 48, batch = 8;
-    uint64_t seed = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i];
-      if (a == "--out") out_dir = argv[i + 1];
-      else if (a == "--requests") n = std::stoi(argv[i + 1]);
-      else if (a == "--batch") batch = std::stoi(argv[i + 1]);
-      else if (a == "--seed") seed = std::stoull(argv[i + 1]);
-      else throw Error("lesson03_bench: unknown option '" + a + "'");
-    }
+    const Options opts(argc, argv, "lesson03_bench", {"--out", "--requests", "--batch", "--seed"});
+    const std::string out_dir = opts.text("--out", ".");
+    const int n = static_cast<int>(opts.number("--requests", 48, 1));
+    const int batch = static_cast<int>(opts.number("--batch", 8, 1));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1));
     std::filesystem::create_directories(out_dir);
     const char* starts[] = {"The ", "A ", "You will ", "Q: Why ", "Never ", "Love is ", "If you ", "There is "};
     const auto limits = pareto_lengths(n, 1.5, 20, 200, seed);

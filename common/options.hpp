@@ -1,0 +1,97 @@
+/// @file options.hpp
+/// @brief Command-line options of the demos, benches and tools (`--name value` and `--flag`), and the
+/// timing helpers they share.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "common/timer.hpp"
+
+namespace infer {
+
+/// Parses `--name value` pairs and bare `--flag`s. An unknown option, a missing value or a value
+/// that is not a number where one is expected throws infer::Error naming the program and option.
+class Options {
+ public:
+  /// `valued`: options that take a value; `flags`: options that stand alone.
+  Options(int argc, char** argv, std::string program, std::set<std::string> valued, std::set<std::string> flags = {})
+      : program_(std::move(program)) {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (flags.count(a)) {
+        values_[a] = "";
+      } else if (valued.count(a)) {
+        require(i + 1 < argc, program_, ": ", a, " needs a value");
+        values_[a] = argv[++i];
+      } else {
+        throw Error(cat(program_, ": unknown option '", a, "'"));
+      }
+    }
+  }
+
+  /// Whether the option was given.
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  /// The option's text, or `fallback`.
+  std::string text(const std::string& name, const std::string& fallback) const {
+    return has(name) ? values_.at(name) : fallback;
+  }
+  /// The option as an integer of at least `minimum`, or `fallback`.
+  long number(const std::string& name, long fallback, long minimum = 0) const {
+    if (!has(name)) return fallback;
+    const std::string& v = values_.at(name);
+    size_t used = 0;
+    long n = minimum - 1;
+    try {
+      n = std::stol(v, &used);
+    } catch (const std::exception&) {
+    }
+    require(used == v.size() && n >= minimum, program_, ": ", name, " expects an integer >= ", minimum, ", got '", v,
+            "'");
+    return n;
+  }
+  /// The option as a real number, or `fallback`.
+  double real(const std::string& name, double fallback) const {
+    if (!has(name)) return fallback;
+    const std::string& v = values_.at(name);
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == v.size() && used > 0, program_, ": ", name, " expects a number, got '", v, "'");
+    return x;
+  }
+
+ private:
+  std::string program_;
+  std::map<std::string, std::string> values_;
+};
+
+/// The median of some measurements (the upper one of the middle two for an even count).
+inline double median(std::vector<double> v) {
+  require(!v.empty(), "median: no measurements");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// The fastest of `reps` runs of `fn`, in seconds.
+template <typename Fn>
+double best_seconds(int reps, Fn&& fn) {
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    Stopwatch clock;
+    fn();
+    best = std::min(best, clock.seconds());
+  }
+  return best;
+}
+
+}  // namespace infer
