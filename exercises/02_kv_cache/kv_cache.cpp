@@ -76,8 +76,8 @@ Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KV
   // Lesson 00's forward, with three changes per layer:
   //   1. RoPE starts at position cache.length() (read it once, before the first layer appends);
   //   2. the new tokens' k and v are appended to the cache;
-  //   3. attention reads cache.keys(l) and cache.values(l): causal_attention already handles
-  //      more keys than queries.
+  //   3. attention over everything cached: cache.attend(l, q, ...), which is causal_attention
+  //      over cache.keys(l) and cache.values(l) (it already handles more keys than queries).
   // Validate first (ids, and room for the tokens in the cache and the context) so that a
   // refused call appends nothing.
   (void)model, (void)tokens, (void)cache;

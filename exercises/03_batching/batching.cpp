@@ -1,9 +1,9 @@
-// Lesson 03, your turn: one scheduler, a step simulator, and the batched engine.
+// Lesson 03, your turn: one scheduler, a step simulator, and the batched forward.
 //
 // Replace each `throw NotImplemented(...)`. The contract is lessons/03_batching/batching.hpp; the
 // lesson text is lessons/03_batching/README.md. Check your work with `./course check 03`.
-// The plumbing (the Scheduler's queue, the engine's constructor, submit and run) is written
-// for you in lessons/03_batching/given.cpp; the ideas are yours.
+// The plumbing (the Scheduler's queue) and the engine that runs your scheduler and your batched
+// forward are written for you in lessons/03_batching/given.cpp: read its BatchEngine::step.
 #include "lessons/03_batching/batching.hpp"
 
 #include <algorithm>
@@ -67,29 +67,10 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
   // Like forward_cached with one token per sequence, except that the B rows belong to B
   // different sequences: read each row's position from its own cache before the first layer;
   // do the projections and the MLP on all rows at once; then, per row i, RoPE at pos[i],
-  // append k.row(i), v.row(i) to caches[i], and attend over caches[i]'s keys and values.
+  // append k.row(i), v.row(i) to caches[i], and attend with caches[i]->attend(l, q.row(i), ...).
   // (To rotate one row in place: `auto qi = q.row(i); apply_rope(qi, ...)`.)
   (void)model, (void)tokens, (void)caches;
   throw NotImplemented("03", "forward_batch");
-}
-
-// ------------------------------------------------------------------ engine --
-
-bool BatchEngine::step() {
-  // If nothing runs and nothing waits, return false (and log nothing). Otherwise:
-  //   1. one forward_batch over every running sequence that is not done (its next_token and
-  //      its cache), and sample each one's next token with its own sampler (decoding first
-  //      keeps newcomers out of this batch; it frees no slot, so admission below sees the same
-  //      occupancy as in the simulator, which admits first);
-  //   2. admit what scheduler_.admit(now_, running_.size()) returns: take a cache from
-  //      free_caches_ (reset it), prefill the prompt with forward_cached, sample the first
-  //      token, set first_token_step = now_;
-  //   3. append every new token to its result; a sequence that produced EOS or reached
-  //      max_new_tokens is done, with finish_step = now_ + 1;
-  //   4. free slots like the simulator (continuous: done ones now; static: all when all are
-  //      done, moving each finish_step to now_ + 1), returning caches to free_caches_;
-  //   5. push a log_ entry, advance now_, return true.
-  throw NotImplemented("03", "BatchEngine::step");
 }
 
 }  // namespace infer

@@ -4,6 +4,10 @@
 
 namespace infer {
 
+Matrix KVStore::attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const {
+  return causal_attention(q, keys(layer), values(layer), num_heads, num_kv_heads, head_dim);
+}
+
 KVCache::KVCache(const ModelConfig& config, int max_tokens)
     : kv_dim_(config.num_key_value_heads * config.head_dim), max_tokens_(max_tokens) {
   require(max_tokens > 0, "KVCache: max_tokens must be positive, got ", max_tokens);

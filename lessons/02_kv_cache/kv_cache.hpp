@@ -51,6 +51,13 @@ class KVStore {
   /// Forgets every position (the memory stays reserved).
   virtual void reset() = 0;
 
+  /// Causal attention of the newest `q.rows()` positions' queries (q: [T, num_heads * head_dim],
+  /// already rotated) over every position stored in `layer`, the T newest included: row i is
+  /// the query of position length(layer) - T + i. Given: causal_attention() over keys(layer)
+  /// and values(layer). A store that can read its rows where they lie overrides it (lesson 04's
+  /// paged cache does, instead of gathering them into one matrix first).
+  virtual Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const;
+
   /// Bytes holding stored positions (including any scales).
   virtual size_t bytes_used() const = 0;
   /// Bytes reserved for max_tokens() positions (including any scales).

@@ -49,6 +49,9 @@ class Scheduler {
 
   /// Queues a request. Requests must be added in non-decreasing arrival order.
   void add(int id, int arrival_step);
+  /// Puts a request back at the head of the queue (given): the engine uses it for a request
+  /// it took but could not start, or preempted (lesson 04). It keeps its original arrival.
+  void push_front(int id, int arrival_step);
   /// The ids to start at `step`, given how many slots are taken (`running`); removes them
   /// from the queue. Never returns more than max_batch - running ids.
   std::vector<int> admit(int step, int running);
@@ -153,38 +156,98 @@ struct GenerationResult {
   int arrival_step = 0;       ///< as submitted
   int first_token_step = 0;   ///< the step of its prefill
   int finish_step = 0;        ///< the step after its last token (static: after its batch's)
+  int preemptions = 0;        ///< times it was preempted and resumed (lesson 04)
 };
 
 /// Per-step record of what the engine did.
 struct EngineStepLog {
-  int step = 0;      ///< the step
-  int prefills = 0;  ///< requests admitted (each prefilled) in this step
-  int decodes = 0;   ///< sequences in this step's batched decode
-  int occupied = 0;  ///< slots taken during the step (static batches keep finished members' slots)
+  int step = 0;             ///< the step
+  int prefills = 0;         ///< requests admitted (each prefilled) in this step
+  int decodes = 0;          ///< sequences in this step's batched decode
+  int occupied = 0;         ///< slots taken during the step (static batches keep finished members' slots)
+  int preempted = 0;        ///< sequences preempted at the start of the step (lesson 04)
+  int resumed = 0;          ///< preempted sequences started again (prefill by recompute, lesson 04)
+  long stored_tokens = 0;   ///< K/V positions held by running sequences after the step
+  long reserved_tokens = 0; ///< positions of KV memory reserved for them (KVManager::reserved_tokens)
 };
 
-/// The engine: a Scheduler over a model. Each step, it runs one forward_batch over the running
-/// sequences and samples each one's next token with its own Sampler; then admits what the
-/// scheduler allows (a prefill each, with forward_cached, which yields each newcomer's first
-/// token in the same step); then retires sequences that emitted EOS or reached max_new_tokens.
+/// Where the engine's sequences keep their keys and values. Lesson 03's answer is one
+/// contiguous cache per slot (SlotKVManager); lesson 04's is a pool of fixed-size blocks.
+///
+/// The engine opens a store when a sequence starts, closes it when the sequence ends, and,
+/// before each decode, asks how many of the newest running sequences must give their memory
+/// back so that the others can each store one more position.
+class KVManager {
+ public:
+  virtual ~KVManager() = default;
+  /// A store for a sequence whose first `tokens` positions are about to be stored, with room
+  /// for them reserved; or nullptr if the free memory cannot hold them now.
+  virtual std::unique_ptr<KVStore> open(int tokens) = 0;
+  /// Takes back a store from open(); its memory is free again.
+  virtual void close(std::unique_ptr<KVStore> store) = 0;
+  /// Before a decode that appends one position to each of `running` (stores from open(),
+  /// oldest sequence first): how many of the newest must be preempted, their memory freed, for
+  /// the others to fit. 0 when all fit.
+  virtual int preemptions_needed(std::span<const KVStore* const> running) const = 0;
+  /// The most positions one sequence can ever hold (the engine refuses longer requests).
+  virtual int capacity_tokens() const = 0;
+  /// Positions of memory reserved by open stores right now.
+  virtual long reserved_tokens() const = 0;
+};
+
+/// Lesson 03's memory (given): `slots` contiguous KVCache objects, each reserved for the model's
+/// whole context. open() hands out a free one (nullptr when all are taken); nothing is ever
+/// preempted.
+class SlotKVManager final : public KVManager {
+ public:
+  SlotKVManager(const ModelConfig& config, int slots);
+  std::unique_ptr<KVStore> open(int tokens) override;
+  void close(std::unique_ptr<KVStore> store) override;
+  int preemptions_needed(std::span<const KVStore* const> running) const override;
+  int capacity_tokens() const override;
+  long reserved_tokens() const override;
+
+ private:
+  int context_ = 0, slots_ = 0;
+  std::vector<std::unique_ptr<KVStore>> free_;
+};
+
+/// The engine (given): a Scheduler and a KVManager over a model. Each step it
+///
+///  1. makes room: asks the memory how many of the newest running sequences must make way for
+///     the others to store one more position, and preempts them (never, with slot caches): a
+///     preempted sequence gives its memory back and goes to the head of the queue, keeping its
+///     tokens and its Sampler;
+///  2. decodes: one forward_batch over the running sequences, each sampling its next token with
+///     its own Sampler;
+///  3. admits what the scheduler allows and the memory can hold, in queue order: a new request
+///     is prefilled with forward_cached, which yields its first token in this same step; a
+///     preempted one is prefilled again over its prompt and every token it had generated but
+///     the last (recompute), and continues from that last token, sampling nothing;
+///  4. retires sequences that emitted EOS or reached max_new_tokens (their memory at once;
+///     their slot at once, or with the whole batch under the static policy).
+///
 /// Decoding before admitting keeps newcomers out of the decode batch, and gives the same
 /// schedule as the simulator (which admits first): decoding frees no slot, so admission sees
 /// the same occupancy either way.
 ///
 /// Sequences are independent: a request's tokens are exactly what generate_cached() would
-/// produce for it alone, whatever else shares the batch.
+/// produce for it alone, whatever else shares the batch, and however often it was preempted.
 class BatchEngine {
  public:
   /// `max_batch` slots; each slot gets a float KV cache of the model's full context.
   BatchEngine(const ModelWeights& model, Policy policy, int max_batch);
+  /// `max_batch` slots over the given memory (lesson 04 passes a paged pool).
+  BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
   BatchEngine& operator=(const BatchEngine&) = delete;
 
   /// Queues a request. Throws infer::Error for a duplicate id, an empty prompt, bad ids,
-  /// max_new_tokens < 1, a prompt + max_new_tokens beyond the context, or arrivals out of order.
+  /// max_new_tokens < 1, a prompt + max_new_tokens beyond the context or the memory's
+  /// capacity_tokens(), or arrivals out of order.
   void submit(GenerationRequest request);
-  /// One step (one batched decode, admissions, retirements) and true; or, when nothing runs
+  /// One step (room, batched decode, admissions, retirements) and true; or, when nothing runs
   /// and nothing waits, false without doing or logging anything.
   bool step();
   /// Runs steps until every submitted request has finished; returns results in submission order.
@@ -193,23 +256,31 @@ class BatchEngine {
   const std::vector<EngineStepLog>& log() const { return log_; }
   /// Results so far, in submission order (complete once step() has returned false).
   const std::vector<GenerationResult>& results() const { return results_; }
+  /// The KV memory.
+  const KVManager& memory() const { return *memory_; }
 
  private:
   /// A sequence in a slot.
   struct Running {
     size_t index;                    ///< into requests_ and results_
     Sampler sampler;                 ///< this request's own sampler
-    std::unique_ptr<KVCache> cache;  ///< this sequence's KV cache, taken from free_caches_
+    std::unique_ptr<KVStore> cache;  ///< its K/V, from memory_ (null once done)
     int next_token = 0;              ///< sampled, not yet fed to the model
     bool done = false;               ///< finished; a static batch keeps it until the batch ends
   };
+  /// Frees a running sequence's memory and queues it again (step 1).
+  void preempt(std::unique_ptr<Running> r);
+  /// Starts request `index` in memory `cache` (step 3); returns its first token's logits, or an
+  /// empty matrix for a resumed sequence (its next token is already known).
+  Matrix start(size_t index, std::unique_ptr<KVStore> cache);
 
   const ModelWeights& model_;
   Scheduler scheduler_;
+  std::unique_ptr<KVManager> memory_;
   std::vector<GenerationRequest> requests_;     ///< by submission index
   std::vector<GenerationResult> results_;       ///< by submission index
-  std::vector<std::unique_ptr<KVCache>> free_caches_;
-  std::vector<std::unique_ptr<Running>> running_;
+  std::vector<std::unique_ptr<Running>> running_;  ///< oldest first
+  std::vector<std::unique_ptr<Sampler>> paused_;   ///< by submission index: a preempted request's sampler
   std::vector<EngineStepLog> log_;
   int now_ = 0;
 };

@@ -1,6 +1,8 @@
-// Lesson 03: the plumbing given to students (the Scheduler's queue, the engine's constructor,
-// submit and run), compiled with your exercises/ and with the reference.
+// Lesson 03: what is given to students (the Scheduler's queue, the slot memory, and the engine
+// that runs your scheduler and your batched forward), compiled with your exercises/ and with the reference.
 #include "lessons/03_batching/batching.hpp"
+
+#include <algorithm>
 
 namespace infer {
 
@@ -16,10 +18,42 @@ void Scheduler::add(int id, int arrival_step) {
   queue_.push_back({id, arrival_step});
 }
 
+void Scheduler::push_front(int id, int arrival_step) { queue_.push_front({id, arrival_step}); }
+
+// ------------------------------------------------------------ slot memory --
+
+SlotKVManager::SlotKVManager(const ModelConfig& config, int slots)
+    : context_(config.max_position_embeddings), slots_(slots) {
+  require(slots > 0, "SlotKVManager: slots must be positive, got ", slots);
+  for (int i = 0; i < slots; ++i) free_.push_back(std::make_unique<KVCache>(config, context_));
+}
+
+std::unique_ptr<KVStore> SlotKVManager::open(int tokens) {
+  require(tokens >= 0 && tokens <= context_, "SlotKVManager::open: ", tokens, " positions, a slot holds ", context_);
+  if (free_.empty()) return nullptr;
+  std::unique_ptr<KVStore> store = std::move(free_.back());
+  free_.pop_back();
+  store->reset();
+  return store;
+}
+
+void SlotKVManager::close(std::unique_ptr<KVStore> store) {
+  require(store != nullptr, "SlotKVManager::close: no store");
+  free_.push_back(std::move(store));
+}
+
+int SlotKVManager::preemptions_needed(std::span<const KVStore* const>) const { return 0; }
+int SlotKVManager::capacity_tokens() const { return context_; }
+long SlotKVManager::reserved_tokens() const { return static_cast<long>(slots_ - free_.size()) * context_; }
+
+// ----------------------------------------------------------------- engine --
+
 BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch)
-    : model_(model), scheduler_(policy, max_batch) {
-  for (int i = 0; i < max_batch; ++i)
-    free_caches_.push_back(std::make_unique<KVCache>(model.config, model.config.max_position_embeddings));
+    : BatchEngine(model, policy, max_batch, std::make_unique<SlotKVManager>(model.config, max_batch)) {}
+
+BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory)
+    : model_(model), scheduler_(policy, max_batch), memory_(std::move(memory)) {
+  require(memory_ != nullptr, "BatchEngine: no KV memory");
 }
 
 BatchEngine::~BatchEngine() = default;
@@ -33,10 +67,134 @@ void BatchEngine::submit(GenerationRequest r) {
   require(r.prompt.size() + r.max_new_tokens <= static_cast<size_t>(c.max_position_embeddings),
           "BatchEngine::submit: request ", r.id, ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ",
           r.max_new_tokens, " exceeds the context of ", c.max_position_embeddings, " positions");
+  require(r.prompt.size() + r.max_new_tokens <= static_cast<size_t>(memory_->capacity_tokens()),
+          "BatchEngine::submit: request ", r.id, ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ",
+          r.max_new_tokens, " exceeds the ", memory_->capacity_tokens(), " positions the KV memory can give one sequence");
   for (const auto& q : requests_) require(q.id != r.id, "BatchEngine::submit: request id ", r.id, " was already submitted");
   scheduler_.add(static_cast<int>(requests_.size()), r.arrival_step);  // the scheduler sees submission indices
-  results_.push_back({r.id, {}, r.arrival_step, 0, 0});
+  results_.push_back({r.id, {}, r.arrival_step, 0, 0, 0});
   requests_.push_back(std::move(r));
+  paused_.emplace_back();
+}
+
+void BatchEngine::preempt(std::unique_ptr<Running> r) {
+  memory_->close(std::move(r->cache));
+  ++results_[r->index].preemptions;
+  paused_[r->index] = std::make_unique<Sampler>(std::move(r->sampler));
+  scheduler_.push_front(static_cast<int>(r->index), requests_[r->index].arrival_step);
+}
+
+Matrix BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
+  const GenerationRequest& req = requests_[index];
+  const std::vector<int>& generated = results_[index].tokens;
+  if (!paused_[index]) {  // a new request: prefill the prompt; its logits give the first token
+    running_.push_back(std::make_unique<Running>(Running{index, Sampler(req.sampling), std::move(cache), 0, false}));
+    return forward_cached(model_, req.prompt, *running_.back()->cache);
+  }
+  // A preempted one: recompute the K/V of its prompt and of every generated token but the last,
+  // which was sampled and not yet fed. Its sampler continues where it stopped.
+  std::vector<int> tokens = req.prompt;
+  tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
+  running_.push_back(std::make_unique<Running>(
+      Running{index, std::move(*paused_[index]), std::move(cache), generated.back(), false}));
+  paused_[index].reset();
+  forward_cached(model_, tokens, *running_.back()->cache);
+  return Matrix();
+}
+
+bool BatchEngine::step() {
+  if (running_.empty() && scheduler_.waiting() == 0) return false;
+  EngineStepLog entry;
+  entry.step = now_;
+
+  // 1. Room: each sequence about to decode must be able to store one more position. Preempt
+  //    the newest until the memory says the rest fit.
+  std::vector<const KVStore*> stores;
+  for (const auto& r : running_)
+    if (!r->done) stores.push_back(r->cache.get());
+  const int victims = memory_->preemptions_needed(stores);
+  require(victims >= 0 && victims <= static_cast<int>(stores.size()), "BatchEngine: the KV memory asks to preempt ",
+          victims, " of ", stores.size(), " running sequences");
+  for (int n = 0; n < victims; ++n) {
+    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& r) { return !r->done; });
+    std::unique_ptr<Running> victim = std::move(*newest);
+    running_.erase(std::next(newest).base());
+    preempt(std::move(victim));
+    ++entry.preempted;
+  }
+
+  // 2. Decode the running sequences: one batched forward.
+  std::vector<Running*> sampling;  // sequences that get a new token this step
+  std::vector<int> tokens;
+  std::vector<KVStore*> caches;
+  for (auto& r : running_)
+    if (!r->done) {
+      sampling.push_back(r.get());
+      tokens.push_back(r->next_token);
+      caches.push_back(r->cache.get());
+    }
+  std::vector<int> sampled;
+  if (!sampling.empty()) {
+    const Matrix logits = forward_batch(model_, tokens, caches);
+    for (size_t i = 0; i < sampling.size(); ++i) sampled.push_back(sampling[i]->sampler.next(logits.row(i).transpose()));
+  }
+  entry.decodes = static_cast<int>(sampling.size());
+
+  // 3. Admit, in queue order, while the memory holds what each needs; give the rest back.
+  const std::vector<int> admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
+  for (size_t a = 0; a < admitted.size(); ++a) {
+    const size_t index = static_cast<size_t>(admitted[a]);
+    const int generated = static_cast<int>(results_[index].tokens.size());
+    const int positions = static_cast<int>(requests_[index].prompt.size()) + std::max(generated - 1, 0);
+    std::unique_ptr<KVStore> cache = memory_->open(positions);
+    if (!cache) {
+      if (running_.empty())
+        throw Error(cat("BatchEngine: the KV memory cannot hold request ", requests_[index].id, "'s ", positions,
+                        " positions even with nothing else running"));
+      for (size_t b = admitted.size(); b-- > a;)
+        scheduler_.push_front(admitted[b], requests_[admitted[b]].arrival_step);
+      break;
+    }
+    const bool resuming = paused_[index] != nullptr;
+    const Matrix logits = start(index, std::move(cache));
+    if (resuming) {
+      ++entry.resumed;
+      continue;
+    }
+    sampling.push_back(running_.back().get());
+    sampled.push_back(running_.back()->sampler.next(logits.row(logits.rows() - 1).transpose()));
+    results_[index].first_token_step = now_;
+    ++entry.prefills;
+  }
+  entry.occupied = static_cast<int>(running_.size());
+
+  // 4. Record every new token; a sequence ends at EOS or its limit, and its memory is free.
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    Running& r = *sampling[i];
+    GenerationResult& res = results_[r.index];
+    res.tokens.push_back(sampled[i]);
+    r.next_token = sampled[i];
+    if (sampled[i] == model_.config.eos_token_id ||
+        static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
+      r.done = true;
+      res.finish_step = now_ + 1;
+      memory_->close(std::move(r.cache));
+    }
+  }
+  // Free slots: at once (continuous), or when the whole batch is done (static, which hands
+  // back every member's result at that moment).
+  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
+  if (scheduler_.policy() == Policy::Continuous || all_done) {
+    if (scheduler_.policy() == Policy::Static)
+      for (auto& r : running_) results_[r->index].finish_step = now_ + 1;
+    std::erase_if(running_, [](const auto& r) { return r->done; });
+  }
+  for (const auto& r : running_)
+    if (r->cache) entry.stored_tokens += r->cache->length();
+  entry.reserved_tokens = memory_->reserved_tokens();
+  log_.push_back(entry);
+  ++now_;
+  return true;
 }
 
 std::vector<GenerationResult> BatchEngine::run() {

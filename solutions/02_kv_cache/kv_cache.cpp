@@ -142,8 +142,7 @@ Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KV
     apply_rope(k, c.head_dim, start, c.rope_theta);
     cache.append(l, k, v);
     // The new queries attend over every cached position, their own included.
-    const Matrix attn = causal_attention(q, cache.keys(l), cache.values(l), c.num_attention_heads,
-                                         c.num_key_value_heads, c.head_dim);
+    const Matrix attn = cache.attend(l, q, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     x += attn * layer.o_proj.transpose();
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }

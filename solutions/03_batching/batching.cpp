@@ -1,4 +1,4 @@
-// Lesson 03, reference solution: one scheduler, a step simulator, and the batched engine.
+// Lesson 03, reference solution: one scheduler, a step simulator, and the batched forward.
 #include "lessons/03_batching/batching.hpp"
 
 #include <algorithm>
@@ -162,82 +162,12 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
       apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
       apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
       caches[i]->append(l, k.row(i), v.row(i));
-      attn.row(i) = causal_attention(q.row(i), caches[i]->keys(l), caches[i]->values(l), c.num_attention_heads,
-                                     c.num_key_value_heads, c.head_dim);
+      attn.row(i) = caches[i]->attend(l, q.row(i), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     }
     x += attn * layer.o_proj.transpose();
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
   return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
-}
-
-// ------------------------------------------------------------------ engine --
-
-bool BatchEngine::step() {
-  if (running_.empty() && scheduler_.waiting() == 0) return false;
-  EngineStepLog entry{now_, 0, 0, 0};
-
-  // Decode first, for the sequences already running: one batched forward.
-  std::vector<Running*> decoding;
-  for (auto& r : running_)
-    if (!r->done) decoding.push_back(r.get());
-  std::vector<int> tokens;
-  std::vector<KVStore*> caches;
-  for (Running* r : decoding) {
-    tokens.push_back(r->next_token);
-    caches.push_back(r->cache.get());
-  }
-  std::vector<int> sampled;
-  if (!decoding.empty()) {
-    const Matrix logits = forward_batch(model_, tokens, caches);
-    for (size_t i = 0; i < decoding.size(); ++i) sampled.push_back(decoding[i]->sampler.next(logits.row(i).transpose()));
-  }
-  entry.decodes = static_cast<int>(decoding.size());
-
-  // Then admit: each newcomer's prefill gives its first token in this same step.
-  const int occupied_before = static_cast<int>(running_.size());
-  for (int index : scheduler_.admit(now_, occupied_before)) {
-    const GenerationRequest& req = requests_[index];
-    auto r = std::make_unique<Running>(Running{static_cast<size_t>(index), Sampler(req.sampling),
-                                               std::move(free_caches_.back()), 0, false});
-    free_caches_.pop_back();
-    r->cache->reset();
-    const Matrix logits = forward_cached(model_, req.prompt, *r->cache);
-    decoding.push_back(r.get());
-    sampled.push_back(r->sampler.next(logits.row(logits.rows() - 1).transpose()));
-    results_[index].first_token_step = now_;
-    running_.push_back(std::move(r));
-    ++entry.prefills;
-  }
-  entry.occupied = static_cast<int>(running_.size());
-
-  // Record every new token; finish sequences at EOS or their limit.
-  for (size_t i = 0; i < decoding.size(); ++i) {
-    Running& r = *decoding[i];
-    GenerationResult& res = results_[r.index];
-    res.tokens.push_back(sampled[i]);
-    r.next_token = sampled[i];
-    if (sampled[i] == model_.config.eos_token_id ||
-        static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
-      r.done = true;
-      res.finish_step = now_ + 1;
-    }
-  }
-
-  // Free slots: at once (continuous), or when the whole batch is done (static, which hands
-  // back every member's result at that moment).
-  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
-  if (scheduler_.policy() == Policy::Continuous || all_done) {
-    for (auto& r : running_) {
-      if (!r->done) continue;
-      if (scheduler_.policy() == Policy::Static) results_[r->index].finish_step = now_ + 1;
-      free_caches_.push_back(std::move(r->cache));
-    }
-    std::erase_if(running_, [](const auto& r) { return r->done; });
-  }
-  log_.push_back(entry);
-  ++now_;
-  return true;
 }
 
 }  // namespace infer
