@@ -1,0 +1,203 @@
+/// @file paged_attention.hpp
+/// @brief Lesson 04's contract: KV memory in fixed-size blocks that can live anywhere, a block
+/// table per sequence, sharing with copy-on-write, and the engine's scheduler on top of the pool.
+///
+/// You implement the functions declared here in `exercises/04_paged_attention/paged_attention.cpp`.
+/// Nothing else changes: a PagedKVCache is a KVStore, so lesson 02's forward_cached() and lesson
+/// 03's forward_batch() run on it as they are (through KVStore::attend, which here reads the
+/// keys and values where they lie), and a PagedKVManager is a KVManager, so lesson 03's engine
+/// runs on the pool as it is.
+///
+///     logical positions of one sequence       block table         physical pool (B = 4)
+///     [ 0  1  2  3 | 4  5  6  7 | 8  9 ]  ->  [ 5, 2, 7 ]  ->  block 5, block 2, block 7 (partly)
+///
+/// Position p lives in row `p % B` of block `table[p / B]`.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/model_config.hpp"
+#include "common/tensor.hpp"
+#include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/03_batching/batching.hpp"
+
+namespace infer {
+
+/// Blocks needed to hold `tokens` positions in blocks of `block_size`: the ceiling of the
+/// ratio (0 for 0 tokens). Given.
+int blocks_for(int tokens, int block_size);
+
+/// Block ids 0 .. num_blocks-1 over a fixed pool: a free list and a reference count per block.
+///
+/// A block is *free* (count 0, on the free list) or *allocated* (count >= 1: the number of
+/// sequences whose block table holds it).
+class BlockAllocator {
+ public:
+  /// Every block free. allocate() hands out 0, 1, 2, ... first. Throws for num_blocks < 1.
+  explicit BlockAllocator(int num_blocks);
+
+  /// Takes a free block (from the back of the free list) and sets its count to 1.
+  /// @throws infer::Error saying "out of KV blocks" and naming num_blocks when none is free.
+  int allocate();
+  /// One more sequence holds `block`: its count goes up by one.
+  /// @throws infer::Error for a block outside [0, num_blocks) or a free one.
+  void share(int block);
+  /// One sequence lets go of `block`: its count goes down by one, and at 0 the block goes back
+  /// on the free list (at the back: the next allocate() takes it).
+  /// @throws infer::Error for a block outside [0, num_blocks), or one already free (a double
+  ///         free: the message says "double free").
+  void free(int block);
+
+  /// Sequences holding `block` (0 when free). Throws for a block outside [0, num_blocks).
+  int ref_count(int block) const;
+  /// Blocks on the free list.
+  int num_free() const { return static_cast<int>(free_list_.size()); }
+  /// Blocks in the pool.
+  int num_blocks() const { return static_cast<int>(ref_count_.size()); }
+
+ private:
+  std::vector<int> free_list_;  ///< free block ids; allocate() takes the back
+  std::vector<int> ref_count_;  ///< per block
+};
+
+/// The physical KV memory: per layer, key rows and value rows for num_blocks * block_size
+/// positions, block b owning rows [b * B, (b + 1) * B). Given, except copy_block().
+class PagedKVPool {
+ public:
+  /// Reserves num_blocks blocks of block_size positions for a model shaped like `config`.
+  /// Throws for num_blocks < 1 or block_size < 1.
+  PagedKVPool(const ModelConfig& config, int num_blocks, int block_size = 16);
+
+  int block_size() const { return block_size_; }            ///< B, positions per block
+  int num_blocks() const { return allocator_.num_blocks(); }  ///< blocks in the pool
+  int num_layers() const { return static_cast<int>(k_.size()); }  ///< the model's layers
+  int kv_dim() const { return kv_dim_; }                    ///< num_key_value_heads * head_dim
+  int context() const { return context_; }                  ///< the model's max_position_embeddings
+
+  BlockAllocator& allocator() { return allocator_; }              ///< who owns which block
+  const BlockAllocator& allocator() const { return allocator_; }  ///< who owns which block
+
+  /// The B key rows of `block` in `layer`: [block_size, kv_dim]. Throws for a bad layer or block.
+  MatrixRef key_block(int layer, int block);
+  ConstMatrixRef key_block(int layer, int block) const;  ///< read-only
+  /// The B value rows of `block` in `layer`: [block_size, kv_dim].
+  MatrixRef value_block(int layer, int block);
+  ConstMatrixRef value_block(int layer, int block) const;  ///< read-only
+
+  /// Copies block `src`'s keys and values into block `dst`, in every layer (copy-on-write).
+  void copy_block(int src, int dst);
+
+  /// Bytes of one block: keys and values, every layer, float32.
+  size_t bytes_per_block() const { return 2 * sizeof(float) * static_cast<size_t>(num_layers()) * block_size_ * kv_dim_; }
+
+ private:
+  int block_size_, kv_dim_, context_;
+  BlockAllocator allocator_;
+  std::vector<Matrix> k_, v_;  ///< per layer: [num_blocks * block_size, kv_dim]
+};
+
+/// Causal attention like causal_attention(q, K, V, ...), where K and V are the first `length`
+/// positions of `layer`, found through `block_table`: position p is row `p % B` of block
+/// `block_table[p / B]`. Reads the rows where they lie (no gathered copy). q holds the queries
+/// of the newest q.rows() positions: row i is position length - q.rows() + i.
+/// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks, or if
+///         q.rows() > length.
+Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<const int> block_table, int layer,
+                       int length, int num_heads, int num_kv_heads, int head_dim);
+
+/// One sequence's keys and values in a pool: a block table and a length per layer. A KVStore,
+/// so forward_cached() and forward_batch() run on it unchanged.
+///
+/// Blocks are taken from the pool only when needed: appending position p allocates a block
+/// exactly when p == blocks * B (the last block is full, or there is none). Writing into a block
+/// that another sequence shares (count > 1) first copies it to a private block (copy-on-write).
+class PagedKVCache final : public KVStore {
+ public:
+  /// An empty sequence over `pool` that may grow to `max_tokens` positions (at most the model's
+  /// context). Given. The pool must outlive the cache.
+  PagedKVCache(PagedKVPool& pool, int max_tokens);
+  /// Frees every block it holds (reset()).
+  ~PagedKVCache() override;
+  PagedKVCache(const PagedKVCache&) = delete;
+  PagedKVCache& operator=(const PagedKVCache&) = delete;
+
+  using KVStore::length;  // keep length() visible next to length(layer)
+  int num_layers() const override;     ///< given
+  int length(int layer) const override;  ///< given
+  int max_tokens() const override;     ///< given
+
+  /// Appends rows like KVCache::append: position length(layer) + i goes to row (p % B) of block
+  /// table[p / B], allocating blocks as positions reach them and copying a shared block before
+  /// the first write into it. All or nothing: throws infer::Error, writing nothing, for the
+  /// reasons KVStore::append gives, or when the pool has too few free blocks ("out of KV blocks").
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
+  /// Every stored key of `layer`, gathered through the table into one [length, kv_dim] matrix
+  /// (for tests and tools: the forward uses attend(), which does not copy).
+  ConstMatrixRef keys(int layer) const override;
+  /// Every stored value of `layer`, gathered like keys().
+  ConstMatrixRef values(int layer) const override;
+  /// paged_attention() over this sequence's table. Given.
+  Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const override;
+  /// Frees every block (each free() drops one reference) and forgets every position.
+  void reset() override;
+  /// Bytes holding stored positions: length() * (bytes per position, every layer, K and V).
+  size_t bytes_used() const override;
+  /// Bytes of the blocks in the table: blocks * pool.bytes_per_block(). Less than one block more
+  /// than bytes_used() once a sequence only grows one position at a time.
+  size_t bytes_reserved() const override;
+
+  /// Makes the table cover `tokens` positions, allocating blocks for the missing ones (writes
+  /// nothing). All or nothing: throws "out of KV blocks" and allocates nothing if the pool is short.
+  void reserve(int tokens);
+  /// A new sequence with the same history: the same block table (each block shared: its count
+  /// goes up by one) and the same lengths. The two then grow independently: the first write into
+  /// a shared block copies it.
+  std::unique_ptr<PagedKVCache> fork() const;
+
+  /// Physical block of each logical block, in order.
+  const std::vector<int>& block_table() const { return blocks_; }
+  /// The pool.
+  const PagedKVPool& pool() const { return *pool_; }
+
+ private:
+  PagedKVPool* pool_;
+  int max_tokens_;
+  std::vector<int> blocks_;         ///< the block table
+  std::vector<int> length_;         ///< per layer: positions stored
+  mutable Matrix gathered_;         ///< scratch for keys() and values()
+};
+
+/// The engine's memory as a paged pool: sequences take blocks as they grow, so many more fit in
+/// the same bytes than with lesson 03's whole-context slots.
+///
+/// - open(tokens): admits a sequence only if its first `tokens` positions fit in the free blocks;
+///   then reserves exactly those blocks.
+/// - preemptions_needed(running): a running sequence needs one free block for its next position
+///   when its last block is full (or it has none) or is shared; preempting a sequence frees
+///   every block only it holds (count 1). The answer is the smallest k such that, with the k
+///   newest preempted, the others' needs fit in the free blocks plus the freed ones.
+class PagedKVManager final : public KVManager {
+ public:
+  /// A pool of num_blocks blocks of block_size positions. Given.
+  PagedKVManager(const ModelConfig& config, int num_blocks, int block_size = 16);
+
+  std::unique_ptr<KVStore> open(int tokens) override;
+  /// Destroys the store (freeing its blocks). Given.
+  void close(std::unique_ptr<KVStore> store) override;
+  int preemptions_needed(std::span<const KVStore* const> running) const override;
+  /// min(num_blocks * block_size, the model's context). Given.
+  int capacity_tokens() const override;
+  /// Allocated blocks * block_size. Given.
+  long reserved_tokens() const override;
+
+  /// The pool. Given.
+  const PagedKVPool& pool() const { return pool_; }
+
+ private:
+  PagedKVPool pool_;
+};
+
+}  // namespace infer

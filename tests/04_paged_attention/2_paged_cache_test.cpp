@@ -1,0 +1,186 @@
+// Lesson 04, part B: paged storage and attention through the block table.
+#include <algorithm>
+#include <numeric>
+
+#include "common/rng.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+
+namespace infer {
+namespace {
+
+ModelConfig config(int layers, int heads, int kv_heads, int head_dim, int context = 64) {
+  ModelConfig c;
+  c.vocab_size = 20, c.hidden_size = heads * head_dim, c.intermediate_size = 24, c.num_hidden_layers = layers;
+  c.num_attention_heads = heads, c.num_key_value_heads = kv_heads, c.head_dim = head_dim;
+  c.max_position_embeddings = context;
+  return c;
+}
+
+Matrix random_matrix(Eigen::Index r, Eigen::Index c, Rng& rng) {
+  Matrix m(r, c);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(rng.uniform() * 2 - 1);
+  return m;
+}
+
+GRADED_TEST(Lesson04Attention, PagedAttentionEqualsContiguousAttention, 4) {
+  // Random shapes, block sizes 1, 7 and 16, lengths on and off block boundaries, GQA ratios
+  // 1, 2 and 4, one or several queries; the blocks of the table lie in a scrambled order.
+  Rng rng(2024);
+  struct Heads {
+    int h, kv;
+  };
+  for (const Heads heads : {Heads{4, 4}, Heads{4, 2}, Heads{8, 2}})
+    for (const int B : {1, 7, 16})
+      for (const int length : {1, 6, 7, 8, 14, 16, 17, 33, 48}) {
+        const int hd = 8, layer = 1;
+        const ModelConfig c = config(2, heads.h, heads.kv, hd);
+        PagedKVPool pool(c, blocks_for(length, B) + 3, B);
+        std::vector<int> table(pool.num_blocks());
+        std::iota(table.begin(), table.end(), 0);
+        for (int i = pool.num_blocks() - 1; i > 0; --i) std::swap(table[i], table[rng.below(i + 1)]);
+        table.resize(blocks_for(length, B));
+
+        const Matrix k = random_matrix(length, heads.kv * hd, rng), v = random_matrix(length, heads.kv * hd, rng);
+        for (int p = 0; p < length; ++p) {
+          pool.key_block(layer, table[p / B]).row(p % B) = k.row(p);
+          pool.value_block(layer, table[p / B]).row(p % B) = v.row(p);
+        }
+        for (const int T : {1, std::min(length, 5)}) {
+          const Matrix q = random_matrix(T, heads.h * hd, rng);
+          const Matrix want = causal_attention(q, k, v, heads.h, heads.kv, hd);
+          const Matrix got = paged_attention(q, pool, table, layer, length, heads.h, heads.kv, hd);
+          ASSERT_TRUE(testing::all_close(want, got, 1e-5, 1e-5,
+                                         cat("B=", B, " length=", length, " T=", T, " heads=", heads.h, "/", heads.kv)));
+        }
+      }
+}
+
+GRADED_TEST(Lesson04Attention, RefusesATableTooShortForTheLength, 1) {
+  const ModelConfig c = config(1, 2, 2, 4);
+  PagedKVPool pool(c, 4, 4);
+  const std::vector<int> table = {0, 1};  // 8 positions
+  const Matrix q = Matrix::Zero(1, 8);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_attention(q, pool, table, 0, 9, 2, 2, 4); }, "9"))
+      << "9 positions need 3 blocks of 4";
+  EXPECT_EQ(paged_attention(q, pool, table, 0, 8, 2, 2, 4).rows(), 1) << "8 positions fit in 2 blocks of 4";
+}
+
+GRADED_TEST(Lesson04Cache, AllocatesABlockExactlyWhenTheLastOneIsFull, 3) {
+  // The boundary: position p needs a new block exactly when p == blocks * B.
+  const ModelConfig c = config(2, 2, 2, 4);
+  PagedKVPool pool(c, 10, 4);
+  PagedKVCache cache(pool, 40);
+  Rng rng(5);
+  for (int n = 1; n <= 13; ++n) {
+    for (int l = 0; l < 2; ++l) cache.append(l, random_matrix(1, 8, rng), random_matrix(1, 8, rng));
+    ASSERT_EQ(cache.length(), n);
+    ASSERT_EQ(static_cast<int>(cache.block_table().size()), (n + 3) / 4)
+        << "after " << n << " positions of blocks of 4 (a block is taken only when the last one is full)";
+    ASSERT_EQ(pool.allocator().num_free(), 10 - (n + 3) / 4);
+  }
+  PagedKVCache prefilled(pool, 40);  // a prefill ending exactly on a boundary takes no extra block
+  for (int l = 0; l < 2; ++l) prefilled.append(l, random_matrix(8, 8, rng), random_matrix(8, 8, rng));
+  EXPECT_EQ(prefilled.block_table().size(), 2u) << "8 positions in blocks of 4";
+  for (int l = 0; l < 2; ++l) prefilled.append(l, random_matrix(1, 8, rng), random_matrix(1, 8, rng));
+  EXPECT_EQ(prefilled.block_table().size(), 3u) << "the 9th position opens a third block";
+}
+
+GRADED_TEST(Lesson04Cache, ReadsBackEveryRowThroughTheTable, 2) {
+  // Two sequences growing in turn: their blocks interleave in the pool, yet each reads back
+  // exactly what a contiguous cache holds.
+  const ModelConfig c = config(3, 4, 2, 4);
+  PagedKVPool pool(c, 12, 3);
+  PagedKVCache a(pool, 20), b(pool, 20);
+  KVCache want_a(c, 20), want_b(c, 20);
+  Rng rng(11);
+  for (int round = 0; round < 5; ++round)
+    for (auto [paged, flat] : {std::pair<KVStore*, KVStore*>{&a, &want_a}, {&b, &want_b}}) {
+      const int n = 1 + static_cast<int>(rng.below(3));
+      for (int l = 0; l < 3; ++l) {
+        const Matrix k = random_matrix(n, 8, rng), v = random_matrix(n, 8, rng);
+        paged->append(l, k, v);
+        flat->append(l, k, v);
+      }
+    }
+  for (int l = 0; l < 3; ++l) {
+    EXPECT_TRUE(testing::all_close(want_a.keys(l), a.keys(l), 0, 0, cat("sequence a, layer ", l, " keys")));
+    EXPECT_TRUE(testing::all_close(want_a.values(l), a.values(l), 0, 0, cat("sequence a, layer ", l, " values")));
+    EXPECT_TRUE(testing::all_close(want_b.keys(l), b.keys(l), 0, 0, cat("sequence b, layer ", l, " keys")));
+    EXPECT_TRUE(testing::all_close(want_b.values(l), b.values(l), 0, 0, cat("sequence b, layer ", l, " values")));
+  }
+}
+
+GRADED_TEST(Lesson04Cache, AnExhaustedPoolThrowsAndWritesNothing, 2) {
+  const ModelConfig c = config(2, 2, 2, 4);
+  PagedKVPool pool(c, 2, 4);
+  PagedKVCache first(pool, 32), second(pool, 32);
+  Rng rng(3);
+  const Matrix k = random_matrix(6, 8, rng), v = random_matrix(6, 8, rng);
+  for (int l = 0; l < 2; ++l) first.append(l, k, v);  // both blocks
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { second.append(0, k.topRows(1), v.topRows(1)); }, "out of KV blocks"));
+  EXPECT_EQ(second.length(0), 0) << "a refused append stores nothing";
+  EXPECT_TRUE(second.block_table().empty());
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { first.append(0, k, v); }, "out of KV blocks"))
+      << "6 more positions need 2 more blocks; none is free";
+  EXPECT_EQ(first.length(0), 6) << "a refused append stores nothing, not even the rows that would fit";
+  EXPECT_TRUE(testing::all_close(k, first.keys(0), 0, 0, "the first sequence's keys after refused appends"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { second.reserve(1); }, "out of KV blocks"));
+  EXPECT_EQ(pool.allocator().num_free(), 0);
+}
+
+GRADED_TEST(Lesson04Cache, ReservesLessThanABlockMoreThanItUsesAndGivesEveryBlockBack, 2) {
+  const ModelConfig c = config(2, 2, 2, 4);
+  PagedKVPool pool(c, 8, 4);
+  Rng rng(8);
+  {
+    PagedKVCache cache(pool, 32);
+    for (int l = 0; l < 2; ++l) cache.append(l, random_matrix(5, 8, rng), random_matrix(5, 8, rng));
+    const size_t per_position = pool.bytes_per_block() / 4;
+    EXPECT_EQ(cache.bytes_used(), 5 * per_position);
+    EXPECT_EQ(cache.bytes_reserved(), 2 * pool.bytes_per_block()) << "5 positions in blocks of 4 take 2 blocks";
+    EXPECT_LT(cache.bytes_reserved() - cache.bytes_used(), pool.bytes_per_block());
+    cache.reserve(12);
+    EXPECT_EQ(cache.block_table().size(), 3u) << "reserve(12) makes the table cover 12 positions";
+    EXPECT_EQ(cache.length(), 5) << "reserve() stores nothing";
+    cache.reset();
+    EXPECT_EQ(pool.allocator().num_free(), 8) << "reset() frees every block";
+    EXPECT_EQ(cache.length(), 0);
+    for (int l = 0; l < 2; ++l) cache.append(l, random_matrix(3, 8, rng), random_matrix(3, 8, rng));
+    EXPECT_EQ(pool.allocator().num_free(), 7);
+  }
+  EXPECT_EQ(pool.allocator().num_free(), 8) << "a destroyed sequence gives its blocks back";
+}
+
+const ModelWeights& bundled() {
+  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
+  return m;
+}
+
+GRADED_TEST(Lesson04Cache, TheModelOnAPagedCacheEqualsTheContiguousCache, 3) {
+  // forward_cached() runs on the paged cache unchanged (its attention goes through attend()).
+  const ModelWeights& m = bundled();
+  const std::vector<int> prompt = ByteTokenizer::encode("You will meet");
+  for (const int B : {1, 7, 16}) {
+    PagedKVPool pool(m.config, blocks_for(m.config.max_position_embeddings, B), B);
+    PagedKVCache paged(pool, m.config.max_position_embeddings);
+    KVCache flat(m.config, m.config.max_position_embeddings);
+    Matrix want = forward_cached(m, prompt, flat), got = forward_cached(m, prompt, paged);
+    ASSERT_TRUE(testing::all_close(want, got, 1e-4, 1e-4, cat("prefill logits, B=", B)));
+    for (int step = 0; step < 40; ++step) {
+      int next = 0;
+      want.row(want.rows() - 1).maxCoeff(&next);
+      want = forward_cached(m, std::span(&next, 1), flat);
+      got = forward_cached(m, std::span(&next, 1), paged);
+      ASSERT_TRUE(testing::all_close(want, got, 1e-4, 1e-4, cat("decode step ", step, ", B=", B)));
+    }
+    EXPECT_EQ(static_cast<int>(paged.block_table().size()), blocks_for(paged.length(), B));
+  }
+}
+
+}  // namespace
+}  // namespace infer

@@ -1,0 +1,153 @@
+// Lesson 04, part D: lesson 03's engine on the paged pool: admission by free blocks, and
+// preemption by recompute when the pool runs dry.
+#include <algorithm>
+#include <set>
+
+#include "common/rng.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+
+namespace infer {
+namespace {
+
+const ModelWeights& small() {  // fast enough for hundreds of requests
+  static const ModelWeights m = [] {
+    ModelConfig c;
+    c.vocab_size = 40, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.max_position_embeddings = 64;
+    c.eos_token_id = 2;
+    return random_model(c, 77);
+  }();
+  return m;
+}
+
+std::vector<GenerationRequest> requests(int n, uint64_t seed, bool sampled) {
+  Rng rng(seed);
+  std::vector<GenerationRequest> reqs;
+  int arrival = 0;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest r;
+    r.id = 700 + i;
+    r.prompt = {1};
+    for (int k = 2 + static_cast<int>(rng.below(14)); k > 0; --k) r.prompt.push_back(3 + static_cast<int>(rng.below(37)));
+    r.max_new_tokens = 4 + static_cast<int>(rng.below(30));
+    if (sampled) r.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 40u + i};
+    else r.sampling = {.temperature = 0.0f};
+    arrival += static_cast<int>(rng.below(2));
+    r.arrival_step = arrival;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+std::vector<GenerationResult> run(const ModelWeights& m, const std::vector<GenerationRequest>& reqs, int max_batch,
+                                  std::unique_ptr<KVManager> memory, std::vector<EngineStepLog>* log = nullptr) {
+  BatchEngine engine(m, Policy::Continuous, max_batch, std::move(memory));
+  for (const auto& r : reqs) engine.submit(r);
+  auto results = engine.run();
+  if (log) *log = engine.log();
+  const auto& paged = dynamic_cast<const PagedKVManager&>(engine.memory());
+  EXPECT_EQ(paged.pool().allocator().num_free(), paged.pool().num_blocks())
+      << "every block is back in the pool once every request has finished";
+  return results;
+}
+
+std::vector<GenerationResult> unpressured(const ModelWeights& m, const std::vector<GenerationRequest>& reqs) {
+  BatchEngine engine(m, Policy::Continuous, 4);  // lesson 03's whole-context slots
+  for (const auto& r : reqs) engine.submit(r);
+  return engine.run();
+}
+
+GRADED_TEST(Lesson04Engine, OpenAdmitsOnlyWhatTheFreeBlocksHold, 2) {
+  const ModelConfig& c = small().config;
+  PagedKVManager memory(c, 4, 4);
+  auto a = memory.open(9);  // 3 blocks
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(memory.reserved_tokens(), 12) << "open(9) reserves 3 blocks of 4";
+  EXPECT_EQ(a->length(), 0) << "open() reserves; the prefill stores";
+  EXPECT_EQ(memory.open(5), nullptr) << "5 positions need 2 blocks; 1 is free";
+  auto b = memory.open(4);
+  ASSERT_NE(b, nullptr) << "4 positions fit in the last free block";
+  EXPECT_EQ(memory.reserved_tokens(), 16);
+  memory.close(std::move(a));
+  memory.close(std::move(b));
+  EXPECT_EQ(memory.reserved_tokens(), 0);
+  EXPECT_EQ(memory.pool().allocator().num_free(), 4);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { memory.open(17); }, "17"))
+      << "17 positions can never fit in a pool of 16";
+}
+
+GRADED_TEST(Lesson04Engine, PreemptsTheNewestUntilTheOthersFit, 3) {
+  const ModelConfig& c = small().config;
+  PagedKVManager memory(c, 6, 2);
+  auto grow = [&](KVStore& s, int n) {
+    for (int l = 0; l < c.num_hidden_layers; ++l) s.append(l, Matrix::Ones(n, 16), Matrix::Ones(n, 16));
+  };
+  auto a = memory.open(2), b = memory.open(3), d = memory.open(4);  // 1 + 2 + 2 blocks: 1 free
+  grow(*a, 2), grow(*b, 3), grow(*d, 4);
+  std::vector<const KVStore*> running = {a.get(), b.get(), d.get()};
+  // a and d have full last blocks (need 1 each), b has room: demand 2 > 1 free.
+  EXPECT_EQ(memory.preemptions_needed(running), 1) << "preempting the newest (2 blocks) leaves 3 free for a's 1";
+  running = {a.get(), b.get()};
+  EXPECT_EQ(memory.preemptions_needed(running), 0) << "a needs 1 block and 1 is free";
+  grow(*a, 1);  // a takes the last free block; now a has room, b has room
+  running = {a.get(), b.get(), d.get()};
+  EXPECT_EQ(memory.preemptions_needed(running), 1) << "d needs a block, none is free: d itself must go";
+  auto e = dynamic_cast<PagedKVCache&>(*b).fork();  // b's 2 blocks are now shared
+  running = {a.get(), d.get(), b.get()};
+  EXPECT_EQ(memory.preemptions_needed(running), 2)
+      << "b's next write copies its shared last block, d needs one; preempting b frees nothing (shared), so d goes too";
+}
+
+GRADED_TEST(Lesson04Engine, WithRoomToSpareThePagedEngineEqualsTheSlotEngine, 2) {
+  const auto reqs = requests(30, 3, false);
+  std::vector<EngineStepLog> log;
+  const auto got = run(small(), reqs, 4, std::make_unique<PagedKVManager>(small().config, 64, 16), &log);
+  const auto want = unpressured(small(), reqs);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << reqs[i].id;
+    EXPECT_EQ(got[i].first_token_step, want[i].first_token_step) << "request " << reqs[i].id;
+    EXPECT_EQ(got[i].preemptions, 0);
+  }
+}
+
+GRADED_TEST(Lesson04Engine, UnderPressureEveryRequestCompletesOnceWithIdenticalOutput, 4) {
+  // 12 blocks of 4 = 48 positions for up to 8 sequences of up to 49: the pool runs dry again
+  // and again; preempted sequences are recomputed and carry on exactly where they stopped,
+  // sampled ones included (each keeps its sampler).
+  for (const bool sampled : {false, true}) {
+    const auto reqs = requests(40, 17, sampled);
+    std::vector<EngineStepLog> log;
+    const auto got = run(small(), reqs, 8, std::make_unique<PagedKVManager>(small().config, 12, 4), &log);
+    const auto want = unpressured(small(), reqs);
+    ASSERT_EQ(got.size(), reqs.size()) << "every request gets exactly one result";
+    std::set<int> ids;
+    int preemptions = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(ids.insert(got[i].id).second) << "request " << got[i].id << " came back twice";
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << reqs[i].id << " (preempted " << got[i].preemptions
+                                               << " times, " << (sampled ? "sampled" : "greedy") << ")";
+      preemptions += got[i].preemptions;
+    }
+    EXPECT_GT(preemptions, 0) << "the pool was meant to run dry: nothing was preempted";
+    for (const auto& e : log) ASSERT_LE(e.reserved_tokens, 48) << "step " << e.step << " reserved more than the pool";
+  }
+}
+
+GRADED_TEST(Lesson04Engine, TheSameBytesHoldMoreSequencesThanWholeContextSlots, 2) {
+  // Two whole-context slots of 64 positions = 128 positions = 32 blocks of 4: paged, the same
+  // memory runs several times as many sequences at once.
+  const auto reqs = requests(40, 5, false);
+  std::vector<EngineStepLog> log;
+  run(small(), reqs, 16, std::make_unique<PagedKVManager>(small().config, 32, 4), &log);
+  int most = 0;
+  for (const auto& e : log) most = std::max(most, e.decodes + e.prefills);
+  EXPECT_GE(most, 6) << "sequences running at once in the memory of 2 whole-context slots";
+}
+
+}  // namespace
+}  // namespace infer
