@@ -2,13 +2,15 @@
 //
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
-//            [--kv-cache [--kv-dtype f32|int8]]
+//            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size B] [--num-blocks N]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
-// prefilled once and each step computes one token (lesson 02).
+// prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
+// blocks of B positions from a pool of N blocks (lesson 04).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -21,18 +23,21 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
 
 namespace {
 
 void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
-         "                [--kv-cache [--kv-dtype f32|int8]]\n"
+         "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size B] [--num-blocks N]]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
          "  --stats prints tokens and tokens/s to stderr.\n"
          "  --kv-cache keeps keys and values (lesson 02) instead of recomputing them (lesson 00);\n"
-         "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n";
+         "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n"
+         "  --paged keeps them in blocks of B positions (default 16) from a pool of N blocks\n"
+         "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n";
 }
 
 template <typename T>
@@ -55,7 +60,8 @@ int main(int argc, char** argv) {
   try {
     std::string model_dir, prompt;
     int max_new = -1;
-    bool print_ids = false, stats = false, have_prompt = false, kv_cache = false;
+    bool print_ids = false, stats = false, have_prompt = false, kv_cache = false, paged = false;
+    int block_size = 16, num_blocks = 0;
     std::string kv_dtype = "f32";
     infer::SamplingParams params{.temperature = 0.8f};
     for (int i = 1; i < argc; ++i) {
@@ -75,6 +81,9 @@ int main(int argc, char** argv) {
       else if (a == "--stats") stats = true;
       else if (a == "--kv-cache") kv_cache = true;
       else if (a == "--kv-dtype") kv_dtype = value();
+      else if (a == "--paged") paged = true;
+      else if (a == "--block-size") block_size = parse_number<int>(a, value());
+      else if (a == "--num-blocks") num_blocks = parse_number<int>(a, value());
       else if (a == "-h" || a == "--help") return usage(std::cout), 0;
       else throw infer::Error(infer::cat("generate: unknown option '", a, "'"));
     }
@@ -87,6 +96,12 @@ int main(int argc, char** argv) {
     if (kv_dtype != "f32" && kv_dtype != "int8")
       throw infer::Error(infer::cat("generate: --kv-dtype must be f32 or int8, got '", kv_dtype, "'"));
     if (kv_dtype != "f32" && !kv_cache) throw infer::Error("generate: --kv-dtype needs --kv-cache");
+    if (paged && kv_dtype != "f32") throw infer::Error("generate: --paged stores float32; drop --kv-dtype int8");
+    if (!paged && (block_size != 16 || num_blocks != 0))
+      throw infer::Error("generate: --block-size and --num-blocks need --paged");
+    if (paged) kv_cache = true;  // a paged cache is a KV cache
+    if (block_size < 1) throw infer::Error(infer::cat("generate: --block-size must be >= 1, got ", block_size));
+    if (num_blocks < 0) throw infer::Error(infer::cat("generate: --num-blocks must be >= 1, got ", num_blocks));
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
@@ -97,15 +112,24 @@ int main(int argc, char** argv) {
       if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
     };
     std::vector<int> out;
+    std::unique_ptr<infer::PagedKVPool> pool;
     if (!kv_cache) {
       out = infer::generate(model, prompt_ids, max_new, sampler, stream);
     } else {
       // Room for everything the sequence will hold; generate_cached refuses more than the context.
       const int room = static_cast<int>(prompt_ids.size()) + max_new;
       std::unique_ptr<infer::KVStore> cache;
-      if (kv_dtype == "int8") cache = std::make_unique<infer::Int8KVCache>(model.config, std::max(room, 1));
+      if (paged) {
+        const int needed = infer::blocks_for(std::max(room, 1), block_size);
+        pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks > 0 ? num_blocks : needed, block_size);
+        cache = std::make_unique<infer::PagedKVCache>(*pool, std::clamp(room, 1, model.config.max_position_embeddings));
+      } else if (kv_dtype == "int8") cache = std::make_unique<infer::Int8KVCache>(model.config, std::max(room, 1));
       else cache = std::make_unique<infer::KVCache>(model.config, std::max(room, 1));
       out = infer::generate_cached(model, prompt_ids, max_new, sampler, *cache, stream);
+      if (stats && paged)
+        std::fprintf(stderr, "[paged: %zu blocks of %d positions for %d positions; %zu of %zu bytes reserved hold tokens]\n",
+                     static_cast<infer::PagedKVCache&>(*cache).block_table().size(), block_size, cache->length(),
+                     cache->bytes_used(), cache->bytes_reserved());
     }
     const double seconds = clock.seconds();
 
@@ -114,7 +138,7 @@ int main(int argc, char** argv) {
     }
     std::cout << std::endl;  // flushed before the statistics go to stderr
     if (stats) {
-      const std::string engine = kv_cache ? "KV cache, " + kv_dtype : "naive decoder";
+      const std::string engine = paged ? "paged KV cache" : kv_cache ? "KV cache, " + kv_dtype : "naive decoder";
       std::fprintf(stderr, "[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", engine.c_str(),
                    prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     }

@@ -2,11 +2,18 @@
 //
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
+//                 [--paged [--block-size B] [--num-blocks N]]
+//
+// Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
+// with it, sequences take blocks of B positions from a pool of N blocks as they grow (lesson
+// 04), and the engine preempts the newest sequence when the pool runs dry.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
 // seed S + i, so its text does not depend on the batch size or the policy.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -18,16 +25,20 @@
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
 #include "lessons/03_batching/batching.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
 
 int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
-                               "--top-p", "--seed"},
-                              {"-h", "--help"});
+                               "--top-p", "--seed", "--block-size", "--num-blocks"},
+                              {"-h", "--help", "--paged"});
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
-                   "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n";
+                   "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
+                   "                     [--paged [--block-size B] [--num-blocks N]]\n"
+                   "  --paged takes KV memory in blocks of B positions (default 16) from a pool of N blocks\n"
+                   "  (default: the bytes of B whole-context slots, as without --paged).\n";
       return 0;
     }
     const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");
@@ -51,7 +62,18 @@ int main(int argc, char** argv) {
 
     const infer::ModelWeights model = infer::load_model(model_dir);
     const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
-    infer::BatchEngine engine(model, policy, max_batch);
+    const bool paged = opts.has("--paged");
+    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks")))
+      throw infer::Error("serve_offline: --block-size and --num-blocks need --paged");
+    const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
+    const int context = model.config.max_position_embeddings;
+    // By default the pool gets the bytes the slots would have reserved: max_batch whole contexts.
+    const int num_blocks =
+        static_cast<int>(opts.number("--num-blocks", max_batch * infer::blocks_for(context, block_size), 1));
+    std::unique_ptr<infer::KVManager> memory;
+    if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
+    else memory = std::make_unique<infer::SlotKVManager>(model.config, max_batch);
+    infer::BatchEngine engine(model, policy, max_batch, std::move(memory));
     for (size_t i = 0; i < prompts.size(); ++i) {
       infer::GenerationRequest r;
       r.id = static_cast<int>(i);
@@ -73,6 +95,16 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch);
+    // How well the KV memory was used: positions stored / positions reserved, over all steps.
+    long stored = 0, reserved = 0, preempted = 0, most = 0;
+    for (const auto& e : engine.log()) {
+      stored += e.stored_tokens, reserved += e.reserved_tokens, preempted += e.preempted;
+      most = std::max<long>(most, e.decodes + e.prefills);
+    }
+    std::fprintf(stderr, "[KV memory: %s, %.1f%% of the reserved positions held tokens; at most %ld sequences at once; %ld preemptions]\n",
+                 paged ? infer::cat(num_blocks, " blocks of ", block_size).c_str()
+                       : infer::cat(max_batch, " whole-context slots").c_str(),
+                 reserved > 0 ? 100.0 * stored / reserved : 0.0, most, preempted);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
