@@ -1,0 +1,184 @@
+// Lesson 04 bench: how much of the reserved KV memory holds tokens, and how many sequences run
+// at once in a fixed budget, with whole-context slots against a paged pool.
+//
+//   build/solutions/bin/lesson04_bench [--out DIR] [--requests N] [--slots S] [--seed S] [--quick]
+//
+// Part 1 runs the bundled model. N requests arrive together, each asking for up to 200 new
+// tokens and sampling (temperature 0.8, its own seed) until EOS or the limit, as a client would.
+// The memory budget is S whole-context slots (lesson 03's engine: S sequences at most). The
+// paged engine gets the same bytes as a pool of blocks and a batch limit of 64, for block sizes
+// 1 to 256. Every configuration must produce the same tokens (checked).
+//
+// Part 2 is arithmetic over a larger workload's lengths (no model runs): 1000 requests shaped
+// like a chat service on an 8B model: prompts of 32..1024 tokens, outputs Pareto(1.5, 64) capped
+// at max_new_tokens = 1024, in a 40 GB KV budget at 128 KiB per token (32 layers, 8 K/V heads
+// of 128, fp16). It compares reserving the whole context, reserving prompt + max_new_tokens, and
+// blocks of 16.
+//
+// Writes DIR/paged_engine.csv, DIR/paged_occupancy.csv and DIR/paged_scale.csv for plot.py.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/options.hpp"
+#include "common/rng.hpp"
+#include "common/timer.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+
+using namespace infer;
+
+namespace {
+
+struct Outcome {
+  std::string memory;
+  int block_size = 0, num_blocks = 0, max_batch = 0;
+  long tokens = 0;
+  double seconds = 0;
+  size_t steps = 0;
+  double mean_running = 0;
+  int peak_running = 0;
+  double held = 0;  // stored / reserved positions, summed over steps
+  long preemptions = 0;
+  std::vector<std::vector<int>> outputs;
+};
+
+Outcome serve(const ModelWeights& model, const std::vector<GenerationRequest>& reqs, int max_batch,
+              std::unique_ptr<KVManager> memory, std::string name, int block_size, int num_blocks,
+              std::ofstream* occupancy) {
+  Outcome o;
+  o.memory = std::move(name), o.block_size = block_size, o.num_blocks = num_blocks, o.max_batch = max_batch;
+  BatchEngine engine(model, Policy::Continuous, max_batch, std::move(memory));
+  for (const auto& r : reqs) engine.submit(r);
+  Stopwatch clock;
+  while (engine.step()) {
+  }
+  o.seconds = clock.seconds();
+  long stored = 0, reserved = 0, running = 0;
+  for (const auto& e : engine.log()) {
+    const int n = e.prefills + e.resumed + e.decodes;
+    running += n;
+    o.peak_running = std::max(o.peak_running, n);
+    stored += e.stored_tokens, reserved += e.reserved_tokens, o.preemptions += e.preempted;
+    if (occupancy)
+      *occupancy << o.memory << "," << e.step << "," << n << "," << e.stored_tokens << "," << e.reserved_tokens << "\n";
+  }
+  o.steps = engine.log().size();
+  o.mean_running = static_cast<double>(running) / static_cast<double>(o.steps);
+  o.held = reserved > 0 ? static_cast<double>(stored) / static_cast<double>(reserved) : 0;
+  for (const auto& r : engine.results()) {
+    o.tokens += static_cast<long>(r.tokens.size());
+    o.outputs.push_back(r.tokens);
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson04_bench", {"--out", "--requests", "--slots", "--seed"}, {"--quick"});
+    const std::string out_dir = opts.text("--out", ".");
+    const bool quick = opts.has("--quick");
+    const int n = static_cast<int>(opts.number("--requests", quick ? 24 : 64, 1));
+    const int slots = static_cast<int>(opts.number("--slots", 8, 1));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1));
+    std::filesystem::create_directories(out_dir);
+
+    // ------------------------------------------------------ part 1: the engine --
+    const ModelWeights model = load_model(bundled_model_dir("tiny-fortunes"));
+    const int context = model.config.max_position_embeddings;
+    const int budget = slots * context;  // positions
+    const char* starts[] = {"The ", "A ", "You will ", "Q: Why ", "Never ", "Love is ", "If you ", "There is "};
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < n; ++i) {
+      GenerationRequest r;
+      r.id = i;
+      r.prompt = ByteTokenizer::encode(starts[i % 8]);
+      r.max_new_tokens = 200;
+      r.sampling = {.temperature = 0.8f, .seed = seed * 1000 + i};
+      reqs.push_back(r);
+    }
+    std::printf("Part 1: %d requests together on tiny-fortunes, up to 200 new tokens each; KV budget %d positions\n"
+                "(%d whole-context slots of %d = %.1f MB)\n\n",
+                n, budget, slots, context,
+                static_cast<double>(budget) * 2 * 4 * model.config.num_hidden_layers *
+                    model.config.num_key_value_heads * model.config.head_dim / 1e6);
+    std::ofstream engine_csv(out_dir + "/paged_engine.csv");
+    engine_csv << "memory,block_size,num_blocks,max_batch,tokens,seconds,tokens_per_s,steps,mean_running,peak_running,"
+                  "held_fraction,preemptions\n";
+    std::ofstream occupancy(out_dir + "/paged_occupancy.csv");
+    occupancy << "memory,step,running,stored_tokens,reserved_tokens\n";
+    std::printf("%-22s %7s %6s %7s %9s %7s %8s %6s %13s %11s\n", "KV memory", "blocks", "batch", "steps", "tokens/s",
+                "mean", "peak", "", "reserved held", "preempted");
+    std::printf("%-22s %7s %6s %7s %9s %7s %8s %6s %13s %11s\n", "", "", "limit", "", "", "running", "running", "",
+                "tokens", "");
+    std::vector<Outcome> outcomes;
+    outcomes.push_back(serve(model, reqs, slots, std::make_unique<SlotKVManager>(model.config, slots),
+                             cat(slots, " slots x ", context), context, slots, &occupancy));
+    std::vector<int> sizes = {1, 4, 16, 64, 256};
+    if (!quick) sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    for (int B : sizes) {
+      const int blocks = budget / B;
+      outcomes.push_back(serve(model, reqs, 64, std::make_unique<PagedKVManager>(model.config, blocks, B),
+                               cat("paged B=", B), B, blocks, B == 16 ? &occupancy : nullptr));
+    }
+    bool same = true;
+    for (const Outcome& o : outcomes) {
+      same = same && o.outputs == outcomes.front().outputs;
+      std::printf("%-22s %7s %6d %7zu %9.0f %7.1f %8d %6s %12.1f%% %11ld\n", o.memory.c_str(),
+                  o.memory.rfind("paged", 0) == 0 ? std::to_string(o.num_blocks).c_str() : "-", o.max_batch, o.steps,
+                  o.tokens / o.seconds, o.mean_running, o.peak_running, "", 100 * o.held, o.preemptions);
+      engine_csv << o.memory << "," << o.block_size << "," << o.num_blocks << "," << o.max_batch << "," << o.tokens << ","
+                 << o.seconds << "," << o.tokens / o.seconds << "," << o.steps << "," << o.mean_running << ","
+                 << o.peak_running << "," << o.held << "," << o.preemptions << "\n";
+    }
+    std::printf("same tokens in every configuration: %s (%ld tokens)\n", same ? "yes" : "NO (a bug)",
+                outcomes.front().tokens);
+
+    // -------------------------------------------------- part 2: at scale, arithmetic --
+    const int requests = 1000, max_new = 1024, full_context = 8192, B = 16;
+    const double bytes_per_token = 2.0 * 32 * 8 * 128 * 2;  // K and V, 32 layers, 8 heads of 128, fp16
+    const double kv_budget = 40e9;
+    Rng rng(seed);
+    const auto outputs = pareto_lengths(requests, 1.5, 64, max_new, seed + 1);
+    double actual = 0, whole = 0, max_len = 0, paged = 0;
+    for (int i = 0; i < requests; ++i) {
+      const int prompt = 32 + static_cast<int>(rng.below(1024 - 32 + 1));
+      const int len = prompt + outputs[i];
+      actual += len;
+      whole += full_context;
+      max_len += prompt + max_new;
+      paged += static_cast<double>(blocks_for(len, B)) * B;
+    }
+    std::printf("\nPart 2 (arithmetic over lengths): %d requests, prompts 32..1024, outputs Pareto(1.5, 64) capped at "
+                "%d;\nKV at 128 KiB per token, budget 40 GB. Mean final length %.0f tokens.\n\n",
+                requests, max_new, actual / requests);
+    std::ofstream scale(out_dir + "/paged_scale.csv");
+    scale << "reservation,reserved_per_sequence,held_fraction,sequences_in_budget\n";
+    std::printf("%-38s %14s %13s %14s\n", "each sequence reserves", "positions", "reserved held", "sequences in");
+    std::printf("%-38s %14s %13s %14s\n", "", "(mean)", "tokens", "40 GB");
+    struct Row {
+      const char* name;
+      double reserved;
+    };
+    for (const Row& row : {Row{"the whole context (8192)", whole}, Row{"prompt + max_new_tokens (contiguous)", max_len},
+                           Row{"blocks of 16 as it grows (paged)", paged}}) {
+      const double per_seq = row.reserved / requests;
+      const double fit = kv_budget / (per_seq * bytes_per_token);
+      std::printf("%-38s %14.0f %12.1f%% %14.0f\n", row.name, per_seq, 100 * actual / row.reserved, fit);
+      scale << row.name << "," << per_seq << "," << actual / row.reserved << "," << fit << "\n";
+    }
+    std::printf("\nwrote %s/{paged_engine,paged_occupancy,paged_scale}.csv\n", out_dir.c_str());
+    return same ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
