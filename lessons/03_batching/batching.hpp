@@ -200,6 +200,7 @@ class KVManager {
 /// preempted.
 class SlotKVManager final : public KVManager {
  public:
+  /// `slots` caches of config.max_position_embeddings positions. Throws for slots < 1.
   SlotKVManager(const ModelConfig& config, int slots);
   std::unique_ptr<KVStore> open(int tokens) override;
   void close(std::unique_ptr<KVStore> store) override;
