@@ -6,6 +6,7 @@
 #include "common/testing/compare.hpp"
 #include "common/testing/golden.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
@@ -32,11 +33,6 @@ std::vector<int> some_tokens(int n, int vocab, uint64_t seed) {
   return t;
 }
 
-const ModelWeights& bundled() {
-  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
-  return m;
-}
-
 GRADED_TEST(Lesson00Model, ForwardMatchesReferenceOnRandomModels, 3) {
   // Multi-head (GQA ratio 1), GQA ratio 3, ratio 4 with a head_dim whose half is odd.
   for (const auto& c : {small_config(32, 4, 4, 8, 2), small_config(48, 6, 2, 8, 2), small_config(40, 4, 1, 10, 3)}) {
@@ -55,7 +51,7 @@ GRADED_TEST(Lesson00Model, ForwardMatchesGoldenLogits, 4) {
   const auto golden = testing::load_golden("tiny-fortunes");
   ASSERT_FALSE(golden.logits.empty());
   for (const auto& g : golden.logits) {
-    const Matrix logits = forward(bundled(), g.ids);
+    const Matrix logits = forward(testing::bundled_model(), g.ids);
     for (size_t i = 0; i < g.positions.size(); ++i) {
       const Vector want = Eigen::Map<const Vector>(g.logits[i].data(), static_cast<Eigen::Index>(g.logits[i].size()));
       EXPECT_TRUE(all_close(want.transpose(), logits.row(g.positions[i]), 1e-3, 1e-3,
@@ -69,7 +65,7 @@ GRADED_TEST(Lesson00Model, GreedyContinuationMatchesFixture, 4) {
   ASSERT_FALSE(golden.greedy.empty());
   const auto& g = golden.greedy.front();
   Sampler greedy({.temperature = 0.0f});
-  const auto got = generate(bundled(), g.prompt_ids, static_cast<int>(g.ids.size()), greedy);
+  const auto got = generate(testing::bundled_model(), g.prompt_ids, static_cast<int>(g.ids.size()), greedy);
   ASSERT_EQ(got.size(), g.ids.size()) << "greedy continuation of \"" << g.prompt << "\" has the wrong length";
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i], g.ids[i]) << "greedy token " << i << " after \"" << g.prompt << "\" differs: expected "

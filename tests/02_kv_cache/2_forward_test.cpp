@@ -4,6 +4,7 @@
 #include "common/testing/compare.hpp"
 #include "common/testing/golden.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
@@ -13,11 +14,6 @@ namespace {
 
 // Cached and naive logits do the same float32 arithmetic in a different order.
 constexpr double kAtol = 1e-4, kRtol = 1e-4;
-
-const ModelWeights& bundled() {
-  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
-  return m;
-}
 
 ModelConfig shape(int heads, int kv_heads, int head_dim) {
   ModelConfig c;
@@ -59,8 +55,8 @@ GRADED_TEST(Lesson02Forward, CachedLogitsEqualNaiveAtEveryStep, 4) {
     expect_cached_equals_naive(m, {1, 4, 8}, 30, cache, kAtol, kRtol,
                                cat(h, " query heads over ", kv, " K/V heads of ", d));
   }
-  KVCache cache(bundled().config, 256);
-  expect_cached_equals_naive(bundled(), ByteTokenizer::encode("The "), 100, cache, kAtol, kRtol, "the bundled model");
+  KVCache cache(testing::bundled_model().config, 256);
+  expect_cached_equals_naive(testing::bundled_model(), ByteTokenizer::encode("The "), 100, cache, kAtol, kRtol, "the bundled model");
 }
 
 /// A float cache that counts how many times each (layer, position) was appended.
@@ -86,12 +82,12 @@ class CountingStore final : public KVStore {
 };
 
 GRADED_TEST(Lesson02Forward, EachPositionsKeysAndValuesAreComputedOnce, 3) {
-  CountingStore store(bundled().config);
+  CountingStore store(testing::bundled_model().config);
   Sampler greedy({.temperature = 0.0f});
   const auto prompt = ByteTokenizer::encode("Q: What");
-  const auto out = generate_cached(bundled(), prompt, 12, greedy, store);
+  const auto out = generate_cached(testing::bundled_model(), prompt, 12, greedy, store);
   const int positions = static_cast<int>(prompt.size() + out.size()) - 1;  // the last token is never fed back
-  for (int l = 0; l < bundled().config.num_hidden_layers; ++l)
+  for (int l = 0; l < testing::bundled_model().config.num_hidden_layers; ++l)
     for (int p = 0; p < positions; ++p) {
       const int n = store.appends.count({l, p}) ? store.appends[{l, p}] : 0;
       ASSERT_EQ(n, 1) << "layer " << l << ": position " << p << "'s K/V was computed " << n
@@ -102,38 +98,38 @@ GRADED_TEST(Lesson02Forward, EachPositionsKeysAndValuesAreComputedOnce, 3) {
 GRADED_TEST(Lesson02Forward, GreedyContinuationMatchesTheFixture, 2) {
   const auto golden = testing::load_golden("tiny-fortunes");
   const auto& g = golden.greedy.front();
-  KVCache cache(bundled().config, 256);
+  KVCache cache(testing::bundled_model().config, 256);
   Sampler greedy({.temperature = 0.0f});
-  const auto got = generate_cached(bundled(), g.prompt_ids, static_cast<int>(g.ids.size()), greedy, cache);
+  const auto got = generate_cached(testing::bundled_model(), g.prompt_ids, static_cast<int>(g.ids.size()), greedy, cache);
   EXPECT_EQ(got, g.ids) << "greedy text with the cache: \"" << ByteTokenizer::decode(got) << "\"\nexpected: \""
                         << ByteTokenizer::decode(g.ids) << "\"";
 }
 
 GRADED_TEST(Lesson02Forward, RefusesWhatTheCacheCannotHold, 1) {
-  KVCache cache(bundled().config, 8);
+  KVCache cache(testing::bundled_model().config, 8);
   const std::vector<int> ten(10, 40);
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_cached(bundled(), ten, cache); }, "exceed"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_cached(testing::bundled_model(), ten, cache); }, "exceed"));
   EXPECT_EQ(cache.length(), 0) << "nothing may be appended when the tokens do not fit";
   Sampler greedy({.temperature = 0.0f});
   EXPECT_TRUE(testing::throws_error_mentioning(
-      [&] { generate_cached(bundled(), std::vector<int>{1, 40}, 7, greedy, cache); }, "cache holds 8"));
+      [&] { generate_cached(testing::bundled_model(), std::vector<int>{1, 40}, 7, greedy, cache); }, "cache holds 8"));
 }
 
 GRADED_TEST(Lesson02Int8, LogitsStayCloseToTheFloatCache, 2) {
   // INT8 keys and values err by at most half a quantization step each. On the bundled model
   // `./course bench 02` measures the largest logit difference over 200 greedy steps at 0.13
   // (mostly a shift of all logits together, which softmax ignores); the test allows 0.25.
-  Int8KVCache cache(bundled().config, 256);
-  expect_cached_equals_naive(bundled(), ByteTokenizer::encode("The "), 64, cache, 0.25, 0.0, "INT8 cache");
+  Int8KVCache cache(testing::bundled_model().config, 256);
+  expect_cached_equals_naive(testing::bundled_model(), ByteTokenizer::encode("The "), 64, cache, 0.25, 0.0, "INT8 cache");
 }
 
 GRADED_TEST(Lesson02Int8, GreedyTextIsUnchangedOnTheBundledModel, 2) {
   const auto golden = testing::load_golden("tiny-fortunes");
   const auto& g = golden.greedy.front();
-  Int8KVCache cache(bundled().config, 256);
+  Int8KVCache cache(testing::bundled_model().config, 256);
   Sampler greedy({.temperature = 0.0f});
   const int n = std::min<int>(64, static_cast<int>(g.ids.size()));
-  const auto got = generate_cached(bundled(), g.prompt_ids, n, greedy, cache);
+  const auto got = generate_cached(testing::bundled_model(), g.prompt_ids, n, greedy, cache);
   EXPECT_EQ(got, std::vector<int>(g.ids.begin(), g.ids.begin() + n))
       << "greedy text with the INT8 cache: \"" << ByteTokenizer::decode(got) << "\"";
 }

@@ -3,28 +3,13 @@
 
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/03_batching/batching.hpp"
 
 namespace infer {
 namespace {
-
-const ModelWeights& bundled() {
-  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
-  return m;
-}
-
-const ModelWeights& small() {  // fast enough for hundreds of requests
-  static const ModelWeights m = [] {
-    ModelConfig c;
-    c.vocab_size = 40, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.max_position_embeddings = 64;
-    c.eos_token_id = 2;
-    return random_model(c, 77);
-  }();
-  return m;
-}
 
 std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
   KVCache cache(m.config, m.config.max_position_embeddings);
@@ -33,7 +18,7 @@ std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
 }
 
 GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
-  const ModelWeights& m = small();
+  const ModelWeights& m = testing::small_model();
   const std::vector<std::vector<int>> prompts = {{1, 5}, {1, 9, 10, 11, 12, 13}, {1, 7, 7, 7}};
   std::vector<std::unique_ptr<KVCache>> batched, alone;
   for (const auto& p : prompts) {
@@ -54,7 +39,7 @@ GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
 }
 
 GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
-  BatchEngine engine(bundled(), Policy::Continuous, 3);
+  BatchEngine engine(testing::bundled_model(), Policy::Continuous, 3);
   std::vector<GenerationRequest> reqs;
   const char* prompts[] = {"The ", "Q: What", "You will", "Love is", "If you ", "A "};
   for (int i = 0; i < 6; ++i) {
@@ -65,13 +50,13 @@ GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
   ASSERT_EQ(results.size(), 6u);
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(results[i].id, i);
-    EXPECT_EQ(results[i].tokens, solo(bundled(), reqs[i]))
+    EXPECT_EQ(results[i].tokens, solo(testing::bundled_model(), reqs[i]))
         << "request " << i << " (\"" << prompts[i] << "\") in a batch differs from the same request alone";
   }
 }
 
 GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 2) {
-  BatchEngine engine(small(), Policy::Continuous, 4);
+  BatchEngine engine(testing::small_model(), Policy::Continuous, 4);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 10; ++i) {
     reqs.push_back({100 + i, {1, 3 + i, 4 + i}, 20, {.temperature = 0.9f, .top_p = 0.95f, .seed = 1000u + i}, i / 3});
@@ -79,7 +64,7 @@ GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 2) {
   }
   const auto results = engine.run();
   for (int i = 0; i < 10; ++i)
-    EXPECT_EQ(results[i].tokens, solo(small(), reqs[i])) << "request " << reqs[i].id << " with its own seeded sampler";
+    EXPECT_EQ(results[i].tokens, solo(testing::small_model(), reqs[i])) << "request " << reqs[i].id << " with its own seeded sampler";
 }
 
 std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
@@ -101,7 +86,7 @@ std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
 }
 
 GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput, 4) {
-  BatchEngine engine(small(), Policy::Continuous, 8);
+  BatchEngine engine(testing::small_model(), Policy::Continuous, 8);
   const auto reqs = random_requests(200, 9);
   for (const auto& r : reqs) engine.submit(r);
   const auto results = engine.run();
@@ -110,14 +95,14 @@ GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(seen.insert(results[i].id).second) << "request " << results[i].id << " came back twice";
     ASSERT_EQ(results[i].id, reqs[i].id) << "results come back in submission order";
-    ASSERT_EQ(results[i].tokens, solo(small(), reqs[i])) << "request " << reqs[i].id << " got someone else's tokens?";
+    ASSERT_EQ(results[i].tokens, solo(testing::small_model(), reqs[i])) << "request " << reqs[i].id << " got someone else's tokens?";
     ASSERT_LE(results[i].arrival_step, results[i].first_token_step);
     ASSERT_LT(results[i].first_token_step, results[i].finish_step);
   }
 }
 
 GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 1) {
-  BatchEngine engine(small(), Policy::Continuous, 5);
+  BatchEngine engine(testing::small_model(), Policy::Continuous, 5);
   for (const auto& r : random_requests(60, 4)) engine.submit(r);
   engine.run();
   ASSERT_FALSE(engine.log().empty());
@@ -132,7 +117,7 @@ GRADED_TEST(Lesson03Engine, EngineFollowsTheSimulatorsSchedule, 2) {
   // Given the lengths the model actually produced, the simulator predicts every start and
   // finish step of the engine, under both policies.
   for (Policy policy : {Policy::Continuous, Policy::Static}) {
-    BatchEngine engine(small(), policy, 4);
+    BatchEngine engine(testing::small_model(), policy, 4);
     const auto reqs = random_requests(40, 21);
     for (const auto& r : reqs) engine.submit(r);
     const auto results = engine.run();

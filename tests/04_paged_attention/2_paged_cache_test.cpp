@@ -5,6 +5,7 @@
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -156,14 +157,9 @@ GRADED_TEST(Lesson04Cache, ReservesLessThanABlockMoreThanItUsesAndGivesEveryBloc
   EXPECT_EQ(pool.allocator().num_free(), 8) << "a destroyed sequence gives its blocks back";
 }
 
-const ModelWeights& bundled() {
-  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
-  return m;
-}
-
 GRADED_TEST(Lesson04Cache, TheModelOnAPagedCacheEqualsTheContiguousCache, 3) {
   // forward_cached() runs on the paged cache unchanged (its attention goes through attend()).
-  const ModelWeights& m = bundled();
+  const ModelWeights& m = testing::bundled_model();
   const std::vector<int> prompt = ByteTokenizer::encode("You will meet");
   for (const int B : {1, 7, 16}) {
     PagedKVPool pool(m.config, blocks_for(m.config.max_position_embeddings, B), B);

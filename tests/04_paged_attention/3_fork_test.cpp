@@ -2,6 +2,7 @@
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
@@ -86,16 +87,11 @@ GRADED_TEST(Lesson04Fork, ForkingOnABlockBoundaryCopiesNothing, 2) {
   EXPECT_EQ(pool.allocator().num_free(), 8) << "every block is back once both sequences finish";
 }
 
-const ModelWeights& bundled() {
-  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes"));
-  return m;
-}
-
 GRADED_TEST(Lesson04Fork, ParallelSamplingFromOnePrefillEqualsSeparateRuns, 3) {
   // One prompt, prefilled once, then forked into three samples with their own seeds: each is
   // exactly the generation of the prompt alone with that seed, and the prompt's blocks are
   // stored once.
-  const ModelWeights& m = bundled();
+  const ModelWeights& m = testing::bundled_model();
   const std::vector<int> prompt = ByteTokenizer::encode("The secret of a happy life is");
   const int B = 16, steps = 24;
   PagedKVPool pool(m.config, 32, B);

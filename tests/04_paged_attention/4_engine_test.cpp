@@ -5,6 +5,7 @@
 
 #include "common/rng.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -12,17 +13,6 @@
 
 namespace infer {
 namespace {
-
-const ModelWeights& small() {  // fast enough for hundreds of requests
-  static const ModelWeights m = [] {
-    ModelConfig c;
-    c.vocab_size = 40, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.max_position_embeddings = 64;
-    c.eos_token_id = 2;
-    return random_model(c, 77);
-  }();
-  return m;
-}
 
 std::vector<GenerationRequest> requests(int n, uint64_t seed, bool sampled) {
   Rng rng(seed);
@@ -62,7 +52,7 @@ std::vector<GenerationResult> unpressured(const ModelWeights& m, const std::vect
 }
 
 GRADED_TEST(Lesson04Engine, OpenAdmitsOnlyWhatTheFreeBlocksHold, 2) {
-  const ModelConfig& c = small().config;
+  const ModelConfig& c = testing::small_model().config;
   PagedKVManager memory(c, 4, 4);
   auto a = memory.open(9);  // 3 blocks
   ASSERT_NE(a, nullptr);
@@ -81,7 +71,7 @@ GRADED_TEST(Lesson04Engine, OpenAdmitsOnlyWhatTheFreeBlocksHold, 2) {
 }
 
 GRADED_TEST(Lesson04Engine, PreemptsTheNewestUntilTheOthersFit, 3) {
-  const ModelConfig& c = small().config;
+  const ModelConfig& c = testing::small_model().config;
   PagedKVManager memory(c, 6, 2);
   auto grow = [&](KVStore& s, int n) {
     for (int l = 0; l < c.num_hidden_layers; ++l) s.append(l, Matrix::Ones(n, 16), Matrix::Ones(n, 16));
@@ -105,8 +95,8 @@ GRADED_TEST(Lesson04Engine, PreemptsTheNewestUntilTheOthersFit, 3) {
 GRADED_TEST(Lesson04Engine, WithRoomToSpareThePagedEngineEqualsTheSlotEngine, 2) {
   const auto reqs = requests(30, 3, false);
   std::vector<EngineStepLog> log;
-  const auto got = run(small(), reqs, 4, std::make_unique<PagedKVManager>(small().config, 64, 16), &log);
-  const auto want = unpressured(small(), reqs);
+  const auto got = run(testing::small_model(), reqs, 4, std::make_unique<PagedKVManager>(testing::small_model().config, 64, 16), &log);
+  const auto want = unpressured(testing::small_model(), reqs);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << reqs[i].id;
@@ -122,8 +112,8 @@ GRADED_TEST(Lesson04Engine, UnderPressureEveryRequestCompletesOnceWithIdenticalO
   for (const bool sampled : {false, true}) {
     const auto reqs = requests(40, 17, sampled);
     std::vector<EngineStepLog> log;
-    const auto got = run(small(), reqs, 8, std::make_unique<PagedKVManager>(small().config, 12, 4), &log);
-    const auto want = unpressured(small(), reqs);
+    const auto got = run(testing::small_model(), reqs, 8, std::make_unique<PagedKVManager>(testing::small_model().config, 12, 4), &log);
+    const auto want = unpressured(testing::small_model(), reqs);
     ASSERT_EQ(got.size(), reqs.size()) << "every request gets exactly one result";
     std::set<int> ids;
     int preemptions = 0;
@@ -143,7 +133,7 @@ GRADED_TEST(Lesson04Engine, TheSameBytesHoldMoreSequencesThanWholeContextSlots, 
   // memory runs several times as many sequences at once.
   const auto reqs = requests(40, 5, false);
   std::vector<EngineStepLog> log;
-  run(small(), reqs, 16, std::make_unique<PagedKVManager>(small().config, 32, 4), &log);
+  run(testing::small_model(), reqs, 16, std::make_unique<PagedKVManager>(testing::small_model().config, 32, 4), &log);
   int most = 0;
   for (const auto& e : log) most = std::max(most, e.decodes + e.prefills);
   EXPECT_GE(most, 6) << "sequences running at once in the memory of 2 whole-context slots";
