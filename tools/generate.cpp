@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
     std::string model_dir, prompt;
     int max_new = -1;
     bool print_ids = false, stats = false, have_prompt = false, kv_cache = false, paged = false;
-    int block_size = 16, num_blocks = 0;
+    int block_size = 16, num_blocks = 0;  // 0: just enough for the generation
+    bool have_block_size = false, have_num_blocks = false;
     std::string kv_dtype = "f32";
     infer::SamplingParams params{.temperature = 0.8f};
     for (int i = 1; i < argc; ++i) {
@@ -82,8 +83,8 @@ int main(int argc, char** argv) {
       else if (a == "--kv-cache") kv_cache = true;
       else if (a == "--kv-dtype") kv_dtype = value();
       else if (a == "--paged") paged = true;
-      else if (a == "--block-size") block_size = parse_number<int>(a, value());
-      else if (a == "--num-blocks") num_blocks = parse_number<int>(a, value());
+      else if (a == "--block-size") block_size = parse_number<int>(a, value()), have_block_size = true;
+      else if (a == "--num-blocks") num_blocks = parse_number<int>(a, value()), have_num_blocks = true;
       else if (a == "-h" || a == "--help") return usage(std::cout), 0;
       else throw infer::Error(infer::cat("generate: unknown option '", a, "'"));
     }
@@ -97,11 +98,12 @@ int main(int argc, char** argv) {
       throw infer::Error(infer::cat("generate: --kv-dtype must be f32 or int8, got '", kv_dtype, "'"));
     if (kv_dtype != "f32" && !kv_cache) throw infer::Error("generate: --kv-dtype needs --kv-cache");
     if (paged && kv_dtype != "f32") throw infer::Error("generate: --paged stores float32; drop --kv-dtype int8");
-    if (!paged && (block_size != 16 || num_blocks != 0))
+    if (!paged && (have_block_size || have_num_blocks))
       throw infer::Error("generate: --block-size and --num-blocks need --paged");
     if (paged) kv_cache = true;  // a paged cache is a KV cache
     if (block_size < 1) throw infer::Error(infer::cat("generate: --block-size must be >= 1, got ", block_size));
-    if (num_blocks < 0) throw infer::Error(infer::cat("generate: --num-blocks must be >= 1, got ", num_blocks));
+    if (have_num_blocks && num_blocks < 1)
+      throw infer::Error(infer::cat("generate: --num-blocks must be >= 1, got ", num_blocks));
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);

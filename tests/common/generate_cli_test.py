@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The generate program end to end: --ids at temperature 0 prints the golden greedy ids,
+"""The generate program end to end: --ids at temperature 0 prints the golden greedy ids (naive,
+cached, INT8-cached and paged),
 and bad options are refused with a message and a non-zero exit status.
 
     generate_cli_test.py GENERATE_BINARY REPOSITORY_ROOT
@@ -16,7 +17,7 @@ with open(os.path.join(model, "golden.json")) as f:
 
 n = 64
 want = golden["ids"][:n]
-for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"]):
+for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"], ["--paged"], ["--paged", "--block-size", "7"]):
     run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
                           "--temperature", "0", "--ids"] + extra, capture_output=True, text=True, check=False)
     if run.returncode != 0:
@@ -28,7 +29,9 @@ for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"]):
 
 for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects a number"),
                       (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
-                      (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8")]:
+                      (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8"),
+                      (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),
+                      (["--paged", "--block-size", "2", "--num-blocks", "2"], "out of KV blocks")]:
     args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
     if run.returncode == 0 or fragment not in run.stderr:
