@@ -79,7 +79,8 @@ void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
 }
 
 ConstMatrixRef PagedKVCache::keys(int layer) const {
-  // Gather: gathered_.resize(length(layer), kv_dim), then row p from block blocks_[p / B].
+  // Gather: gathered_k_.resize(length(layer), kv_dim), then row p from block blocks_[p / B].
+  // (values() gathers into gathered_v_: a caller may hold keys(l) and values(l) at once.)
   (void)layer;
   throw NotImplemented("04", "PagedKVCache::keys");
 }

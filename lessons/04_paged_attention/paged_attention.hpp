@@ -135,7 +135,8 @@ class PagedKVCache final : public KVStore {
   /// reasons KVStore::append gives, or when the pool has too few free blocks ("out of KV blocks").
   void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
   /// Every stored key of `layer`, gathered through the table into one [length, kv_dim] matrix
-  /// (for tests and tools: the forward uses attend(), which does not copy).
+  /// (for tests and tools: the forward uses attend(), which does not copy). Valid until the next
+  /// keys() call; keys() and values() use separate scratch, so both can be held at once.
   ConstMatrixRef keys(int layer) const override;
   /// Every stored value of `layer`, gathered like keys().
   ConstMatrixRef values(int layer) const override;
@@ -167,7 +168,8 @@ class PagedKVCache final : public KVStore {
   int max_tokens_;
   std::vector<int> blocks_;         ///< the block table
   std::vector<int> length_;         ///< per layer: positions stored
-  mutable Matrix gathered_;         ///< scratch for keys() and values()
+  mutable Matrix gathered_k_;       ///< scratch for keys()
+  mutable Matrix gathered_v_;       ///< scratch for values(): separate, so both can be read at once
 };
 
 /// The engine's memory as a paged pool: sequences take blocks as they grow, so many more fit in

@@ -156,10 +156,10 @@ ConstMatrixRef gather(const PagedKVPool& pool, const std::vector<int>& table, in
 }  // namespace
 
 ConstMatrixRef PagedKVCache::keys(int layer) const {
-  return gather(*pool_, blocks_, layer, length(layer), true, gathered_);
+  return gather(*pool_, blocks_, layer, length(layer), true, gathered_k_);
 }
 ConstMatrixRef PagedKVCache::values(int layer) const {
-  return gather(*pool_, blocks_, layer, length(layer), false, gathered_);
+  return gather(*pool_, blocks_, layer, length(layer), false, gathered_v_);
 }
 
 void PagedKVCache::reset() {

@@ -113,6 +113,10 @@ GRADED_TEST(Lesson04Cache, ReadsBackEveryRowThroughTheTable, 2) {
     EXPECT_TRUE(testing::all_close(want_a.values(l), a.values(l), 0, 0, cat("sequence a, layer ", l, " values")));
     EXPECT_TRUE(testing::all_close(want_b.keys(l), b.keys(l), 0, 0, cat("sequence b, layer ", l, " keys")));
     EXPECT_TRUE(testing::all_close(want_b.values(l), b.values(l), 0, 0, cat("sequence b, layer ", l, " values")));
+    // Both at once, as causal_attention(q, cache.keys(l), cache.values(l), ...) reads them.
+    ConstMatrixRef k = a.keys(l), v = a.values(l);
+    EXPECT_TRUE(testing::all_close(want_a.keys(l), k, 0, 0, cat("sequence a, layer ", l, " keys, values held too")));
+    EXPECT_TRUE(testing::all_close(want_a.values(l), v, 0, 0, cat("sequence a, layer ", l, " values, keys held too")));
   }
 }
 
