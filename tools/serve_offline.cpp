@@ -2,10 +2,10 @@
 //
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
-//                 [--paged [--block-size B] [--num-blocks N]]
+//                 [--paged [--block-size SIZE] [--num-blocks N]]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
-// with it, sequences take blocks of B positions from a pool of N blocks as they grow (lesson
+// with it, sequences take blocks of SIZE positions from a pool of N blocks as they grow (lesson
 // 04), and the engine preempts the newest sequence when the pool runs dry.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
@@ -36,9 +36,11 @@ int main(int argc, char** argv) {
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
-                   "                     [--paged [--block-size B] [--num-blocks N]]\n"
-                   "  --paged takes KV memory in blocks of B positions (default 16) from a pool of N blocks\n"
-                   "  (default: the bytes of B whole-context slots, as without --paged).\n";
+                   "                     [--paged [--block-size SIZE] [--num-blocks N]]\n"
+                   "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
+                   "  summary to stderr.\n"
+                   "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
+                   "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n";
       return 0;
     }
     const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");

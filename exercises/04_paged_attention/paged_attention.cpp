@@ -58,8 +58,9 @@ Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<cons
 // --------------------------------------------------------------- paged cache --
 
 void PagedKVCache::reserve(int tokens) {
-  // Blocks missing = blocks_for(tokens, B) - blocks_.size(). Check the pool has that many free
-  // *before* allocating any (all or nothing), then allocate them onto blocks_.
+  // Refuse tokens outside [0, max_tokens_]. Blocks missing = blocks_for(tokens, B) -
+  // blocks_.size() (none if negative). Check the pool has that many free *before* allocating
+  // any (all or nothing), then allocate them onto blocks_.
   (void)tokens;
   throw NotImplemented("04", "PagedKVCache::reserve");
 }
@@ -73,7 +74,9 @@ void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
   //      original (one reference fewer), put the copy in the table;
   //   4. allocate blocks until the table covers `to` positions;
   //   5. write the rows and set length_[layer] = to.
-  // Layers fill in step, so layer 0's append does the allocating and copying for the others.
+  // No special case for layer 0 is needed: layers fill in step, so when layer 0 appends, steps
+  // 2-4 allocate and copy; when the other layers append the same positions, they find the
+  // blocks already there and private, and count 0.
   (void)layer, (void)k, (void)v;
   throw NotImplemented("04", "PagedKVCache::append");
 }

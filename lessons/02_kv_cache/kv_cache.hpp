@@ -60,7 +60,8 @@ class KVStore {
 
   /// Bytes holding stored positions (including any scales).
   virtual size_t bytes_used() const = 0;
-  /// Bytes reserved for max_tokens() positions (including any scales).
+  /// Bytes reserved for this sequence, including any scales: max_tokens() positions for the
+  /// contiguous caches, the blocks in its table for lesson 04's paged one.
   virtual size_t bytes_reserved() const = 0;
 
   /// The sequence length: positions stored in every layer.

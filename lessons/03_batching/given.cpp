@@ -140,8 +140,12 @@ bool BatchEngine::step() {
   }
   entry.decodes = static_cast<int>(sampling.size());
 
-  // 3. Admit, in queue order, while the memory holds what each needs; give the rest back.
-  const std::vector<int> admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
+  // 3. Admit, in queue order, while the memory holds what each needs; give the rest back. Not
+  //    in a step that had to preempt: memory is short, and admitting now would hand the blocks
+  //    just freed to a newcomer (or straight back to the sequence preempted) only to preempt
+  //    again at the next step.
+  std::vector<int> admitted;
+  if (entry.preempted == 0) admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
   for (size_t a = 0; a < admitted.size(); ++a) {
     const size_t index = static_cast<size_t>(admitted[a]);
     const int generated = static_cast<int>(results_[index].tokens.size());

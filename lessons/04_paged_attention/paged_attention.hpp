@@ -151,7 +151,9 @@ class PagedKVCache final : public KVStore {
   size_t bytes_reserved() const override;
 
   /// Makes the table cover `tokens` positions, allocating blocks for the missing ones (writes
-  /// nothing). All or nothing: throws "out of KV blocks" and allocates nothing if the pool is short.
+  /// nothing; a table that already covers them is left as it is). All or nothing: throws "out of
+  /// KV blocks" and allocates nothing if the pool is short. Throws for tokens outside
+  /// [0, max_tokens()].
   void reserve(int tokens);
   /// A new sequence with the same history: the same block table (each block shared: its count
   /// goes up by one) and the same lengths. The two then grow independently: the first write into
@@ -180,7 +182,9 @@ class PagedKVCache final : public KVStore {
 /// - preemptions_needed(running): a running sequence needs one free block for its next position
 ///   when its last block is full (or it has none) or is shared; preempting a sequence frees
 ///   every block only it holds (count 1). The answer is the smallest k such that, with the k
-///   newest preempted, the others' needs fit in the free blocks plus the freed ones.
+///   newest preempted, the others' needs fit in the free blocks plus the freed ones. (A block
+///   shared by two preempted sequences would be freed too, and is not counted: a deliberate
+///   simplification, safe because it can only overestimate k; the engine never forks.)
 class PagedKVManager final : public KVManager {
  public:
   /// A pool of num_blocks blocks of block_size positions. Given.
