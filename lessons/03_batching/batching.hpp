@@ -221,7 +221,8 @@ class SlotKVManager final : public KVManager {
 ///     tokens and its Sampler;
 ///  2. decodes: one forward_batch over the running sequences, each sampling its next token with
 ///     its own Sampler;
-///  3. admits what the scheduler allows and the memory can hold, in queue order: a new request
+///  3. admits what the scheduler allows and the memory can hold, in queue order (nobody, in a
+///     step that had to preempt: memory is short), and gives back what does not fit: a new request
 ///     is prefilled with forward_cached, which yields its first token in this same step; a
 ///     preempted one is prefilled again over its prompt and every token it had generated but
 ///     the last (recompute), and continues from that last token, sampling nothing;
