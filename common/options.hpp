@@ -51,8 +51,8 @@ class Options {
       n = std::stol(v, &used);
     } catch (const std::exception&) {
     }
-    require(used == v.size() && n >= minimum, program_, ": ", name, " expects an integer >= ", minimum, ", got '", v,
-            "'");
+    require(used == v.size() && n >= minimum, program_, ": ", name, " expects a number (an integer >= ", minimum,
+            "), got '", v, "'");
     return n;
   }
   /// The option as a real number, or `fallback`.

@@ -2,11 +2,11 @@
 //
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
-//            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size B] [--num-blocks N]]
+//            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
 // prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
-// blocks of B positions from a pool of N blocks (lesson 04).
+// blocks of SIZE positions from a pool of COUNT blocks (lesson 04).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/errors.hpp"
+#include "common/options.hpp"
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
@@ -30,80 +31,49 @@ namespace {
 void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
-         "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size B] [--num-blocks N]]\n"
+         "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
          "  --stats prints tokens and tokens/s to stderr.\n"
          "  --kv-cache keeps keys and values (lesson 02) instead of recomputing them (lesson 00);\n"
          "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n"
-         "  --paged keeps them in blocks of B positions (default 16) from a pool of N blocks\n"
+         "  --paged keeps them in blocks of SIZE positions (default 16) from a pool of COUNT blocks\n"
          "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n";
-}
-
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    T value;
-    if constexpr (std::is_same_v<T, int>) value = std::stoi(text, &used);
-    else if constexpr (std::is_same_v<T, float>) value = std::stof(text, &used);
-    else value = static_cast<T>(std::stoull(text, &used));
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw infer::Error(infer::cat("generate: ", flag, " expects a number, got '", text, "'"));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    std::string model_dir, prompt;
-    int max_new = -1;
-    bool print_ids = false, stats = false, have_prompt = false, kv_cache = false, paged = false;
-    int block_size = 16, num_blocks = 0;  // 0: just enough for the generation
-    bool have_block_size = false, have_num_blocks = false;
-    std::string kv_dtype = "f32";
-    infer::SamplingParams params{.temperature = 0.8f};
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw infer::Error(infer::cat("generate: ", a, " needs a value"));
-        return argv[++i];
-      };
-      if (a == "--model") model_dir = value();
-      else if (a == "--prompt") prompt = value(), have_prompt = true;
-      else if (a == "--max-new-tokens") max_new = parse_number<int>(a, value());
-      else if (a == "--temperature") params.temperature = parse_number<float>(a, value());
-      else if (a == "--top-k") params.top_k = parse_number<int>(a, value());
-      else if (a == "--top-p") params.top_p = parse_number<float>(a, value());
-      else if (a == "--seed") params.seed = parse_number<uint64_t>(a, value());
-      else if (a == "--ids") print_ids = true;
-      else if (a == "--stats") stats = true;
-      else if (a == "--kv-cache") kv_cache = true;
-      else if (a == "--kv-dtype") kv_dtype = value();
-      else if (a == "--paged") paged = true;
-      else if (a == "--block-size") block_size = parse_number<int>(a, value()), have_block_size = true;
-      else if (a == "--num-blocks") num_blocks = parse_number<int>(a, value()), have_num_blocks = true;
-      else if (a == "-h" || a == "--help") return usage(std::cout), 0;
-      else throw infer::Error(infer::cat("generate: unknown option '", a, "'"));
-    }
-    if (model_dir.empty() || !have_prompt || max_new < 0) {
+    const infer::Options opts(argc, argv, "generate",
+                              {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
+                               "--seed", "--kv-dtype", "--block-size", "--num-blocks"},
+                              {"--ids", "--stats", "--kv-cache", "--paged", "-h", "--help"});
+    if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
+    if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
       std::cerr << "generate: --model, --prompt and --max-new-tokens are required\n";
       return 2;
     }
+    const std::string model_dir = opts.text("--model", ""), prompt = opts.text("--prompt", "");
+    const int max_new = static_cast<int>(opts.number("--max-new-tokens", 0, 0));
+    infer::SamplingParams params{.temperature = 0.8f};
+    params.temperature = static_cast<float>(opts.real("--temperature", params.temperature));
+    params.top_k = static_cast<int>(opts.number("--top-k", params.top_k, 0));
+    params.top_p = static_cast<float>(opts.real("--top-p", params.top_p));
+    params.seed = static_cast<uint64_t>(opts.number("--seed", static_cast<long>(params.seed)));
+    const bool print_ids = opts.has("--ids"), stats = opts.has("--stats"), paged = opts.has("--paged");
+    const bool kv_cache = paged || opts.has("--kv-cache");  // a paged cache is a KV cache
+    const std::string kv_dtype = opts.text("--kv-dtype", "f32");
+    const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
+    const int num_blocks = static_cast<int>(opts.number("--num-blocks", 0, 1));  // 0: just enough
 
     if (kv_dtype != "f32" && kv_dtype != "int8")
       throw infer::Error(infer::cat("generate: --kv-dtype must be f32 or int8, got '", kv_dtype, "'"));
     if (kv_dtype != "f32" && !kv_cache) throw infer::Error("generate: --kv-dtype needs --kv-cache");
     if (paged && kv_dtype != "f32") throw infer::Error("generate: --paged stores float32; drop --kv-dtype int8");
-    if (!paged && (have_block_size || have_num_blocks))
+    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks")))
       throw infer::Error("generate: --block-size and --num-blocks need --paged");
-    if (paged) kv_cache = true;  // a paged cache is a KV cache
-    if (block_size < 1) throw infer::Error(infer::cat("generate: --block-size must be >= 1, got ", block_size));
-    if (have_num_blocks && num_blocks < 1)
-      throw infer::Error(infer::cat("generate: --num-blocks must be >= 1, got ", num_blocks));
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);

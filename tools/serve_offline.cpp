@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     long stored = 0, reserved = 0, preempted = 0, most = 0;
     for (const auto& e : engine.log()) {
       stored += e.stored_tokens, reserved += e.reserved_tokens, preempted += e.preempted;
-      most = std::max<long>(most, e.decodes + e.prefills);
+      most = std::max<long>(most, e.occupied);
     }
     std::fprintf(stderr, "[KV memory: %s, %.1f%% of the reserved positions held tokens; at most %ld sequences at once; %ld preemptions]\n",
                  paged ? infer::cat(num_blocks, " blocks of ", block_size).c_str()

@@ -266,7 +266,7 @@ class BatchEngine {
   struct Running {
     size_t index;                    ///< into requests_ and results_
     Sampler sampler;                 ///< this request's own sampler
-    std::unique_ptr<KVStore> cache;  ///< its K/V, from memory_ (null once done)
+    std::unique_ptr<KVStore> cache;  ///< its K/V, from memory_ (null once done, or while preempted)
     int next_token = 0;              ///< sampled, not yet fed to the model
     bool done = false;               ///< finished; a static batch keeps it until the batch ends
   };
@@ -282,7 +282,7 @@ class BatchEngine {
   std::vector<GenerationRequest> requests_;     ///< by submission index
   std::vector<GenerationResult> results_;       ///< by submission index
   std::vector<std::unique_ptr<Running>> running_;  ///< oldest first
-  std::vector<std::unique_ptr<Sampler>> paused_;   ///< by submission index: a preempted request's sampler
+  std::vector<std::unique_ptr<Running>> paused_;   ///< by submission index: a preempted sequence, without memory
   std::vector<EngineStepLog> log_;
   int now_ = 0;
 };

@@ -78,26 +78,26 @@ void BatchEngine::submit(GenerationRequest r) {
 }
 
 void BatchEngine::preempt(std::unique_ptr<Running> r) {
+  const size_t index = r->index;
   memory_->close(std::move(r->cache));
-  ++results_[r->index].preemptions;
-  paused_[r->index] = std::make_unique<Sampler>(std::move(r->sampler));
-  scheduler_.push_front(static_cast<int>(r->index), requests_[r->index].arrival_step);
+  ++results_[index].preemptions;
+  scheduler_.push_front(static_cast<int>(index), requests_[index].arrival_step);
+  paused_[index] = std::move(r);  // keeps its sampler and its next token
 }
 
 Matrix BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
   const GenerationRequest& req = requests_[index];
-  const std::vector<int>& generated = results_[index].tokens;
   if (!paused_[index]) {  // a new request: prefill the prompt; its logits give the first token
     running_.push_back(std::make_unique<Running>(Running{index, Sampler(req.sampling), std::move(cache), 0, false}));
     return forward_cached(model_, req.prompt, *running_.back()->cache);
   }
   // A preempted one: recompute the K/V of its prompt and of every generated token but the last,
-  // which was sampled and not yet fed. Its sampler continues where it stopped.
+  // which was sampled and not yet fed (its next_token). Its sampler continues where it stopped.
+  const std::vector<int>& generated = results_[index].tokens;
   std::vector<int> tokens = req.prompt;
   tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
-  running_.push_back(std::make_unique<Running>(
-      Running{index, std::move(*paused_[index]), std::move(cache), generated.back(), false}));
-  paused_[index].reset();
+  running_.push_back(std::move(paused_[index]));
+  running_.back()->cache = std::move(cache);
   forward_cached(model_, tokens, *running_.back()->cache);
   return Matrix();
 }

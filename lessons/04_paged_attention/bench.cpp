@@ -62,7 +62,7 @@ Outcome serve(const ModelWeights& model, const std::vector<GenerationRequest>& r
   o.seconds = clock.seconds();
   long stored = 0, reserved = 0, running = 0;
   for (const auto& e : engine.log()) {
-    const int n = e.prefills + e.resumed + e.decodes;
+    const int n = e.occupied;  // continuous batching: every sequence in a slot ran this step
     running += n;
     o.peak_running = std::max(o.peak_running, n);
     stored += e.stored_tokens, reserved += e.reserved_tokens, o.preemptions += e.preempted;

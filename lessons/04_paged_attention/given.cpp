@@ -39,30 +39,21 @@ PagedKVPool::PagedKVPool(const ModelConfig& config, int num_blocks, int block_si
 }
 
 namespace {
-void check_block(const PagedKVPool& pool, int layer, int block) {
+/// Rows [block * B, (block + 1) * B) of one layer's keys or values, after checking both indices.
+template <typename Layers>  // std::vector<Matrix>, const or not
+auto block_rows(Layers& layers, const PagedKVPool& pool, int layer, int block) {
   require(layer >= 0 && layer < pool.num_layers(), "PagedKVPool: layer ", layer, " is outside [0, ", pool.num_layers(),
           ")");
   require(block >= 0 && block < pool.num_blocks(), "PagedKVPool: block ", block, " is outside [0, ", pool.num_blocks(),
           ")");
+  return layers[layer].middleRows(static_cast<Eigen::Index>(block) * pool.block_size(), pool.block_size());
 }
 }  // namespace
 
-MatrixRef PagedKVPool::key_block(int layer, int block) {
-  check_block(*this, layer, block);
-  return k_[layer].middleRows(static_cast<Eigen::Index>(block) * block_size_, block_size_);
-}
-ConstMatrixRef PagedKVPool::key_block(int layer, int block) const {
-  check_block(*this, layer, block);
-  return k_[layer].middleRows(static_cast<Eigen::Index>(block) * block_size_, block_size_);
-}
-MatrixRef PagedKVPool::value_block(int layer, int block) {
-  check_block(*this, layer, block);
-  return v_[layer].middleRows(static_cast<Eigen::Index>(block) * block_size_, block_size_);
-}
-ConstMatrixRef PagedKVPool::value_block(int layer, int block) const {
-  check_block(*this, layer, block);
-  return v_[layer].middleRows(static_cast<Eigen::Index>(block) * block_size_, block_size_);
-}
+MatrixRef PagedKVPool::key_block(int layer, int block) { return block_rows(k_, *this, layer, block); }
+ConstMatrixRef PagedKVPool::key_block(int layer, int block) const { return block_rows(k_, *this, layer, block); }
+MatrixRef PagedKVPool::value_block(int layer, int block) { return block_rows(v_, *this, layer, block); }
+ConstMatrixRef PagedKVPool::value_block(int layer, int block) const { return block_rows(v_, *this, layer, block); }
 
 // --------------------------------------------------------------- paged cache --
 
