@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""The grade report: points per lesson from ctest's JUnit file and the tests' sources.
+"""The grade report: points per lesson, from the tests' sources and a JUnit file.
+
+tools/grader.py (./course grade and check) uses this module for its table, JSON and CSV; run
+on its own, it reads ctest's JUnit (the CI check that every graded case fails on the starters).
 
     tools/grade_report.py --junit build/grade/junit.xml [--extra-tests DIR]
                           [--json FILE] [--csv FILE] [--lesson NN] [--quiet]
@@ -27,15 +30,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRADED = re.compile(r"^\s*GRADED_TEST\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\d+)\s*\)", re.M)
 
 
-def lesson_dirs():
-    return sorted(d for d in os.listdir(os.path.join(ROOT, "lessons")) if re.match(r"\d\d_", d))
+def lesson_dirs(root=ROOT):
+    return sorted(d for d in os.listdir(os.path.join(root, "lessons")) if re.match(r"\d\d_", d))
 
 
-def graded_cases(extra_dir=None):
+def graded_cases(extra_dir=None, root=ROOT):
     """{test name: (lesson dir, points, source file)} from the sources."""
     cases = {}
-    roots = [os.path.join(ROOT, "tests")] + ([extra_dir] if extra_dir else [])
-    for lesson in lesson_dirs():
+    roots = [os.path.join(root, "tests")] + ([extra_dir] if extra_dir else [])
+    for lesson in lesson_dirs(root):
         for root in roots:
             for path in sorted(glob.glob(os.path.join(root, lesson, "*_test.c*"))):
                 with open(path, encoding="utf-8") as f:
@@ -64,7 +67,9 @@ def junit_results(path):
         # gtest prints "[  SKIPPED ]" for GTEST_SKIP; ctest reports those as run.
         if state == "passed" and "[  SKIPPED ]" in out:
             state = "skipped"
-        results[name] = (state, out)
+        failure = tc.find("failure")
+        message = failure.get("message") if failure is not None else None
+        results[name] = (state, out, message)
     return results
 
 
@@ -87,9 +92,9 @@ def failure_message(output, limit=25):
     return "\n".join(keep[:limit])
 
 
-def readme_section(lesson, test_name):
+def readme_section(lesson, test_name, root=ROOT):
     """The heading of the README section that mentions the test (or its suite)."""
-    path = os.path.join(ROOT, "lessons", lesson, "README.md")
+    path = os.path.join(root, "lessons", lesson, "README.md")
     if not os.path.exists(path):
         return None
     suite = test_name.split(".")[0]
@@ -108,10 +113,13 @@ def readme_section(lesson, test_name):
 
 
 def build_report(cases, results):
+    """results: {name: (status, output[, message])}; a case with no result counts as not built."""
     lessons = {}
     # Lesson order, then source order (files sort by name: number them in the order to work).
     for name, (lesson, points, _) in sorted(cases.items(), key=lambda kv: kv[1][0]):
-        state = results.get(name, ("not built", ""))[0]
+        result = results.get(name, ("not built", ""))
+        state = result[0]
+        message = result[2] if len(result) > 2 else None
         row = lessons.setdefault(lesson, {"lesson": lesson, "earned": 0, "total": 0, "passed": 0,
                                           "cases": 0, "tests": []})
         earned = points if state == "passed" else 0
@@ -119,7 +127,10 @@ def build_report(cases, results):
         row["total"] += points
         row["cases"] += 1
         row["passed"] += state == "passed"
-        row["tests"].append({"name": name, "points": points, "earned": earned, "status": state})
+        test = {"name": name, "points": points, "earned": earned, "status": state}
+        if message and state != "passed":
+            test["message"] = message
+        row["tests"].append(test)
     earned = sum(r["earned"] for r in lessons.values())
     total = sum(r["total"] for r in lessons.values())
     return {"lessons": list(lessons.values()), "earned": earned, "total": total}
@@ -149,6 +160,49 @@ def print_table(report, colour):
     print(f"{'total':<28} {t['earned']:>4}/{t['total']:<4}")
 
 
+def write_json(path, report):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+
+def write_csv(path, report):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["lesson", "test", "points", "earned", "status", "message"])
+        for r in report["lessons"]:
+            for t in r["tests"]:
+                w.writerow([r["lesson"], t["name"], t["points"], t["earned"], t["status"],
+                            (t.get("message") or "").splitlines()[0] if t.get("message") else ""])
+
+
+def print_first_failure(report, results, root=ROOT):
+    """Prints the first case that does not pass, what it said and where to read; True if any."""
+    for r in report["lessons"]:
+        for t in r["tests"]:
+            if t["status"] == "passed":
+                continue
+            failing = [u for u in r["tests"] if u["status"] != "passed"]
+            print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
+                  + ", ".join(u["name"].split(".")[-1] for u in failing))
+            print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")
+            res = results.get(t["name"])
+            out = (res.get("output") if isinstance(res, dict) else res[1]) if res else ""
+            if t.get("message") and not (out and t["message"] in out):
+                print(t["message"])
+            elif out:
+                print(failure_message(out))
+            elif t["status"] == "not built":
+                print("The test program did not build: see the compiler errors above.")
+            section = readme_section(r["lesson"], t["name"], root)
+            where = f"lessons/{r['lesson']}/README.md"
+            print(f"\nRead: {where}" + (f', section "{section}"' if section else ""))
+            return True
+    return False
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--junit", required=True)
@@ -172,38 +226,14 @@ def main():
     report = build_report(cases, results)
 
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        write_json(args.json, report)
     if args.csv:
-        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["lesson", "test", "points", "earned", "status"])
-            for r in report["lessons"]:
-                for t in r["tests"]:
-                    w.writerow([r["lesson"], t["name"], t["points"], t["earned"], t["status"]])
+        write_csv(args.csv, report)
     if not args.quiet:
         print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
 
-    if args.first_failure:
-        for r in report["lessons"]:
-            for t in r["tests"]:
-                if t["status"] != "passed":
-                    failing = [u for u in r["tests"] if u["status"] != "passed"]
-                    print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
-                          + ", ".join(u["name"].split(".")[-1] for u in failing))
-                    print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")
-                    out = results.get(t["name"], ("", ""))[1]
-                    if out:
-                        print(failure_message(out))
-                    elif t["status"] == "not built":
-                        print("The test program did not build: see the compiler errors above.")
-                    section = readme_section(r["lesson"], t["name"])
-                    where = f"lessons/{r['lesson']}/README.md"
-                    print(f"\nRead: {where}" + (f', section "{section}"' if section else ""))
-                    return 1
+    if args.first_failure and print_first_failure(report, results):
+        return 1
     if args.expect_none_pass:
         passing = [t["name"] for r in report["lessons"] for t in r["tests"] if t["status"] == "passed"]
         if passing:

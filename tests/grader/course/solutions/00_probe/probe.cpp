@@ -1,0 +1,5 @@
+#include "lessons/00_probe/probe.hpp"
+
+namespace probe {
+int add(int a, int b) { return a + b; }
+}  // namespace probe

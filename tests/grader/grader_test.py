@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The grader against students who would like a better mark (ctest label `grader`).
+
+    grader_test.py [WORKDIR]
+
+Grades each folder of students/ with tools/grader.py on the two-lesson course in course/
+(lesson 00 is worth 5 points, lesson 01 4), and checks the exact points and the message each
+lesson gets, that the course tree is unchanged afterwards and that no process is left over.
+A student folder holds only the lessons it changes; the others come from course/solutions/.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+COURSE = os.path.join(HERE, "course")
+GRADER = os.path.join(REPO, "tools", "grader.py")
+TIMEOUT = 4  # seconds per case: the hanging students cost this much
+
+GOOD = {"00": (5, None), "01": (4, None)}
+# (student, {lesson: (points, words the first failing case's message must contain)}, lessons to leave out)
+CASES = [
+    ("good", GOOD, ()),
+    ("starters", {"00": (0, "lesson 00: add is not implemented yet"),
+                  "01": (0, "lesson 01: square is not implemented yet")}, ()),
+    ("exit_zero", {"00": (0, "exited with status 0 in the middle of the test"),
+                   "01": (0, "exited with status 0 in the middle of the test")}, ()),
+    ("underscore_exit", {"00": (0, "exited with status 0 in the middle of the test"), "01": (4, None)}, ()),
+    ("quick_exit", {"00": (0, "exited with status 0 in the middle of the test"), "01": (4, None)}, ()),
+    ("good", GOOD, ()),  # a clean build first: the next one must not reuse its lesson 01 program
+    ("does_not_compile", {"00": (5, None), "01": (0, "01_other/other.cpp:5")}, ()),
+    ("writes_repository", GOOD, ()),
+    ("good", GOOD, ()),  # nothing planted: still 9 points in all
+    ("child_outlives", GOOD, ()),
+    ("segfault_constructor", {"00": (0, "before running any test"), "01": (4, None)}, ()),
+    ("output_flood", {"00": (0, "printed more than 8 MiB"), "01": (4, None)}, ()),
+    ("closes_stdout", GOOD, ()),
+    ("child_past_timeout", {"00": (0, f"timed out after {TIMEOUT} s"), "01": (4, None)}, ()),
+    ("deletes_build", GOOD, ()),
+    ("kills_parent", GOOD, ()),
+    ("infinite_loop", {"00": (0, f"timed out after {TIMEOUT} s"), "01": (4, None)}, ()),
+    ("aborts", {"00": (0, "SIGABRT"), "01": (4, None)}, ()),
+    ("memory_hog", {"00": (0, "bad_alloc"), "01": (4, None)}, ()),
+    ("own_main", {"00": (0, "multiple definition of `main'"), "01": (4, None)}, ()),
+    ("missing_lesson", {"00": (5, None), "01": (0, "no 01_other/*.cpp")}, ("01",)),
+]
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def leftovers():
+    """Processes the students started that are still alive (their marks: 9731, 9732, probe)."""
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [l for l in ps.splitlines() if "sleep 9732" in l or ("lesson00_tests" in l and "gtest_filter" in l)]
+
+
+def prepare(student_dir, name, leave_out):
+    shutil.rmtree(student_dir, ignore_errors=True)
+    if name == "starters":
+        shutil.copytree(os.path.join(COURSE, "exercises"), student_dir)
+        return
+    shutil.copytree(os.path.join(COURSE, "solutions"), student_dir)
+    for nn in leave_out:
+        for d in os.listdir(student_dir):
+            if d.startswith(nn + "_"):
+                shutil.rmtree(os.path.join(student_dir, d))
+    if name != "good":
+        shutil.copytree(os.path.join(HERE, "students", name), student_dir, dirs_exist_ok=True)
+
+
+def main():
+    work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="grader-test-")
+    os.makedirs(work, exist_ok=True)
+    build, student = os.path.join(work, "build"), os.path.join(work, "student")
+    report_path = os.path.join(build, "grade.json")
+    before = snapshot(COURSE)
+    failures, rows = [], []
+    only = [n for n in os.environ.get("GRADER_TEST_ONLY", "").split(",") if n]
+    for name, expected, leave_out in CASES:
+        if only and name not in only:
+            continue
+        prepare(student, name, leave_out)
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, GRADER, "--source", COURSE, "--build", build, "--student", student,
+                               "--json", report_path, "--timeout", str(TIMEOUT), "--sandbox", "require", "--quiet"],
+                              capture_output=True, text=True)
+        seconds = time.monotonic() - t0
+        if proc.returncode != 0:
+            failures.append(f"{name}: the grader exited {proc.returncode} (grading not complete):\n"
+                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            continue
+        with open(report_path) as f:
+            report = json.load(f)
+        got = {l["lesson"][:2]: l for l in report["lessons"]}
+        cells = []
+        for nn, (points, words) in expected.items():
+            lesson = got[nn]
+            message = next((t.get("message") or "" for t in lesson["tests"] if t["status"] != "passed"), "")
+            cells.append(f"{lesson['earned']}/{lesson['total']}")
+            if lesson["earned"] != points:
+                failures.append(f"{name}: lesson {nn} earned {lesson['earned']}, expected {points}; message: {message}")
+            if words and words not in message:
+                failures.append(f"{name}: lesson {nn}'s message should contain {words!r}; it is:\n{message}")
+        first = next((t.get("message", "").splitlines()[0] for l in report["lessons"] for t in l["tests"]
+                      if t.get("message")), "")
+        rows.append(f"| {name} | {' | '.join(cells)} | {report['earned']}/{report['total']} | {seconds:.1f} s | {first[:90]} |")
+        if report["sandbox"] != "bubblewrap":
+            failures.append(f"{name}: graded without the sandbox ({report.get('sandbox_note')})")
+        if name == "child_outlives":
+            time.sleep(4)  # the child would have written by now
+            with open(report_path) as f:
+                if json.load(f).get("earned") != 9:
+                    failures.append("child_outlives: a process left behind rewrote the grader's report")
+        if name == "deletes_build" and not os.path.exists(os.path.join(build, "bin", "lesson00_tests")):
+            failures.append("deletes_build: the build directory lost its test program")
+        left = leftovers()
+        if left:
+            failures.append(f"{name}: processes left behind:\n" + "\n".join(left))
+        if snapshot(COURSE) != before:
+            failures.append(f"{name}: the course tree changed while grading")
+            before = snapshot(COURSE)
+
+    # Grading that cannot be done says so with exit status 2, and still writes its report.
+    missing = os.path.join(work, "no-such-student")
+    proc = subprocess.run([sys.executable, GRADER, "--source", COURSE, "--build", build, "--student", missing,
+                           "--json", report_path, "--quiet"], capture_output=True, text=True)
+    with open(report_path) as f:
+        report = json.load(f)
+    if proc.returncode != 2 or report.get("complete") is not False or report["earned"] != 0:
+        failures.append(f"a missing student folder: exit {proc.returncode}, report {report.get('complete')}; "
+                        "expected exit 2 and a report marked incomplete")
+
+    print("| student | lesson 00 | lesson 01 | total | time | first message |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    if failures:
+        print("\n" + "\n\n".join(failures))
+        print(f"\n{len(failures)} grader checks failed")
+        return 1
+    print(f"\nall {len(CASES)} students graded as expected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,650 @@
+#!/usr/bin/env python3
+"""The grader: builds a student's lessons and runs every graded case in a sandbox.
+
+    tools/grader.py --student DIR [--extra-tests DIR] [--lessons NN ...]
+                    [--build DIR] [--source DIR] [--no-configure]
+                    [--json FILE] [--csv FILE] [--junit FILE]
+                    [--sandbox require|auto|off] [--timeout S] [--jobs N]
+                    [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure]
+
+What it promises, and how:
+
+* A case passes only when GoogleTest itself says so. Each case runs as its own process with a
+  fresh token and a pipe (common/testing/main.cpp); the case counts as passed only if that
+  process wrote "TOKEN PASS Suite.Name" after the test body returned and "TOKEN END" after the
+  last test, and then exited 0. exit(0) or a crash in the middle of a test writes neither.
+* No binary from an earlier run is reused: before building, the lesson's student objects,
+  library and test programs are deleted (or, with --no-configure, whenever the student's
+  files differ from what the last build saw), so a lesson that does not build scores zero,
+  with the compiler's first error in the report.
+* Student code runs sandboxed (bubblewrap): the course tree and the build are read-only, the
+  scratch directory is a small tmpfs, there is no network, no other process is visible, and
+  every process a case started dies with it (a PID namespace). prlimit caps CPU time, memory,
+  file size and (run as nobody when the grader is root) the number of processes; the grader caps
+  the output and the wall-clock time.
+* One lesson's fault stays in that lesson: each lesson is built, listed and run on its own.
+* The report (table, JSON, CSV, JUnit) is always written. The exit status is 0 when grading was
+  completed, whatever the points, and 2 when it could not be (then the report says why).
+
+Without a usable bubblewrap, --sandbox require (./course grade) refuses to run student code;
+--sandbox off grades anyway, with a warning in the output and the report.
+"""
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grade_report  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOBODY = 65534
+
+
+class GradingError(Exception):
+    """Grading itself could not be done (as opposed to a student's test failing)."""
+
+
+# ------------------------------------------------------------------ sandbox --
+
+class Sandbox:
+    """How a student's program is started: bubblewrap + prlimit, or plainly."""
+
+    def __init__(self, mode, source, build, timeout, memory_mb, max_output_mb):
+        self.source, self.build = source, build
+        self.timeout, self.memory_mb, self.max_output = timeout, memory_mb, max_output_mb * 2**20
+        self.kind, self.note, self.as_nobody = "none", "", False
+        if mode == "off":
+            self.note = "not sandboxed (--sandbox off): student code could change files and leave processes"
+            return
+        problem = self._probe()
+        if problem is None:
+            return
+        if mode == "require":
+            raise GradingError(
+                f"cannot sandbox student code: {problem}. Install bubblewrap (./course setup), "
+                "or grade code you trust with --sandbox off (the report will say it was not sandboxed)")
+        self.kind = "none"
+        self.note = f"not sandboxed ({problem})"
+
+    def _probe(self):
+        if not shutil.which("bwrap") or not shutil.which("prlimit"):
+            return "bwrap (Debian package bubblewrap) or prlimit (util-linux) is not installed"
+        self.kind = "bubblewrap"
+        readable = [os.path.join(self.source, "CMakeLists.txt"), self.build]
+        check = ["/bin/sh", "-c", " && ".join(f"test -r '{p}'" for p in readable)]
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            # As nobody, prlimit's process limit holds (it does not bind root).
+            self.as_nobody = True
+            if self._run_quiet(check) == 0:
+                return None
+            self.as_nobody = False
+            self.note = ("processes not limited in number: the course tree is not readable by "
+                         "nobody, so cases run as root inside the sandbox")
+        if self._run_quiet(check) == 0:
+            return None
+        self.kind = "none"
+        return "bubblewrap is installed but cannot start a sandbox here (user namespaces disabled?)"
+
+    def _run_quiet(self, argv):
+        try:
+            return subprocess.run(self.wrap(argv, "/"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=30).returncode
+        except (OSError, subprocess.TimeoutExpired):
+            return -1
+
+    def wrap(self, argv, cwd_inside="/scratch"):
+        if self.kind == "none":
+            return argv
+        cpu = int(self.timeout) + 10
+        out = ["prlimit", f"--cpu={cpu}", f"--as={self.memory_mb * 2**20}", "--fsize=67108864", "--core=0",
+               "--nproc=256", "--"]
+        if self.as_nobody:
+            out += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+        out += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                out += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                out += ["--ro-bind", top, top]
+        out += ["--proc", "/proc", "--dev", "/dev"]
+        for dev in sorted(os.listdir("/dev")):
+            if dev.startswith("nvidia"):  # the CUDA lessons' tests need the GPU's device files
+                out += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+        out += ["--size", str(64 * 2**20), "--tmpfs", "/tmp", "--size", str(64 * 2**20), "--tmpfs", "/scratch",
+                "--ro-bind", self.source, self.source]
+        if not (self.build + "/").startswith(self.source.rstrip("/") + "/"):
+            out += ["--ro-bind", self.build, self.build]
+        out += ["--chdir", cwd_inside, "--"]
+        return out + argv
+
+
+def signal_name(n):
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def run_program(sandbox, argv, timeout, with_record):
+    """Runs argv (sandboxed); returns dict(rc, signal, output, truncated, flooded, timed_out, records)."""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/scratch", "TMPDIR": "/scratch",
+           "OMP_NUM_THREADS": "1", "GTEST_COLOR": "no"}
+    if sandbox.kind == "none":
+        env["HOME"] = env["TMPDIR"] = "/tmp"
+    for k in ("CUDA_VISIBLE_DEVICES",):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    token = secrets.token_hex(16)
+    pass_fds = ()
+    rec_r = rec_w = None
+    if with_record:
+        rec_r, rec_w = os.pipe()
+        env["COURSE_GRADER_FD"] = str(rec_w)
+        env["COURSE_GRADER_TOKEN"] = token
+        pass_fds = (rec_w,)
+    cwd = "/" if sandbox.kind != "none" else "/tmp"
+    try:
+        proc = subprocess.Popen(sandbox.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=pass_fds,
+                                start_new_session=True)
+    finally:
+        if rec_w is not None:
+            os.close(rec_w)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    if rec_r is not None:
+        sel.register(rec_r, selectors.EVENT_READ, "rec")
+    head, tail, total, record = bytearray(), bytearray(), 0, bytearray()
+    keep_head, keep_tail = 48 * 1024, 16 * 1024
+    flooded = timed_out = False
+    deadline = time.monotonic() + timeout
+    exited_at = None
+
+    def kill():
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    while sel.get_map():
+        now = time.monotonic()
+        if proc.poll() is not None and exited_at is None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > 2:
+            kill()  # something it left behind still holds the pipes (only possible unsandboxed)
+            break
+        if now > deadline:
+            timed_out = True
+            kill()
+            break
+        for key, _ in sel.select(timeout=0.2):
+            fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            if key.data == "rec":
+                if len(record) < 1 << 20:
+                    record += chunk
+                continue
+            total += len(chunk)
+            if len(head) < keep_head:
+                take = keep_head - len(head)
+                head += chunk[:take]
+                chunk = chunk[take:]
+            tail = (tail + chunk)[-keep_tail:]
+            if total > sandbox.max_output:
+                flooded = True
+                kill()
+                sel.unregister(key.fileobj)
+                break
+        if flooded:
+            break
+    sel.close()
+    kill()  # the session: whatever is left of it (the sandbox's own PID namespace already is gone)
+    try:
+        rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        rc = None
+    proc.stdout.close()
+    if rec_r is not None:
+        os.close(rec_r)
+    text = head.decode("utf-8", "replace")
+    truncated = total > len(head) + len(tail)
+    if total > len(head):
+        if truncated:
+            text += f"\n[... {total - len(head) - len(tail)} bytes of output left out ...]\n"
+        text += tail.decode("utf-8", "replace")
+    sig = None
+    if rc is not None and rc < 0:
+        sig = -rc
+    elif rc is not None and sandbox.kind != "none" and rc > 128:
+        sig = rc - 128  # bubblewrap reports a child killed by signal N as 128 + N
+    records = []
+    for line in record.decode("utf-8", "replace").splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) >= 2 and parts[0] == token:
+            records.append(parts[1:])
+    return {"rc": rc, "signal": sig, "output": text, "flooded": flooded, "timed_out": timed_out,
+            "records": records, "bytes": total}
+
+
+def judge(name, run, timeout, max_output_mb):
+    """(status, message) for one case from what its process did."""
+    verdicts = {r[1]: r[0] for r in run["records"] if len(r) == 2}
+    ended = any(r == ["END"] for r in run["records"])
+    verdict = verdicts.get(name)
+    how = (f"was killed by {signal_name(run['signal'])}" if run["signal"]
+           else f"exited with status {run['rc']}")
+    if run["flooded"]:
+        return "failed", (f"the test printed more than {max_output_mb} MiB and was stopped "
+                          "(an output loop?); its first and last lines are kept")
+    if run["timed_out"]:
+        return "failed", (f"timed out after {timeout:g} s (an infinite loop, or waiting for something that "
+                          "never comes?); every process it started was stopped")
+    if verdict == "SKIP":
+        return "skipped", "skipped (GTEST_SKIP): earns nothing"
+    if verdict == "FAIL":
+        return "failed", None  # GoogleTest's own message, in the output
+    if verdict == "PASS":
+        if ended and run["rc"] == 0:
+            return "passed", None
+        if not ended:
+            return "failed", (f"the test passed, then the program {how} before GoogleTest finished "
+                              "(exit() or a crash in a test's teardown?)")
+        return "failed", (f"the test passed, then the program {how} while exiting "
+                          "(a global destructor or an atexit handler?)")
+    if run["rc"] == 0:
+        return "failed", ("the program exited with status 0 in the middle of the test, before GoogleTest "
+                          "could judge it: exit(), _exit() or quick_exit() in the code under test?")
+    return "failed", (f"the program {how} in the middle of the test, before GoogleTest could judge it"
+                      + (" (a crash: read the output for where)" if run["signal"] else ""))
+
+
+# ------------------------------------------------------------------- build --
+
+def run_cmd(argv, log, show):
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(argv) + "\n")
+        f.flush()
+        if show:
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for line in p.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                f.write(line)
+            return p.wait()
+        return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+FIRST_ERROR = re.compile(r"(: (fatal )?error:|undefined reference|multiple definition|cannot find -l|"
+                         r"ninja: error|CMake Error)")
+
+
+def first_error(log_text, student):
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
+        if FIRST_ERROR.search(line) and "collect2" not in line:
+            out = [line] + [l for l in lines[i + 1:i + 4] if l.startswith(" ")]
+            text = "\n".join(out)
+            if student:
+                text = text.replace(student.rstrip("/") + "/", "")
+            return text
+    return "the build failed (no compiler message found: see the build log)"
+
+
+def sources_digest(paths):
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.encode())
+        try:
+            with open(p, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(b"<missing>")
+    return h.hexdigest()
+
+
+def student_files(student, lesson):
+    d = os.path.join(student, lesson)
+    if not os.path.isdir(d):
+        return []
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".cpp", ".hpp", ".h", ".cu")))
+
+
+def remove_outputs(build, nn, binaries):
+    """Deletes what the student's code of lesson NN went into, so nothing stale is run."""
+    for target in (f"lesson{nn}_exercise", f"lesson{nn}_extra_tests", f"lesson{nn}_tests", f"lesson{nn}_cuda_tests"):
+        shutil.rmtree(os.path.join(build, "CMakeFiles", f"{target}.dir"), ignore_errors=True)
+    for lib in (f"liblesson{nn}_exercise.a",):
+        try:
+            os.remove(os.path.join(build, lib))
+        except FileNotFoundError:
+            pass
+    for b in binaries:
+        if b:
+            try:
+                os.remove(b)
+            except FileNotFoundError:
+                pass
+
+
+# --------------------------------------------------------------- suspicion --
+
+# A call of a free function (or std::, or ::), not a member such as cache.fork() or Cache::open.
+CALL = r"(?<![\w.>:])(?:std::|::)?"
+SUSPICIOUS = [
+    (CALL + r"(_?exit|_Exit|quick_exit|abort)\s*\(", "ends the process"),
+    (CALL + r"(fork|vfork|execv|execl|execvp|execlp|execve|system|popen|posix_spawn\w*)\s*\(", "starts processes"),
+    (CALL + r"(kill|raise|signal|sigaction)\s*\(", "sends or handles signals"),
+    (r"\b(setjmp|longjmp|sigsetjmp|siglongjmp)\b", "jumps across functions"),
+    (r"\b(getenv|environ|COURSE_GRADER)\w*", "reads the environment"),
+    (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS)", "touches the test framework"),
+    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority)", "runs code before main"),
+    (CALL + r"(fopen|remove|unlink|rename|mkdir|rmdir|chmod|open)\s*\(", "touches files"),
+    (r"\b(ofstream|fstream|std::filesystem)\b", "touches files"),
+    (r"\b(close|dup2?|write)\s*\(\s*[0-9]", "writes to or closes file descriptors"),
+]
+
+
+def suspicious_lines(paths, student):
+    found = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines, 1):
+            code = line.split("//", 1)[0]
+            for pattern, what in SUSPICIOUS:
+                if re.search(pattern, code):
+                    found.append(f"{os.path.relpath(p, student)}:{i}: {what}: {line.strip()[:120]}")
+                    break
+    return found
+
+
+# ------------------------------------------------------------------- junit --
+
+def write_junit(path, cases, results):
+    root = ET.Element("testsuites")
+    by_lesson = {}
+    for name, (lesson, points, _) in cases.items():
+        by_lesson.setdefault(lesson, []).append(name)
+    for lesson in sorted(by_lesson):
+        names = by_lesson[lesson]
+        suite = ET.SubElement(root, "testsuite", name=lesson, tests=str(len(names)))
+        fails = 0
+        for name in names:
+            r = results.get(name, {"status": "not run", "message": "not run", "output": "", "time": 0})
+            tc = ET.SubElement(suite, "testcase", name=name, classname=lesson, time=f"{r.get('time', 0):.3f}")
+            if r["status"] == "passed":
+                tc.set("status", "run")
+            elif r["status"] == "skipped":
+                tc.set("status", "run")
+                ET.SubElement(tc, "skipped", message=r.get("message") or "skipped")
+            else:
+                fails += 1
+                tc.set("status", "fail" if r["status"] == "failed" else "notrun")
+                ET.SubElement(tc, "failure", message=r.get("message") or r["status"])
+            if r.get("output"):
+                ET.SubElement(tc, "system-out").text = r["output"]
+        suite.set("failures", str(fails))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+# ------------------------------------------------------------- the course --
+
+def tree_snapshot(source, build):
+    """(path -> digest) of the course tree, the build directories left out."""
+    snap = {}
+    skip = {os.path.abspath(build)}
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames[:] = [d for d in dirnames
+                       if os.path.abspath(os.path.join(dirpath, d)) not in skip
+                       and not (dirpath == source and d in ("build", ".git"))
+                       and d != "__pycache__"]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            try:
+                st = os.lstat(p)
+                with open(p, "rb") as fh:
+                    snap[os.path.relpath(p, source)] = (st.st_mode, hashlib.sha1(fh.read()).hexdigest())
+            except OSError:
+                snap[os.path.relpath(p, source)] = None
+    return snap
+
+
+def configure(args, log):
+    argv = ["cmake", "-S", args.source, "-B", args.build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "-DCOURSE_TRACK=exercises", f"-DCOURSE_EXERCISES_DIR={args.student}",
+            f"-DCOURSE_EXTRA_TESTS={args.extra_tests or ''}"]
+    if run_cmd(argv, log, False) != 0:
+        with open(log) as f:
+            raise GradingError("cmake could not configure the grading build: "
+                               + first_error(f.read(), None) + f" (log: {log})")
+
+
+def load_manifest(build):
+    path = os.path.join(build, "course_tests.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise GradingError(f"{path} is missing or unreadable ({e}): was the build configured?")
+
+
+def list_cases(sandbox, binary, timeout):
+    run = run_program(sandbox, [binary, "--gtest_list_tests"], timeout, with_record=False)
+    if run["rc"] != 0 or run["timed_out"] or run["flooded"]:
+        if run["timed_out"]:
+            how = f"did not finish within {timeout:g} s"
+        elif run["signal"]:
+            how = f"was killed by {signal_name(run['signal'])}"
+        else:
+            how = f"exited with status {run['rc']}"
+        return None, (f"the test program {how} before running any test (listing its cases): look for a "
+                      "global constructor or a static variable's initializer in this lesson's code\n"
+                      + run["output"][-2000:])
+    names, suite = [], None
+    for line in run["output"].splitlines():
+        if not line.strip() or line.startswith(("Running main", "[")):
+            continue
+        if not line.startswith(" "):
+            suite = line.split("#")[0].strip()
+        elif suite:
+            names.append(suite + line.split("#")[0].strip())
+    return names, None
+
+
+def grade(args):
+    started = time.monotonic()
+    os.makedirs(args.build, exist_ok=True)
+    log = os.path.join(args.build, "grader-build.log")
+    open(log, "w").close()
+    problems = []
+    cases = grade_report.graded_cases(args.extra_tests, root=args.source)
+    lessons = grade_report.lesson_dirs(args.source)
+    if args.lessons:
+        wanted = [f"{int(n):02d}_" for n in args.lessons]
+        lessons = [l for l in lessons if any(l.startswith(w) for w in wanted)]
+        if not lessons:
+            raise GradingError(f"no lesson matches {' '.join(args.lessons)}")
+    cases = {k: v for k, v in cases.items() if v[0] in lessons}
+    results = {}
+    before = tree_snapshot(args.source, args.build)
+
+    sandbox = Sandbox(args.sandbox, args.source, args.build, args.timeout, args.memory_mb, args.max_output_mb)
+    if not args.no_configure:
+        configure(args, log)
+    manifest = load_manifest(args.build)
+    if os.path.realpath(manifest.get("exercises", "")) != os.path.realpath(args.student):
+        raise GradingError(f"the build in {args.build} was configured for {manifest.get('exercises')}, "
+                           f"not {args.student}")
+
+    runs = []  # (name, binary)
+    notes = {}
+    for lesson in lessons:
+        nn = lesson[:2]
+        entries = [e for e in manifest["tests"] if e["lesson"] == lesson]
+        lesson_cases = {k: v for k, v in cases.items() if v[0] == lesson}
+        mine = student_files(args.student, lesson)
+        sus = suspicious_lines(mine, args.student)
+        if sus:
+            notes[lesson] = sus
+        missing = [e["problem"] for e in entries if e["problem"]]
+        if missing:
+            for name in lesson_cases:
+                results[name] = {"status": "not built", "message": missing[0]}
+            continue
+        record = os.path.join(args.build, ".course", f"lesson{nn}.sources")
+        digest = sources_digest(mine)
+        old = open(record).read().strip() if os.path.exists(record) else None
+        if not args.no_configure or digest != old:
+            remove_outputs(args.build, nn, [e["binary"] for e in entries])
+        for e in entries:
+            srcs = set(e["sources"])
+            owned = {k: v for k, v in lesson_cases.items() if v[2] in srcs}
+            start = os.path.getsize(log)
+            rc = run_cmd(["cmake", "--build", args.build, "--target", e["target"]], log, args.show_build)
+            if rc != 0 or not os.path.exists(e["binary"]):
+                with open(log) as f:
+                    f.seek(start)
+                    err = first_error(f.read(), args.student)
+                for name in owned:
+                    results[name] = {"status": "not built", "message": f"lesson {nn} did not build:\n{err}"}
+                continue
+            names, trouble = list_cases(sandbox, e["binary"], min(args.timeout, 60))
+            if trouble:
+                for name in owned:
+                    results[name] = {"status": "failed", "message": trouble}
+                continue
+            for name in owned:
+                if name in names:
+                    runs.append((name, e["binary"]))
+                else:
+                    results[name] = {"status": "not run", "message": f"{os.path.basename(e['binary'])} has no case {name}"}
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        with open(record, "w") as f:
+            f.write(digest + "\n")
+
+    def one(item):
+        name, binary = item
+        t0 = time.monotonic()
+        run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
+        status, message = judge(name, run, args.timeout, args.max_output_mb)
+        if status == "failed" and message is None:
+            message = grade_report.failure_message(run["output"])
+        return name, {"status": status, "message": message, "output": run["output"],
+                      "time": time.monotonic() - t0}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for name, r in pool.map(one, runs):
+            results[name] = r
+            if args.progress:
+                mark = {"passed": "ok  ", "skipped": "skip"}.get(r["status"], "FAIL")
+                print(f"  {mark} {name} ({r['time']:.1f} s)", flush=True)
+
+    after = tree_snapshot(args.source, args.build)
+    if after != before:
+        changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
+        problems.append("the course tree changed while grading (the sandbox should make that impossible): "
+                        + ", ".join(changed[:10]))
+    return cases, results, problems, notes, sandbox, time.monotonic() - started
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--student", required=True, help="a copy of exercises/")
+    ap.add_argument("--extra-tests")
+    ap.add_argument("--lessons", nargs="*")
+    ap.add_argument("--source", default=ROOT)
+    ap.add_argument("--build")
+    ap.add_argument("--no-configure", action="store_true",
+                    help="use the build as configured (./course check); rebuild a lesson only where its files changed")
+    ap.add_argument("--json")
+    ap.add_argument("--csv")
+    ap.add_argument("--junit")
+    ap.add_argument("--sandbox", choices=("require", "auto", "off"), default="require")
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--memory-mb", type=int, default=4096)
+    ap.add_argument("--max-output-mb", type=int, default=8)
+    ap.add_argument("--show-build", action="store_true")
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--first-failure", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    args.source = os.path.abspath(args.source)
+    args.student = os.path.abspath(args.student)
+    args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
+    if args.extra_tests:
+        args.extra_tests = os.path.abspath(args.extra_tests)
+    out_json = args.json or os.path.join(args.build, "grade.json")
+    out_csv = args.csv or os.path.join(args.build, "grade.csv")
+    out_junit = args.junit or os.path.join(args.build, "junit.xml")
+
+    complete = True
+    problems, notes, sandbox_kind, sandbox_note, seconds = [], {}, "none", "", 0.0
+    try:
+        if not os.path.isdir(args.student):
+            raise GradingError(f"--student {args.student} is not a directory (expected a copy of exercises/)")
+        cases, results, problems, notes, sandbox, seconds = grade(args)
+        sandbox_kind, sandbox_note = sandbox.kind, sandbox.note
+    except GradingError as e:
+        complete = False
+        problems = [str(e)]
+        cases = grade_report.graded_cases(args.extra_tests, root=args.source)
+        if args.lessons:
+            cases = {k: v for k, v in cases.items() if v[0][:2] in [f"{int(n):02d}" for n in args.lessons]}
+        results = {n: {"status": "not run", "message": "grading could not be completed: " + str(e)} for n in cases}
+    if problems:
+        complete = False
+
+    report = grade_report.build_report(cases, {k: (v["status"], v.get("output", ""), v.get("message"))
+                                               for k, v in results.items()})
+    report.update({"complete": complete, "problems": problems, "sandbox": sandbox_kind,
+                   "sandbox_note": sandbox_note, "suspicious": notes, "seconds": round(seconds, 1),
+                   "student": args.student})
+    grade_report.write_json(out_json, report)
+    grade_report.write_csv(out_csv, report)
+    write_junit(out_junit, cases, results)
+
+    if not args.quiet:
+        grade_report.print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+        shown = set()
+        for r in report["lessons"]:
+            for t in r["tests"]:
+                if t["status"] == "not built" and r["lesson"] not in shown:
+                    shown.add(r["lesson"])
+                    print(f"\n{r['lesson']}: {t['message']}")
+        if notes and not args.first_failure:
+            print("\nLines an instructor may want to read (they are not penalized):")
+            for lesson, lines in notes.items():
+                for line in lines[:10]:
+                    print(f"  {line}")
+        if sandbox_note:
+            print(f"\nWARNING: {sandbox_note}", file=sys.stderr)
+        for p in problems:
+            print(f"\nGRADING NOT COMPLETE: {p}", file=sys.stderr)
+    if args.first_failure and complete:
+        if grade_report.print_first_failure(report, results, args.source):
+            return 1
+    return 0 if complete else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
