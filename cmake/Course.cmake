@@ -29,12 +29,13 @@ function(course_lesson nn topic)
   if(EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given.cpp")
     set(given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given.cpp")
   endif()
-  file(GLOB sol_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/solutions/${dir}/*.cpp")
+  course_sources(sol_src "${CMAKE_SOURCE_DIR}/solutions/${dir}")
   add_library(lesson${nn}_solution STATIC ${sol_src} ${given})
   target_link_libraries(lesson${nn}_solution PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
+  course_link_cuda(lesson${nn}_solution "${sol_src}")
 
   if(COURSE_TRACK STREQUAL "exercises")
-    file(GLOB ex_src CONFIGURE_DEPENDS "${COURSE_EXERCISES_DIR}/${dir}/*.cpp")
+    course_sources(ex_src "${COURSE_EXERCISES_DIR}/${dir}")
     if(NOT ex_src)
       # One missing lesson must not stop the others from being built and graded: this lesson
       # gets no targets, and the grader reports it as not built.
@@ -45,6 +46,7 @@ function(course_lesson nn topic)
     endif()
     add_library(lesson${nn}_exercise STATIC ${ex_src} ${given})
     target_link_libraries(lesson${nn}_exercise PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
+    course_link_cuda(lesson${nn}_exercise "${ex_src}")
     set(track_lib lesson${nn}_exercise)
   else()
     set(track_lib lesson${nn}_solution)
@@ -52,14 +54,19 @@ function(course_lesson nn topic)
   add_library(lesson${nn} INTERFACE)
   target_link_libraries(lesson${nn} INTERFACE ${track_lib})
 
+  # *_test.cpp: graded everywhere. *_cuda_test.cpp (plain C++ calling the kernels' host
+  # functions) and *_test.cu: built where CUDA is, labelled cuda, skipped without a device.
   file(GLOB test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cpp")
+  list(FILTER test_src EXCLUDE REGEX "_cuda_test\\.cpp$")
   if(test_src)
     course_add_tests(lesson${nn}_tests "lesson${nn};graded" lesson${nn} ${test_src})
     course_manifest_add("${dir}" lesson${nn}_tests "${test_src}" "")
   endif()
-  file(GLOB cuda_test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cu")
+  file(GLOB cuda_test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cu"
+                                            "${CMAKE_SOURCE_DIR}/tests/${dir}/*_cuda_test.cpp")
   if(cuda_test_src AND COURSE_HAVE_CUDA)
     course_add_tests(lesson${nn}_cuda_tests "lesson${nn};graded;cuda" lesson${nn} ${cuda_test_src})
+    target_link_libraries(lesson${nn}_cuda_tests PRIVATE CUDA::cudart)
     course_manifest_add("${dir}" lesson${nn}_cuda_tests "${cuda_test_src}" "")
   endif()
 
@@ -69,6 +76,29 @@ function(course_lesson nn topic)
       target_link_libraries(lesson${nn}_${prog} PRIVATE lesson${nn} course_flags)
     endif()
   endforeach()
+  # lessons/NN_topic/cuda_bench.cpp: the lesson's GPU measurements (./course gpu-check runs them).
+  if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
+    add_executable(lesson${nn}_cuda_bench "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
+    target_link_libraries(lesson${nn}_cuda_bench PRIVATE lesson${nn} course_flags CUDA::cudart CUDA::cublas)
+  endif()
+endfunction()
+
+# course_sources(out dir): a lesson's sources in dir, its .cu files too where CUDA is built.
+function(course_sources out dir)
+  set(patterns "${dir}/*.cpp")
+  if(COURSE_HAVE_CUDA)
+    list(APPEND patterns "${dir}/*.cu")
+  endif()
+  file(GLOB found CONFIGURE_DEPENDS ${patterns})
+  set(${out} "${found}" PARENT_SCOPE)
+endfunction()
+
+# course_link_cuda(target sources): a library with .cu sources needs the CUDA runtime.
+function(course_link_cuda target sources)
+  list(FILTER sources INCLUDE REGEX "\\.cu$")
+  if(sources)
+    target_link_libraries(${target} PUBLIC CUDA::cudart)
+  endif()
 endfunction()
 
 # course_add_tests(target labels lib sources...): one test binary, each GoogleTest

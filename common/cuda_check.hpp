@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+
 #include "common/errors.hpp"
 
 namespace infer {
@@ -15,6 +17,19 @@ inline void cuda_check(cudaError_t status, const char* call, const char* file, i
     throw Error(cat("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") in ",
                     call, " at ", file, ":", line));
   }
+}
+
+/// Throws infer::Error naming `kernel` if the last launch failed (a bad configuration, too much
+/// shared memory, a fault in an earlier kernel). Call it right after every launch.
+inline void cuda_check_launch(const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    throw Error(cat("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") launching ", kernel));
+}
+
+/// Throws infer::Error naming `kernel` if any of the pointers is null.
+inline void require_device_pointers(const char* kernel, std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) require(p != nullptr, kernel, ": a device pointer is null");
 }
 
 /// True when a CUDA device can be used. With no GPU or no driver, cudaGetDeviceCount

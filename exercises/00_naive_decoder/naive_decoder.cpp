@@ -3,6 +3,7 @@
 // Fill in each function below, replacing the `throw NotImplemented(...)` line. The contract,
 // with every shape, is in lessons/00_naive_decoder/naive_decoder.hpp; the lesson text is
 // lessons/00_naive_decoder/README.md. Check your work with `./course check 00`.
+// Stuck on a function? `./course hint 00 NAME` gives a hint, one tier at a time.
 //
 // A suggested order: rms_norm, swiglu_mlp, apply_rope, causal_attention, forward, then the
 // sampler (argmax, sampling_distribution, sample_from) and generate.
@@ -17,65 +18,66 @@ namespace infer {
 // ------------------------------------------------------------------ the ops --
 
 Matrix rms_norm(ConstMatrixRef x, const Vector& weight, float eps) {
-  // For every row t: divide x.row(t) by sqrt(mean of its squares + eps), then multiply
-  // element-wise by weight. Eigen: x.row(t).squaredNorm(), .cwiseProduct(weight.transpose()).
+  // RMSNorm of each row on its own, as the contract's formula says: eps belongs under the
+  // square root, so a row of zeros comes out as zeros, never NaN. Returns a new matrix; x is
+  // left untouched.
   (void)x, (void)weight, (void)eps;
   throw NotImplemented("00", "rms_norm");
 }
 
 void apply_rope(MatrixRef x, int head_dim, int start_pos, float theta) {
-  // For every row t (position start_pos + t), every pair i in [0, head_dim/2) and every head:
-  // rotate (x[h*head_dim + i], x[h*head_dim + i + half]) by angle pos * theta^(-2i/head_dim).
-  // Compute the angle in double: positions reach the hundreds of radians.
+  // Rotates every head of every row in place, row t being position start_pos + t, with the
+  // "rotate half" pairing of the contract (element i with i + head_dim/2, never with i + 1).
+  // Must stay accurate at positions in the hundreds, where an angle is hundreds of radians.
   (void)x, (void)head_dim, (void)start_pos, (void)theta;
   throw NotImplemented("00", "apply_rope");
 }
 
 Matrix causal_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, int num_heads, int num_kv_heads,
                         int head_dim) {
-  // For every query head h (reading K/V head h / (num_heads / num_kv_heads)) and every query
-  // row i (position S - T + i): scores over keys 0..S-T+i, scaled by 1/sqrt(head_dim);
-  // a softmax that subtracts the maximum first; the weighted sum of the value rows.
-  // Head h's slice of a row is row.segment(h * head_dim, head_dim).
+  // softmax(q k^T / sqrt(head_dim)) v for every query head, as the contract describes: query
+  // head h shares its K/V head with its group, and query row i (position S - T + i) never sees
+  // a key after its own position. Must stay finite when scores are huge (near a thousand).
   (void)q, (void)k, (void)v, (void)num_heads, (void)num_kv_heads, (void)head_dim;
   throw NotImplemented("00", "causal_attention");
 }
 
 Matrix swiglu_mlp(ConstMatrixRef x, const LayerWeights& w) {
-  // gate = x W_gate^T, up = x W_up^T; silu(gate) * up element-wise; then times W_down^T.
+  // The SwiGLU MLP of the contract, on every row: [T, hidden] in, [T, hidden] out.
   (void)x, (void)w;
   throw NotImplemented("00", "swiglu_mlp");
 }
 
 Matrix forward(const ModelWeights& model, std::span<const int> tokens) {
   check_tokens(model.config, tokens, "forward");
-  // 1. x = the embedding rows of the tokens ([T, hidden]).
-  // 2. For each layer: h = rms_norm(x); q, k, v projections; RoPE on q and k (positions from 0);
-  //    x += causal_attention(...) * o_proj^T;  x += swiglu_mlp(rms_norm(x, post-attention weight)).
-  // 3. Return rms_norm(x, model.norm) * lm_head^T.
+  // Logits [T, vocab] for the whole sequence, computed from scratch with the ops above and the
+  // data path drawn at the top of the contract header; positions start at 0. Must match the
+  // PyTorch model's logits within about 1e-3, so every norm, residual and projection counts.
   throw NotImplemented("00", "forward");
 }
 
 // ----------------------------------------------------------------- sampling --
 
 int argmax(const Vector& logits) {
-  // The first index of the largest value.
+  // The index of the largest logit; of equal maxima, the first (smallest index) wins.
   (void)logits;
   throw NotImplemented("00", "argmax");
 }
 
 Vector sampling_distribution(const Vector& logits, const SamplingParams& params) {
   params.validate();
-  // temperature 0 -> one-hot at argmax. Otherwise a stable softmax of logits / temperature,
-  // then keep the top_k most likely (if top_k > 0), then the shortest most-likely prefix whose
-  // mass reaches top_p (if top_p < 1); zero the rest and renormalize. std::stable_sort over
-  // indices gives the "ties by index" order the contract asks for.
+  // A probability per token (non-negative, summing to 1) after temperature, then top-k, then
+  // top-p, in that order. Temperature 0 is one-hot at argmax. Ties between equal
+  // probabilities go to the smaller index, so top_k keeps exactly min(k, vocab) tokens; top_p
+  // measures the mass of what top-k left. Must not overflow on large logits.
   (void)logits;
   throw NotImplemented("00", "sampling_distribution");
 }
 
 int sample_from(const Vector& probs, double u) {
-  // Walk the cumulative sum; return the first index where it exceeds u.
+  // The first index whose cumulative probability is strictly greater than u: a u exactly on a
+  // boundary belongs to the next token. A zero-probability token is never returned, even when
+  // rounding leaves the total a hair below u.
   (void)probs, (void)u;
   throw NotImplemented("00", "sample_from");
 }
@@ -84,8 +86,11 @@ int sample_from(const Vector& probs, double u) {
 
 std::vector<int> generate(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                           Sampler& sampler, const TokenCallback& on_token) {
-  // Validate (see the contract), then loop: logits = forward(whole sequence); next =
-  // sampler.next(last row of logits, as a Vector); append; call on_token; stop after EOS.
+  // The generated ids only (not the prompt), at most max_new_tokens of them, stopping right
+  // after EOS (which is kept). Each new token goes to on_token, if set, as soon as it is chosen.
+  // Throws infer::Error before generating anything for an empty prompt or one with an id outside
+  // the "vocabulary", a negative max_new_tokens, or a prompt.size() + max_new_tokens that does not
+  // fit in the "context" (never silently cut).
   (void)model, (void)prompt, (void)max_new_tokens, (void)sampler, (void)on_token;
   throw NotImplemented("00", "generate");
 }

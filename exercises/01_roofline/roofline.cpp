@@ -3,6 +3,7 @@
 // Fill in each function, replacing its `throw NotImplemented(...)`. The contract, with every
 // formula, is lessons/01_roofline/roofline.hpp; the lesson text is lessons/01_roofline/README.md.
 // Check your work with `./course check 01`.
+// Stuck on a function? `./course hint 01 NAME` gives a hint, one tier at a time.
 #include "lessons/01_roofline/roofline.hpp"
 
 #include <algorithm>
@@ -13,15 +14,15 @@ namespace infer {
 // ------------------------------------------------------------ model shapes --
 
 double dense_parameter_count(const ModelShape& s) {
-  // Embedding table + lm_head (unless tied) + per layer (q, k, v, o projections, the three MLP
-  // matrices, two norm vectors) + the final norm. K and V have num_kv_heads * head_dim rows.
+  // Every parameter of a dense Llama of this shape, counted from the shape alone (the contract
+  // lists the parts). A tied lm_head is the embedding table itself: it adds nothing.
   (void)s;
   throw NotImplemented("01", "dense_parameter_count");
 }
 
 double matmul_parameter_count(const ModelShape& s) {
-  // Every matrix a token is multiplied by: the layers' matrices and the lm_head, not the
-  // embedding table (a lookup) nor the norms (element-wise).
+  // Only what a token is multiplied by: no embedding table (a lookup), no norms (element-wise),
+  // but always the lm_head, tied or not.
   (void)s;
   throw NotImplemented("01", "matmul_parameter_count");
 }
@@ -29,15 +30,15 @@ double matmul_parameter_count(const ModelShape& s) {
 // ---------------------------------------------------------- work and bytes --
 
 StepCost prefill_cost(const ModelShape& s, int T, DType weights, DType kv) {
-  // FLOPs: 2 per matmul parameter per token, plus attention: 4 * head_dim FLOPs per (query, key)
-  // pair, per head, per layer; query p of T sees p keys. Bytes: weights once + T tokens' K/V written.
+  // The FLOPs and bytes of one T-token prefill, by the contract's formulas: causal, so a query
+  // pays only for the keys it sees. Weights are counted from shape.parameters, the published size.
   (void)s, (void)T, (void)weights, (void)kv;
   throw NotImplemented("01", "prefill_cost");
 }
 
 StepCost decode_cost(const ModelShape& s, int context, int batch, DType weights, DType kv) {
-  // Per sequence: one token's matmuls and attention over `context` keys. Bytes: the weights
-  // once for the whole batch; per sequence, context - 1 cached tokens read and one written.
+  // The FLOPs and bytes of one decode step for the whole batch, by the contract's formulas. The
+  // weights are read once per step however large the batch: that is batching's whole point.
   (void)s, (void)context, (void)batch, (void)weights, (void)kv;
   throw NotImplemented("01", "decode_cost");
 }
@@ -55,15 +56,30 @@ double attainable_flops(const Hardware& hw, double intensity) {
 }
 
 Bound classify(const Hardware& hw, double intensity) {
-  // Below ridge / 2: Memory. Above ridge * 2: Compute. In between: Transition.
+  // Memory strictly below ridge / 2, Compute strictly above ridge * 2, Transition in between:
+  // both edges themselves belong to the Transition band.
   (void)hw, (void)intensity;
   throw NotImplemented("01", "classify");
+}
+
+// -------------------------------------------------------------------- time --
+
+StepTime step_time(const StepCost& cost, const Hardware& hw, int gpus) {
+  // Each roof's time on its own (StepTime says which is which), with `gpus` devices sharing
+  // both the bytes and the FLOPs evenly. Throws infer::Error mentioning "gpus" for gpus < 1.
+  (void)cost, (void)hw, (void)gpus;
+  throw NotImplemented("01", "step_time");
+}
+
+double max_tokens_per_second(const StepCost& decode, int batch, const Hardware& hw, int gpus) {
+  (void)decode, (void)batch, (void)hw, (void)gpus;
+  throw NotImplemented("01", "max_tokens_per_second");
 }
 
 // ---------------------------------------------------------- KV-cache memory --
 
 double kv_bytes_per_token(const ModelShape& s, DType kv) {
-  // 2 (K and V) * layers * K/V heads * head_dim * bytes_per_element(kv).
+  // The contract's formula: K and V, in every layer, for the K/V heads only (not the query heads).
   (void)s, (void)kv;
   throw NotImplemented("01", "kv_bytes_per_token");
 }
@@ -79,9 +95,8 @@ double gqa_kv_reduction(const ModelShape& s) {
 }
 
 Capacity capacity(const ModelShape& s, const MemoryBudget& b, DType weights, DType kv) {
-  // Total = gpu_bytes * num_gpus. Weights = parameters * weight bytes. Overhead = total *
-  // overhead_fraction. KV budget = what is left (0 and fits = false if nothing is).
-  // max_tokens = whole tokens of KV in the budget.
+  // Fills every field of Capacity as its comments in the contract say. Never a negative budget:
+  // when weights and overhead take everything, fits is false and the budget and max_tokens are 0.
   (void)s, (void)b, (void)weights, (void)kv;
   throw NotImplemented("01", "capacity");
 }

@@ -3,6 +3,7 @@
 // Replace each `throw NotImplemented(...)`. The contract is lessons/02_kv_cache/kv_cache.hpp; the
 // lesson text is lessons/02_kv_cache/README.md. Check your work with `./course check 02`.
 // The constructors and the trivial accessors are written for you in lessons/02_kv_cache/given.cpp.
+// Stuck on a function? `./course hint 02 NAME` gives a hint, one tier at a time.
 #include "lessons/02_kv_cache/kv_cache.hpp"
 
 #include <algorithm>
@@ -13,15 +14,17 @@ namespace infer {
 // ------------------------------------------------------------- float cache --
 
 void KVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  // Check everything first (layer, widths, equal row counts, room left): a refused append must
-  // leave the cache untouched. Then copy the rows to positions length_[layer] onward
-  // (Eigen: k_[layer].middleRows(start, n) = k) and advance length_[layer].
+  // Stores the new rows at positions length(layer) onward, in this layer only. All or nothing:
+  // a bad layer, a width other than kv_dim (the message names "kv_dim"), unequal K and V row
+  // counts, or rows that would pass max_tokens (the message names "max_tokens") throw
+  // infer::Error and leave the cache exactly as it was.
   (void)layer, (void)k, (void)v;
   throw NotImplemented("02", "KVCache::append");
 }
 
 ConstMatrixRef KVCache::keys(int layer) const {
-  // The stored rows only: k_[layer].topRows(length_[layer]). No copy.
+  // The stored rows of this layer only, [length(layer), kv_dim]: a view of the cache's own
+  // memory, never a copy.
   (void)layer;
   throw NotImplemented("02", "KVCache::keys");
 }
@@ -34,7 +37,8 @@ ConstMatrixRef KVCache::values(int layer) const {
 void KVCache::reset() { throw NotImplemented("02", "KVCache::reset"); }
 
 size_t KVCache::bytes_used() const {
-  // K and V, float32, kv_dim_ values per position, in every layer.
+  // The bytes of the positions stored: K and V, float32, kv_dim values per position, in every
+  // layer. (bytes_reserved is the same for max_tokens positions.)
   throw NotImplemented("02", "KVCache::bytes_used");
 }
 
@@ -43,15 +47,16 @@ size_t KVCache::bytes_reserved() const { throw NotImplemented("02", "KVCache::by
 // -------------------------------------------------------------- INT8 cache --
 
 void Int8KVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  // The same checks as KVCache::append. Then, for every new row and every K/V head:
-  // scale = max|x| / 127 (use 1 for an all-zero head), q = round(x / scale) (std::lround),
-  // stored at q[pos * kv_dim + head * head_dim + i] and scale[pos * kv_heads + head].
+  // KVCache::append's contract (same checks, same all-or-nothing), but each new row is stored
+  // quantized as the class comment in the contract says: one scale per (position, K/V head),
+  // so a read is off by at most half a step, and an all-zero head reads back as zeros, not NaN.
   (void)layer, (void)k, (void)v;
   throw NotImplemented("02", "Int8KVCache::append");
 }
 
 ConstMatrixRef Int8KVCache::keys(int layer) const {
-  // Dequantize the stored rows (q * scale) into k_[layer].dequantized and return it.
+  // Every stored key of this layer, dequantized to float32, [length(layer), kv_dim]. The stored
+  // int8 values and scales are left as they are.
   (void)layer;
   throw NotImplemented("02", "Int8KVCache::keys");
 }
@@ -65,6 +70,7 @@ void Int8KVCache::reset() { throw NotImplemented("02", "Int8KVCache::reset"); }
 
 size_t Int8KVCache::bytes_used() const {
   // Per position and layer: K and V, each kv_dim int8 values plus kv_heads float scales.
+  // (bytes_reserved is the same for max_tokens positions.)
   throw NotImplemented("02", "Int8KVCache::bytes_used");
 }
 
@@ -73,22 +79,20 @@ size_t Int8KVCache::bytes_reserved() const { throw NotImplemented("02", "Int8KVC
 // ---------------------------------------------------------- cached forward --
 
 Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KVStore& cache) {
-  // Lesson 00's forward, with three changes per layer:
-  //   1. RoPE starts at position cache.length() (read it once, before the first layer appends);
-  //   2. the new tokens' k and v are appended to the cache;
-  //   3. attention over everything cached: cache.attend(l, q, ...), which is causal_attention
-  //      over cache.keys(l) and cache.values(l) (it already handles more keys than queries).
-  // Validate first (ids, and room for the tokens in the cache and the context) so that a
-  // refused call appends nothing.
+  // Logits for the new tokens only, equal (to float rounding) to forward() over the whole
+  // sequence so far. Computes K and V for the new tokens only, appends them to every layer, and
+  // attends over everything cached. Throws infer::Error for bad ids, and, before appending
+  // anything, when the tokens would not fit the cache or the context (the message says "exceed").
   (void)model, (void)tokens, (void)cache;
   throw NotImplemented("02", "forward_cached");
 }
 
 std::vector<int> generate_cached(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                                  Sampler& sampler, KVStore& cache, const TokenCallback& on_token) {
-  // Validate like generate() (plus: the cache is empty and large enough). Prefill the prompt
-  // once; then each step samples from the last logits row and feeds only the new token back.
-  // Don't run a forward you won't use: after EOS, or after the last token.
+  // The same tokens as generate(), with the same errors, plus one: the cache must be empty and
+  // hold prompt.size() + max_new_tokens positions, or infer::Error says "the cache holds N
+  // positions" (N its max_tokens). Every position's K/V is computed exactly once, and the last
+  // token returned is never run through the model (nothing would read its K/V).
   (void)model, (void)prompt, (void)max_new_tokens, (void)sampler, (void)cache, (void)on_token;
   throw NotImplemented("02", "generate_cached");
 }

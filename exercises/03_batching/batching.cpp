@@ -4,6 +4,7 @@
 // lesson text is lessons/03_batching/README.md. Check your work with `./course check 03`.
 // The plumbing (the Scheduler's queue) and the engine that runs your scheduler and your batched
 // forward are written for you in lessons/03_batching/given.cpp: read its BatchEngine::step.
+// Stuck on a function? `./course hint 03 NAME` gives a hint, one tier at a time.
 #include "lessons/03_batching/batching.hpp"
 
 #include <algorithm>
@@ -17,9 +18,10 @@ namespace infer {
 // --------------------------------------------------------------- scheduling --
 
 std::vector<int> Scheduler::admit(int step, int running) {
-  // Continuous: pop arrived requests (front().arrival <= step), oldest first, while
-  // running + admitted < max_batch_. Static: nothing unless running == 0; then the next
-  // min(max_batch_, queue size) requests together, once the last of them has arrived.
+  // The ids to start now, removed from the queue, by the rule the contract gives for each
+  // policy. Keeps the queue's FIFO order (nobody overtakes an older request), never starts a
+  // request before its arrival, never fills more than max_batch - running slots, and a static
+  // batch never joins one that is still running.
   (void)step, (void)running;
   throw NotImplemented("03", "Scheduler::admit");
 }
@@ -27,36 +29,32 @@ std::vector<int> Scheduler::admit(int step, int running) {
 // ---------------------------------------------------------------- simulator --
 
 SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch) {
-  // Sort by (arrival, id), validate, and add every request to a Scheduler (a map from id to
-  // index into `requests` finds a request again when admit() returns its id). Then, step by step
-  // from 0 until every request has finished:
-  //   1. start what scheduler.admit(step, slots taken) returns (start_step = step);
-  //   2. every unfinished request holding a slot produces one token: count them in busy_slots;
-  //      one that produces its last token finishes at step + 1;
-  //   3. free slots: continuous frees a finished request's slot at once; static frees the
-  //      whole batch when its last member finishes, and every member's finish_step is then
-  //      that moment (a static batch returns its results together).
+  // Plays the requests step by step under the contract's cost model, with a Scheduler deciding
+  // every admission, so that it predicts exactly what the engine will do. Outcomes come back in
+  // the order of `requests`; busy_slots has one entry per step from step 0. A static batch
+  // keeps its finished members' slots and returns all its results together. Throws
+  // infer::Error for an output_tokens below 1 or a negative arrival (and a repeated id).
   (void)requests, (void)policy, (void)max_batch;
   throw NotImplemented("03", "simulate");
 }
 
 double percentile(std::vector<double> values, double p) {
-  // Sort; rank = p / 100 * (n - 1); interpolate between values[floor(rank)] and the next.
+  // Linear interpolation between ranks, as numpy does by default (the contract gives the rank):
+  // never simply the nearest value. Throws infer::Error for no values (or p outside [0, 100]).
   (void)values, (void)p;
   throw NotImplemented("03", "percentile");
 }
 
 BatchStats summarize(const SimRun& run) {
-  // Latency of each outcome (finish - arrival); total_steps from the first arrival to the last
-  // finish; throughput = output tokens / total_steps; utilization = sum(busy_slots) /
-  // (max_batch * total_steps).
+  // Every field of BatchStats, as its comments in the contract define it. The run is measured
+  // from the first arrival, not from step 0: idle steps before anyone arrives do not count.
   (void)run;
   throw NotImplemented("03", "summarize");
 }
 
 std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed) {
-  // Rng rng(seed); for each: u = 1 - rng.uniform() (in (0, 1]), x = floor(scale / u^(1/shape)),
-  // capped at `cap`.
+  // n draws by inversion, as the contract says, from an Rng seeded with `seed`: the same seed
+  // gives the same lengths. Every length is at least floor(scale) and at most cap.
   (void)n, (void)shape, (void)scale, (void)cap, (void)seed;
   throw NotImplemented("03", "pareto_lengths");
 }
@@ -64,11 +62,10 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 // ----------------------------------------------------------- the real model --
 
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches) {
-  // Like forward_cached with one token per sequence, except that the B rows belong to B
-  // different sequences: read each row's position from its own cache before the first layer;
-  // do the projections and the MLP on all rows at once; then, per row i, RoPE at pos[i],
-  // append k.row(i), v.row(i) to caches[i], and attend with caches[i]->attend(l, q.row(i), ...).
-  // (To rotate one row in place: `auto qi = q.row(i); apply_rope(qi, ...)`.)
+  // One decode step for B sequences, as the contract describes: row i equals forward_cached() of
+  // sequence i alone. Each layer runs once over the whole batch (every sequence's layer l before
+  // any sequence's layer l + 1), while each row keeps its own position and its own cache. All or
+  // nothing: bad ids, unequal counts, a shared cache or a full cache throw before any append.
   (void)model, (void)tokens, (void)caches;
   throw NotImplemented("03", "forward_batch");
 }

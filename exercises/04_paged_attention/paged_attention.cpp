@@ -6,6 +6,7 @@
 // lessons/04_paged_attention/README.md. Check your work with `./course check 04`.
 // The plumbing (constructors, the pool's storage, block_size(), blocks_for(), ...) is written
 // for you in lessons/04_paged_attention/given.cpp.
+// Stuck on a function? `./course hint 04 NAME` gives a hint, one tier at a time.
 #include "lessons/04_paged_attention/paged_attention.hpp"
 
 #include <algorithm>
@@ -17,19 +18,23 @@ namespace infer {
 // ----------------------------------------------------------------- allocator --
 
 int BlockAllocator::allocate() {
-  // Refuse when free_list_ is empty ("out of KV blocks", naming num_blocks); else pop its back
-  // and set that block's ref_count_ to 1.
+  // A free block, now held once. Takes the most recently freed block first (the contract says
+  // which end of the free list). Throws infer::Error saying "out of KV blocks" and naming
+  // num_blocks when none is free.
   throw NotImplemented("04", "BlockAllocator::allocate");
 }
 
 void BlockAllocator::share(int block) {
-  // ref_count(block) (given) checks the range; a free block (count 0) cannot be shared.
+  // One more holder for an allocated block. Throws infer::Error for a block outside the pool
+  // (naming it) or a "free" one, and then changes nothing.
   (void)block;
   throw NotImplemented("04", "BlockAllocator::share");
 }
 
 void BlockAllocator::free(int block) {
-  // A free block is a "double free"; otherwise one reference fewer, and at 0 push it back.
+  // One holder fewer; the block is free again only when nobody holds it. Throws infer::Error
+  // for a block outside the pool (naming it) or one already free ("double free"), and then
+  // changes nothing: a refused free never puts a block on the free list twice.
   (void)block;
   throw NotImplemented("04", "BlockAllocator::free");
 }
@@ -37,7 +42,7 @@ void BlockAllocator::free(int block) {
 // ---------------------------------------------------------------------- pool --
 
 void PagedKVPool::copy_block(int src, int dst) {
-  // For every layer: key_block(l, dst) = key_block(l, src), and the same for values.
+  // dst becomes an exact copy of src, keys and values, in every layer; src is untouched.
   (void)src, (void)dst;
   throw NotImplemented("04", "PagedKVPool::copy_block");
 }
@@ -46,10 +51,10 @@ void PagedKVPool::copy_block(int src, int dst) {
 
 Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<const int> block_table, int layer,
                        int length, int num_heads, int num_kv_heads, int head_dim) {
-  // Lesson 00's causal_attention, with one change: the key and value of position p are row
-  // p % B of pool.key_block(layer, block_table[p / B]) and of value_block(...), instead of row p
-  // of one matrix. Validate the table's size and q.rows() <= length first. Looking each block
-  // up once (its .data() pointer) rather than once per position keeps it fast.
+  // The same result as causal_attention over the sequence's first `length` positions, read
+  // through the block table where they lie in the pool: never a copy of the sequence's rows, not
+  // even of one head's (scratch for one row of scores is fine). Throws infer::Error, naming the
+  // length, for a table too short for it, or for more queries than positions.
   (void)q, (void)pool, (void)block_table, (void)layer, (void)length, (void)num_heads, (void)num_kv_heads,
       (void)head_dim;
   throw NotImplemented("04", "paged_attention");
@@ -58,32 +63,27 @@ Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<cons
 // --------------------------------------------------------------- paged cache --
 
 void PagedKVCache::reserve(int tokens) {
-  // Refuse tokens outside [0, max_tokens_]. Blocks missing = blocks_for(tokens, B) -
-  // blocks_.size() (none if negative). Check the pool has that many free *before* allocating
-  // any (all or nothing), then allocate them onto blocks_.
+  // The table covers `tokens` positions afterwards; nothing is written and no length changes.
+  // All or nothing: if the pool is short it throws "out of KV blocks" having allocated nothing.
+  // Throws infer::Error for tokens outside [0, max_tokens].
   (void)tokens;
   throw NotImplemented("04", "PagedKVCache::reserve");
 }
 
 void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  // Positions from = length_[layer] .. to - 1 go to row p % B of block blocks_[p / B].
-  //   1. validate like KVCache::append (layer, kv_dim, rows, max_tokens);
-  //   2. count the free blocks this needs: one per block beyond the table, plus one per shared
-  //      block (ref_count > 1) in the written range; refuse ("out of KV blocks") if short;
-  //   3. copy-on-write each shared block in the range: allocate, pool_->copy_block, free the
-  //      original (one reference fewer), put the copy in the table;
-  //   4. allocate blocks until the table covers `to` positions;
-  //   5. write the rows and set length_[layer] = to.
-  // No special case for layer 0 is needed: layers fill in step, so when layer 0 appends, steps
-  // 2-4 allocate and copy; when the other layers append the same positions, they find the
-  // blocks already there and private, and count 0.
+  // KVCache::append's contract, with the rows going where the block table says. A block is
+  // taken only when a position reaches it (never early), and a block another sequence shares is
+  // copied before the first write into it, so no other sequence ever sees this one's writes.
+  // All or nothing: the checks of KVStore::append, or too few free blocks ("out of KV blocks"),
+  // throw before any block is taken or any row written.
   (void)layer, (void)k, (void)v;
   throw NotImplemented("04", "PagedKVCache::append");
 }
 
 ConstMatrixRef PagedKVCache::keys(int layer) const {
-  // Gather: gathered_k_.resize(length(layer), kv_dim), then row p from block blocks_[p / B].
-  // (values() gathers into gathered_v_: a caller may hold keys(l) and values(l) at once.)
+  // This layer's stored keys in order, [length(layer), kv_dim], gathered through the table
+  // (for tests and tools; the forward uses attend()). keys() and values() must not share their
+  // scratch: a caller may hold both at once.
   (void)layer;
   throw NotImplemented("04", "PagedKVCache::keys");
 }
@@ -94,40 +94,40 @@ ConstMatrixRef PagedKVCache::values(int layer) const {
 }
 
 void PagedKVCache::reset() {
-  // Free every block in the table (one reference each), clear it, zero every length.
+  // Lets go of every block in the table (a shared block stays with its other holders) and
+  // forgets every position, in every layer.
   throw NotImplemented("04", "PagedKVCache::reset");
 }
 
 size_t PagedKVCache::bytes_used() const {
-  // length() positions of pool_->bytes_per_block() / block_size() bytes each.
+  // The bytes of the length() positions stored: a block's bytes divided among its positions.
   throw NotImplemented("04", "PagedKVCache::bytes_used");
 }
 
 size_t PagedKVCache::bytes_reserved() const { throw NotImplemented("04", "PagedKVCache::bytes_reserved"); }
 
 std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {
-  // A new PagedKVCache over the same pool and max_tokens; share() every block of the table,
-  // and copy the table and the lengths into the child (a member function may set them).
+  // A child with the same history, as the contract says: it copies no rows and takes no free
+  // block; it shares each of the table's blocks (one more holder each).
   throw NotImplemented("04", "PagedKVCache::fork");
 }
 
 // ------------------------------------------------------------ engine memory --
 
 std::unique_ptr<KVStore> PagedKVManager::open(int tokens) {
-  // Refuse tokens outside [0, capacity_tokens()] with an exception; return nullptr when
-  // blocks_for(tokens, B) is more than the free blocks; else a PagedKVCache over pool_ with
-  // max_tokens = pool_.context(), reserve(tokens) done.
+  // A store over this pool that may grow to the model's context, with exactly the blocks for
+  // its first `tokens` positions reserved; nullptr, taking nothing, when the free blocks cannot
+  // hold them now. Throws infer::Error, naming `tokens`, when they could never fit (outside
+  // [0, capacity_tokens()]).
   (void)tokens;
   throw NotImplemented("04", "PagedKVManager::open");
 }
 
 int PagedKVManager::preemptions_needed(std::span<const KVStore* const> running) const {
-  // Each running store is a PagedKVCache (dynamic_cast; refuse anything else). For each:
-  //   need  = 1 if its next position length() needs a block: length() == table size * B, or
-  //           the block holding it is shared (ref_count > 1); else 0;
-  //   frees = the blocks of its table with ref_count 1 (what preempting it gives back).
-  // Then preempt from the newest (the back) while sum(need of the rest) > free + sum(frees of
-  // the preempted); return how many.
+  // The smallest k such that, with the k newest (the back of `running`) preempted, every other
+  // sequence can store one more position, by the rule in the contract's PagedKVManager comment:
+  // a preempted sequence's holds are dropped, which may free blocks and unshare others. Only
+  // counts: it changes nothing. Throws infer::Error for a store that is not one of its own.
   (void)running;
   throw NotImplemented("04", "PagedKVManager::preemptions_needed");
 }

@@ -119,16 +119,19 @@ struct StepCost {
 /// FLOPs: the matrix products, 2 * matmul_parameter_count * T, plus attention: each layer,
 /// each query head, query at position p (1-based) scores p keys and sums p values,
 /// 4 * head_dim * p FLOPs; summed over p = 1..T.
-/// Bytes: every weight read once (shape.parameters * weight bytes), plus writing the T
-/// tokens' K and V to the cache.
+/// Bytes: every parameter read once (shape.parameters * weight bytes), plus writing the T
+/// tokens' K and V to the cache. A simplification, on the high side: a step reads only its
+/// tokens' rows of the embedding table, not all of it (the table is 1.5% of Llama 3 70B's
+/// parameters, and 15% of the bundled model's; a tied table is read whole anyway, as lm_head).
 StepCost prefill_cost(const ModelShape& shape, int T, DType weights, DType kv);
 
 /// One decode step for a batch of `batch` sequences, each `context` tokens long including
 /// the token being decoded.
 ///
 /// FLOPs: 2 * matmul_parameter_count per sequence, plus attention over `context` keys.
-/// Bytes: every weight read once for the whole batch (that is batching's point), plus, per
-/// sequence, reading `context - 1` cached tokens' K and V and writing the new token's.
+/// Bytes: every parameter read once for the whole batch (that is batching's point; the same
+/// simplification about the embedding table as prefill_cost), plus, per sequence, reading
+/// `context - 1` cached tokens' K and V and writing the new token's.
 StepCost decode_cost(const ModelShape& shape, int context, int batch, DType weights, DType kv);
 
 // ============================================================= the roofline ==
@@ -168,6 +171,30 @@ Bound classify(const Hardware& hw, double intensity);
 inline const char* bound_name(Bound b) {
   return b == Bound::Memory ? "memory" : (b == Bound::Compute ? "compute" : "transition");
 }
+
+// ================================================================== time ==
+
+/// The least time a step can take, from each roof: moving its bytes at full bandwidth, and
+/// doing its FLOPs at peak. The step takes at least the longer of the two.
+///
+/// With tensor parallelism over `gpus` devices, each holds 1/gpus of every weight matrix, so
+/// each moves 1/gpus of the bytes and does 1/gpus of the FLOPs, side by side (the traffic
+/// between them, an all-reduce per layer, is left out: this is a floor).
+struct StepTime {
+  double memory_seconds = 0;   ///< bytes / (gpus * bandwidth)
+  double compute_seconds = 0;  ///< flops / (gpus * peak_flops)
+  /// The floor for the step: the slower of the two roofs.
+  double seconds() const { return memory_seconds > compute_seconds ? memory_seconds : compute_seconds; }
+};
+
+/// The floor of a step's time on `gpus` devices of `hw` splitting it evenly.
+/// Throws infer::Error for gpus < 1.
+StepTime step_time(const StepCost& cost, const Hardware& hw, int gpus = 1);
+
+/// The most tokens per second a decode step allows: each of its `batch` sequences gets one
+/// token per step, and a step takes at least step_time(cost, hw, gpus).seconds(). Per user,
+/// divide by batch. Throws infer::Error for batch < 1 or gpus < 1.
+double max_tokens_per_second(const StepCost& decode, int batch, const Hardware& hw, int gpus = 1);
 
 // ========================================================= KV-cache memory ==
 

@@ -104,7 +104,8 @@ struct SimRun {
 };
 
 /// Runs `requests` (any order; sorted by arrival, then id, inside) step by step under `policy`.
-/// Throws infer::Error for an output_tokens below 1 or a negative arrival.
+/// No requests give an empty run. Throws infer::Error for an output_tokens below 1, a negative
+/// arrival or an id that appears twice.
 SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch);
 
 /// Latency percentiles and throughput of a run.
@@ -118,14 +119,18 @@ struct BatchStats {
 };
 
 /// The p-th percentile (0..100) of `values` by linear interpolation: sort, then read rank
-/// p/100 * (n - 1) between its neighbours (numpy's default). Throws for no values.
+/// p/100 * (n - 1) between its neighbours (numpy's default). Throws infer::Error for no values
+/// or a p outside [0, 100].
 double percentile(std::vector<double> values, double p);
 
-/// Summarizes a run.
+/// Summarizes a run. Throws infer::Error for a run with no outcomes.
 BatchStats summarize(const SimRun& run);
 
 /// Output lengths for the source's exercise 2: Pareto(shape, scale) by inversion,
-/// `scale / u^(1/shape)` for u uniform in (0, 1], rounded down and capped at `cap`.
+/// `scale / u^(1/shape)` for u uniform in (0, 1], rounded down and capped at `cap`. Draw u as
+/// `1 - Rng(seed).uniform()` (uniform() is in [0, 1)), one draw per length, in order: the same
+/// seed then gives everyone the same lengths. Throws infer::Error for n < 0, shape <= 0,
+/// scale < 1 or cap < 1.
 std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed);
 
 // ============================================================ the real model ==

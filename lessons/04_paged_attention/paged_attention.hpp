@@ -101,8 +101,10 @@ class PagedKVPool {
 
 /// Causal attention like causal_attention(q, K, V, ...), where K and V are the first `length`
 /// positions of `layer`, found through `block_table`: position p is row `p % B` of block
-/// `block_table[p / B]`. Reads the rows where they lie (no gathered copy). q holds the queries
-/// of the newest q.rows() positions: row i is position length - q.rows() + i.
+/// `block_table[p / B]`. Reads the rows where they lie: no copy of the sequence's rows, not even
+/// of one head's (the tests measure the largest allocation of a decode step; scratch the size of
+/// one row of scores is fine). q holds the queries of the newest q.rows() positions: row i is
+/// position length - q.rows() + i.
 /// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks, or if
 ///         q.rows() > length.
 Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<const int> block_table, int layer,
@@ -180,11 +182,11 @@ class PagedKVCache final : public KVStore {
 /// - open(tokens): admits a sequence only if its first `tokens` positions fit in the free blocks;
 ///   then reserves exactly those blocks.
 /// - preemptions_needed(running): a running sequence needs one free block for its next position
-///   when its last block is full (or it has none) or is shared; preempting a sequence frees
-///   every block only it holds (count 1). The answer is the smallest k such that, with the k
-///   newest preempted, the others' needs fit in the free blocks plus the freed ones. (A block
-///   shared by two preempted sequences would be freed too, and is not counted: a deliberate
-///   simplification, safe because it can only overestimate k; the engine never forks.)
+///   when its last block is full (or it has none) or is shared. Preempting a sequence drops its
+///   hold on each of its blocks: a block nobody holds any more is free again, and a block left
+///   with a single holder is no longer shared (that holder then writes into it in place). The
+///   answer is the smallest k such that, with the k newest preempted, the others' needs (counted
+///   with the holds that remain) fit in the free blocks plus the freed ones.
 class PagedKVManager final : public KVManager {
  public:
   /// A pool of num_blocks blocks of block_size positions. Given.

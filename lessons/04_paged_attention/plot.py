@@ -2,7 +2,8 @@
 """Plot lesson 04's bench: how much reserved KV memory holds tokens, and what that buys.
 
     lessons/04_paged_attention/plot.py DIR
-    (reads DIR/paged_engine.csv, paged_occupancy.csv, paged_scale.csv; writes DIR/paged.png)
+    (reads DIR/paged_engine.csv, paged_occupancy.csv, paged_scale.csv, paged_arena.csv;
+     writes DIR/paged.png)
 """
 import csv
 import os
@@ -22,7 +23,8 @@ def read(name):
 
 
 engine, occupancy, scale = read("paged_engine.csv"), read("paged_occupancy.csv"), read("paged_scale.csv")
-fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
+arena = read("paged_arena.csv")
+fig, ((a, b), (c, d)) = plt.subplots(2, 2, figsize=(13, 8.4))
 
 # 1. Reserved positions that hold tokens, and the steps the workload took.
 names = ["slots" if not r["memory"].startswith("paged") else f"B={r['block_size']}" for r in engine]
@@ -63,6 +65,20 @@ c.set_xlabel("reserved KV positions holding tokens (%)")
 c.set_title("8B-model chat workload, 1000 requests (computed)", fontsize=9)
 c.invert_yaxis()
 c.grid(axis="x", alpha=0.3)
+
+# 4. Through time: the same workload in one contiguous first-fit arena and in a paged pool.
+for memory, label, color in (("contiguous", "contiguous, first fit", "C3"), ("paged", "paged, blocks of 16", "C0")):
+    pts = [r for r in arena if r["memory"] == memory]
+    d.plot([int(r["step"]) for r in pts], [int(r["running"]) for r in pts], color=color, lw=1.1, label=label)
+    held = [int(r["step"]) for r in pts if r["blocked_by_holes"] == "1"]
+    if held:
+        d.plot(held, [0] * len(held), "|", color=color, ms=6, alpha=0.5,
+               label="head of the queue waiting on holes")
+d.set_xlabel("step")
+d.set_ylabel("sequences running")
+d.set_title("8B-model chat workload through time, 40 GB (simulated)", fontsize=9)
+d.legend(fontsize=8)
+d.grid(alpha=0.3)
 
 fig.suptitle("Lesson 04: PagedAttention", fontsize=11)
 fig.tight_layout()

@@ -79,6 +79,21 @@ Bound classify(const Hardware& hw, double intensity) {
   return Bound::Transition;
 }
 
+// -------------------------------------------------------------------- time --
+
+StepTime step_time(const StepCost& cost, const Hardware& hw, int gpus) {
+  require(gpus >= 1, "step_time: gpus must be >= 1, got ", gpus);
+  StepTime t;
+  t.memory_seconds = cost.bytes / (gpus * hw.bandwidth);
+  t.compute_seconds = cost.flops / (gpus * hw.peak_flops);
+  return t;
+}
+
+double max_tokens_per_second(const StepCost& decode, int batch, const Hardware& hw, int gpus) {
+  require(batch >= 1, "max_tokens_per_second: batch must be >= 1, got ", batch);
+  return batch / step_time(decode, hw, gpus).seconds();
+}
+
 // ---------------------------------------------------------- KV-cache memory --
 
 double kv_bytes_per_token(const ModelShape& s, DType kv) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace infer {
 
@@ -197,25 +198,35 @@ int PagedKVManager::preemptions_needed(std::span<const KVStore* const> running) 
   const BlockAllocator& a = pool_.allocator();
   const int B = pool_.block_size();
   const int n = static_cast<int>(running.size());
-  std::vector<int> need(n), frees(n);
+  std::vector<const PagedKVCache*> seqs(n);
   for (int i = 0; i < n; ++i) {
-    const auto* s = dynamic_cast<const PagedKVCache*>(running[i]);
-    require(s != nullptr && &s->pool() == &pool_, "PagedKVManager: running sequence ", i, " is not a store it opened");
-    const std::vector<int>& table = s->block_table();
-    need[i] = blocks_needed(a, table, s->length(), s->length() + 1, B);
-    for (int b : table) frees[i] += a.ref_count(b) == 1;
+    seqs[i] = dynamic_cast<const PagedKVCache*>(running[i]);
+    require(seqs[i] != nullptr && &seqs[i]->pool() == &pool_, "PagedKVManager: running sequence ", i,
+            " is not a store it opened");
   }
+  // Holds dropped by the sequences preempted so far: a block is free when its count reaches 0,
+  // and no longer shared when it reaches 1.
+  std::map<int, int> dropped;
+  auto holders = [&](int block) {
+    const auto it = dropped.find(block);
+    return a.ref_count(block) - (it == dropped.end() ? 0 : it->second);
+  };
+  auto need = [&](const PagedKVCache& s) {  // free blocks its next position takes: 0 or 1
+    const std::vector<int>& table = s.block_table();
+    const int p = s.length();
+    if (p / B >= static_cast<int>(table.size())) return 1;  // the last block is full, or there is none
+    return holders(table[p / B]) > 1 ? 1 : 0;               // a shared block is copied first
+  };
   // Preempt the newest, one at a time, until what the others need fits.
-  int demand = 0, supply = a.num_free();
-  for (int i = 0; i < n; ++i) demand += need[i];
-  int k = 0;
-  while (demand > supply && k < n) {
-    const int victim = n - 1 - k;
-    demand -= need[victim];
-    supply += frees[victim];
-    ++k;
+  int freed = 0;
+  for (int k = 0; k < n; ++k) {
+    int demand = 0;
+    for (int i = 0; i < n - k; ++i) demand += need(*seqs[i]);
+    if (demand <= a.num_free() + freed) return k;
+    for (int b : seqs[n - 1 - k]->block_table())
+      if (++dropped[b] == a.ref_count(b)) ++freed;
   }
-  return k;
+  return n;
 }
 
 }  // namespace infer

@@ -79,6 +79,35 @@ GRADED_TEST(Lesson00Sampler, TopPKeepsTheSmallestSetReachingP, 2) {
                                  "top_p 0.9 keeps 0.5 + 0.3 + 0.15"));
 }
 
+GRADED_TEST(Lesson00Sampler, TiesGoToTheSmallerIndex, 1) {
+  // Four tokens tie for the best. top_k 2 keeps exactly two of them: the first two.
+  const Vector k2 = sampling_distribution(vec({0.0f, 1.0f, 1.0f, 1.0f, 1.0f}), {.top_k = 2});
+  EXPECT_TRUE(testing::all_close(vec({0, 0.5f, 0.5f, 0, 0}), k2, 1e-6, 1e-5,
+                                 "top_k 2 over four equal best tokens (ties go to the smaller index)"));
+  // Four equal tokens: top_p 0.5 is reached by the first two.
+  const Vector p50 = sampling_distribution(vec({2.0f, 2.0f, 2.0f, 2.0f}), {.top_p = 0.5f});
+  EXPECT_TRUE(testing::all_close(vec({0.5f, 0.5f, 0, 0}), p50, 1e-6, 1e-5,
+                                 "top_p 0.5 over four equal tokens (ties go to the smaller index)"));
+}
+
+GRADED_TEST(Lesson00Sampler, TopPMeasuresWhatTopKLeft, 1) {
+  // Probabilities 0.4, 0.3, 0.2, 0.1. top_k 2 leaves 0.4 and 0.3, renormalized to 4/7 and 3/7,
+  // and top_p 0.5 is then reached by 4/7 alone. (Measured against the mass before top-k, 0.4 would
+  // fall short of 0.5 and both would stay.)
+  const Vector l = vec({std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)});
+  const Vector p = sampling_distribution(l, {.top_k = 2, .top_p = 0.5f});
+  EXPECT_TRUE(testing::all_close(vec({1, 0, 0, 0}), p, 1e-6, 1e-5,
+                                 "top_k 2 then top_p 0.5 over probabilities 0.4, 0.3, 0.2, 0.1"));
+}
+
+GRADED_TEST(Lesson00Sampler, EachTokenOwnsAHalfOpenInterval, 1) {
+  // Token i is drawn for u in [c(i-1), c(i)), c the cumulative sums: a u exactly on a boundary
+  // belongs to the next token, so that each token's chance is exactly its probability.
+  const Vector p = vec({0.25f, 0.25f, 0.5f});
+  EXPECT_EQ(sample_from(p, 0.25), 1) << "u = 0.25 = probs[0]: the first index whose cumulative sum exceeds u is 1";
+  EXPECT_EQ(sample_from(p, 0.5), 2) << "u = 0.5 = probs[0] + probs[1]: the first index whose cumulative sum exceeds u is 2";
+}
+
 GRADED_TEST(Lesson00Sampler, SampleFromInvertsTheCumulativeDistribution, 1) {
   const Vector p = vec({0.2f, 0.3f, 0.5f});
   EXPECT_EQ(sample_from(p, 0.0), 0);

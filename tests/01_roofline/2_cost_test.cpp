@@ -1,6 +1,7 @@
 // Lesson 01: FLOPs and bytes of prefill and decode, checked on a shape small enough to count by
 // hand, then the roofline and the source's scenario table.
 #include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
 #include "lessons/01_roofline/roofline.hpp"
 
 namespace infer {
@@ -24,6 +25,15 @@ GRADED_TEST(Lesson01Params, DenseCountsMatchThePublishedSizes, 2) {
 
 GRADED_TEST(Lesson01Params, MatmulCountLeavesOutTheEmbeddingTableAndNorms, 1) {
   EXPECT_DOUBLE_EQ(matmul_parameter_count(hand_shape()), 328.0) << "2 x 144 layer matrices + 40 lm_head";
+}
+
+GRADED_TEST(Lesson01Params, ATiedLmHeadIsStillAMatmul, 1) {
+  // Tying lm_head to the embedding table saves parameters to load, not work: every token is still
+  // multiplied by the [vocab, hidden] matrix at the end.
+  ModelShape tied = hand_shape();
+  tied.tied_embeddings = true;
+  EXPECT_DOUBLE_EQ(dense_parameter_count(tied), 348.0) << "388 - 40: the head is the embedding table";
+  EXPECT_DOUBLE_EQ(matmul_parameter_count(tied), 328.0) << "still 2 x 144 layer matrices + the 40 of lm_head";
 }
 
 GRADED_TEST(Lesson01Cost, PrefillCountsEveryTokenAndEveryPair, 2) {
@@ -71,6 +81,17 @@ GRADED_TEST(Lesson01Roofline, MoreBandwidthHelpsOnlyBelowTheRidge, 2) {
   EXPECT_DOUBLE_EQ(attainable_flops(hw, 10), hw.bandwidth * 10);
 }
 
+GRADED_TEST(Lesson01Roofline, TheBandsEdgesBelongToTheTransition, 1) {
+  // A ridge of exactly 4 FLOP/byte: memory-bound strictly below 2, compute-bound strictly above 8.
+  Hardware hw = a100_80gb();
+  hw.peak_flops = 400e12;
+  hw.bandwidth = 100e12;
+  EXPECT_EQ(classify(hw, 1.999), Bound::Memory);
+  EXPECT_EQ(classify(hw, 2.0), Bound::Transition) << "exactly ridge / 2 is not below it";
+  EXPECT_EQ(classify(hw, 8.0), Bound::Transition) << "exactly 2 x ridge is not above it";
+  EXPECT_EQ(classify(hw, 8.001), Bound::Compute);
+}
+
 GRADED_TEST(Lesson01Roofline, SourceScenarioTableIsClassifiedLikeTheSource, 3) {
   // Llama 3 70B in BF16 on an A100. Decode steps at a short context (128 tokens), where the
   // weights dominate the bytes, as in the source's table.
@@ -94,6 +115,40 @@ GRADED_TEST(Lesson01Roofline, SourceScenarioTableIsClassifiedLikeTheSource, 3) {
         << a100.peak_flops / a100.bandwidth << " should be " << bound_name(r.expected) << "-bound";
   }
   EXPECT_NEAR(rows[1].cost.intensity(), 1.0, 0.1) << "decode at batch 1 does about one FLOP per byte of weights";
+}
+
+GRADED_TEST(Lesson01Time, EachRoofGivesAFloorAndTheSlowerOneWins, 2) {
+  // The hand shape's 3-token prefill (2,160 FLOPs, 1,648 bytes) on a toy device of 1,000 FLOP/s
+  // and 100 bytes/s: 16.48 s to move the bytes, 2.16 s to do the arithmetic.
+  const Hardware toy{"toy", 1000, 100, 1e9};
+  const StepCost c = prefill_cost(hand_shape(), 3, DType::F32, DType::F32);
+  const StepTime one = step_time(c, toy);
+  EXPECT_DOUBLE_EQ(one.memory_seconds, 16.48);
+  EXPECT_DOUBLE_EQ(one.compute_seconds, 2.16);
+  EXPECT_DOUBLE_EQ(one.seconds(), 16.48) << "the step waits for the slower roof";
+  const StepTime two = step_time(c, toy, 2);
+  EXPECT_DOUBLE_EQ(two.memory_seconds, 8.24) << "two devices each move half the bytes";
+  EXPECT_DOUBLE_EQ(two.compute_seconds, 1.08) << "and do half the FLOPs";
+  EXPECT_DOUBLE_EQ(max_tokens_per_second(decode_cost(hand_shape(), 5, 4, DType::F32, DType::F32), 4, toy),
+                   4 / ((1552.0 + 4 * 160.0) / 100)) << "4 tokens per step of 21.92 s";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { step_time(c, toy, 0); }, "gpus"));
+}
+
+GRADED_TEST(Lesson01Time, Llama3_70BOnFourA100sDecodesAbout57TokensPerSecond, 2) {
+  // 141 GB of BF16 weights do not fit one 80 GB A100. Split over four (tensor parallelism),
+  // each reads a quarter: (70.6e9 x 2 bytes + 127 x 327,680 bytes of K/V read + 327,680
+  // written) / (4 x 2 TB/s) = 17.66 ms, so at most 56.6 tokens/s for one user, close to the
+  // "about 50" a real deployment sees (the traffic between the GPUs is not counted here).
+  const StepCost d = decode_cost(llama3_70b(), 128, 1, DType::BF16, DType::BF16);
+  const StepTime t = step_time(d, a100_80gb(), 4);
+  EXPECT_GT(t.memory_seconds, 10 * t.compute_seconds) << "decode at batch 1 is memory-bound";
+  EXPECT_NEAR(t.seconds() * 1e3, 17.66, 0.05) << "ms per decode step";
+  EXPECT_NEAR(max_tokens_per_second(d, 1, a100_80gb(), 4), 56.6, 0.2);
+  // A 4,096-token prefill on the same four: 2 x 69.5e9 x 4,096 FLOPs of matrix products plus
+  // 2.2e13 of attention = 5.91e14 FLOPs at 4 x 312 TFLOP/s = 0.474 s, compute-bound.
+  const StepTime p = step_time(prefill_cost(llama3_70b(), 4096, DType::BF16, DType::BF16), a100_80gb(), 4);
+  EXPECT_GT(p.compute_seconds, p.memory_seconds) << "prefill of 4,096 tokens is compute-bound";
+  EXPECT_NEAR(p.seconds(), 0.474, 0.001) << "seconds for the prefill";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
+#include "observed_store.hpp"
 
 namespace infer {
 namespace {
@@ -59,40 +60,26 @@ GRADED_TEST(Lesson02Forward, CachedLogitsEqualNaiveAtEveryStep, 4) {
   expect_cached_equals_naive(testing::bundled_model(), ByteTokenizer::encode("The "), 100, cache, kAtol, kRtol, "the bundled model");
 }
 
-/// A float cache that counts how many times each (layer, position) was appended.
-class CountingStore final : public KVStore {
- public:
-  explicit CountingStore(const ModelConfig& c) : inner_(c, c.max_position_embeddings) {}
-  int num_layers() const override { return inner_.num_layers(); }
-  int length(int layer) const override { return inner_.length(layer); }
-  int max_tokens() const override { return inner_.max_tokens(); }
-  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override {
-    for (int p = inner_.length(layer); p < inner_.length(layer) + k.rows(); ++p) ++appends[{layer, p}];
-    inner_.append(layer, k, v);
-  }
-  ConstMatrixRef keys(int layer) const override { return inner_.keys(layer); }
-  ConstMatrixRef values(int layer) const override { return inner_.values(layer); }
-  void reset() override { inner_.reset(); }
-  size_t bytes_used() const override { return inner_.bytes_used(); }
-  size_t bytes_reserved() const override { return inner_.bytes_reserved(); }
-  std::map<std::pair<int, int>, int> appends;
-
- private:
-  KVCache inner_;
-};
-
 GRADED_TEST(Lesson02Forward, EachPositionsKeysAndValuesAreComputedOnce, 3) {
-  CountingStore store(testing::bundled_model().config);
+  std::map<std::pair<int, int>, int> appends;  // (layer, position) -> times its K/V was appended
+  testing::ObservedStore store(testing::bundled_model().config, testing::bundled_model().config.max_position_embeddings,
+                               [&](int layer, int first, int rows) {
+                                 for (int p = first; p < first + rows; ++p) ++appends[{layer, p}];
+                               });
   Sampler greedy({.temperature = 0.0f});
   const auto prompt = ByteTokenizer::encode("Q: What");
   const auto out = generate_cached(testing::bundled_model(), prompt, 12, greedy, store);
   const int positions = static_cast<int>(prompt.size() + out.size()) - 1;  // the last token is never fed back
   for (int l = 0; l < testing::bundled_model().config.num_hidden_layers; ++l)
     for (int p = 0; p < positions; ++p) {
-      const int n = store.appends.count({l, p}) ? store.appends[{l, p}] : 0;
+      const int n = appends.count({l, p}) ? appends[{l, p}] : 0;
       ASSERT_EQ(n, 1) << "layer " << l << ": position " << p << "'s K/V was computed " << n
                       << " times; a cache computes it once";
     }
+  for (int l = 0; l < testing::bundled_model().config.num_hidden_layers; ++l)
+    EXPECT_EQ(appends.count({l, positions}), 0u)
+        << "layer " << l << ": the last generated token (position " << positions
+        << ") was run through the model, though no later step reads its K/V";
 }
 
 GRADED_TEST(Lesson02Forward, GreedyContinuationMatchesTheFixture, 2) {

@@ -1,5 +1,7 @@
 // Lesson 03, part A: the scheduler in a step simulator, on hand-worked schedules and on the
 // source's exercise 2.
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "common/testing/graded.hpp"
@@ -70,6 +72,31 @@ GRADED_TEST(Lesson03Sim, PercentilesInterpolateBetweenRanks, 1) {
   EXPECT_DOUBLE_EQ(st.mean_latency, 4.0);  // 5, 2, 5
   EXPECT_DOUBLE_EQ(st.throughput, 10.0 / 5);
   EXPECT_DOUBLE_EQ(st.utilization, 1.0);
+}
+
+GRADED_TEST(Lesson03Sim, StatisticsStartAtTheFirstArrival, 1) {
+  // Nothing arrives before step 10: steps 0-9 are not part of the run. Two requests of 3 tokens
+  // at steps 10 and 12 on two slots finish at 13 and 15, so the run lasts 15 - 10 = 5 steps.
+  const std::vector<SimRequest> late = {{0, 4, 3, 10}, {1, 4, 3, 12}};
+  const BatchStats st = summarize(simulate(late, Policy::Continuous, 2));
+  EXPECT_EQ(st.total_steps, 5) << "from the first arrival (10) to the last finish (15)";
+  EXPECT_DOUBLE_EQ(st.throughput, 6.0 / 5) << "6 tokens over 5 steps";
+  EXPECT_DOUBLE_EQ(st.utilization, 6.0 / (2 * 5)) << "6 busy slot-steps out of 2 slots x 5 steps";
+}
+
+GRADED_TEST(Lesson03Sim, ParetoLengthsHaveTheirTail, 1) {
+  // Pareto(shape a, scale m): P(X >= x) = (m / x)^a for x >= m. With a = 1.5 and m = 20, a quarter
+  // of the way out is 40 (0.354 of the draws) and 80 (0.125). 20,000 draws put the empirical
+  // shares within 0.015 of those (more than 4 standard errors).
+  const auto x = pareto_lengths(20000, 1.5, 20, 1000000, 7);
+  const double n = static_cast<double>(x.size());
+  const double at_least_40 = std::count_if(x.begin(), x.end(), [](int v) { return v >= 40; }) / n;
+  const double at_least_80 = std::count_if(x.begin(), x.end(), [](int v) { return v >= 80; }) / n;
+  EXPECT_NEAR(at_least_40, std::pow(0.5, 1.5), 0.015) << "share of lengths >= 40";
+  EXPECT_NEAR(at_least_80, std::pow(0.25, 1.5), 0.015) << "share of lengths >= 80";
+  EXPECT_EQ(*std::min_element(x.begin(), x.end()), 20) << "no length is below the scale";
+  const auto capped = pareto_lengths(2000, 1.5, 20, 200, 7);
+  EXPECT_EQ(*std::max_element(capped.begin(), capped.end()), 200) << "lengths are capped at 200, and some reach it";
 }
 
 std::vector<SimRequest> pareto_workload(uint64_t seed) {

@@ -7,6 +7,7 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/03_batching/batching.hpp"
+#include "tests/02_kv_cache/observed_store.hpp"
 
 namespace infer {
 namespace {
@@ -35,6 +36,38 @@ GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
     EXPECT_TRUE(testing::all_close(want, logits.row(i), 1e-4, 1e-4,
                                    cat("sequence ", i, " (at position ", prompts[i].size(), ") in a batch of 3")));
     EXPECT_EQ(batched[i]->length(), static_cast<int>(prompts[i].size()) + 1) << "sequence " << i << "'s cache";
+  }
+}
+
+GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
+  // Batching means each layer's weights are read once for all B sequences: layer l of every
+  // sequence happens before layer l + 1 of any. A loop of forward_cached, one sequence after the
+  // other, gives the same logits and reads every weight B times.
+  const ModelWeights& m = testing::small_model();
+  std::vector<std::pair<int, int>> log;  // (layer, sequence), in the order of the appends
+  std::vector<std::unique_ptr<testing::ObservedStore>> stores;
+  std::vector<KVStore*> caches;
+  for (int i = 0; i < 3; ++i) {
+    stores.push_back(std::make_unique<testing::ObservedStore>(
+        m.config, 32, [&log, i](int layer, int, int) { log.emplace_back(layer, i); }));
+    caches.push_back(stores.back().get());
+    forward_cached(m, std::vector<int>{1, 5 + i}, *stores.back());
+  }
+  log.clear();
+  forward_batch(m, std::vector<int>{20, 21, 22}, caches);
+  const int layers = m.config.num_hidden_layers;
+  ASSERT_EQ(static_cast<int>(log.size()), 3 * layers) << "one append per layer per sequence";
+  for (size_t i = 1; i < log.size(); ++i) {
+    ASSERT_LE(log[i - 1].first, log[i].first)
+        << "sequence " << log[i - 1].second << " appended to layer " << log[i - 1].first << " before sequence "
+        << log[i].second << " appended to layer " << log[i].first
+        << ": the batch is run one sequence after another, not one layer at a time over all of them";
+  }
+  for (int l = 0; l < layers; ++l) {
+    std::set<int> seen;
+    for (const auto& [layer, seq] : log)
+      if (layer == l) seen.insert(seq);
+    EXPECT_EQ(seen.size(), 3u) << "layer " << l << " must append once for each of the 3 sequences";
   }
 }
 

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "common/rng.hpp"
+#include "common/testing/allocations.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
@@ -59,6 +60,35 @@ GRADED_TEST(Lesson04Attention, PagedAttentionEqualsContiguousAttention, 4) {
                                          cat("B=", B, " length=", length, " T=", T, " heads=", heads.h, "/", heads.kv)));
         }
       }
+}
+
+GRADED_TEST(Lesson04Attention, ReadsTheRowsWhereTheyLieWithoutCopyingThem, 2) {
+  // The point of paged attention: the kernel follows the block table to each row. Gathering the
+  // rows into one matrix first (and calling causal_attention on it) gives the same numbers, and
+  // costs a copy of the whole sequence per call, which is what paging set out to avoid.
+  if (!testing::AllocationCounter::available()) GTEST_SKIP() << "allocations are not counted under AddressSanitizer";
+  Rng rng(77);
+  const int hd = 32, B = 16, length = 250, heads = 8, kv_heads = 2;
+  const ModelConfig c = config(1, heads, kv_heads, hd, 256);
+  PagedKVPool pool(c, blocks_for(length, B) + 2, B);
+  std::vector<int> table(pool.num_blocks());
+  std::iota(table.begin(), table.end(), 0);
+  for (int i = pool.num_blocks() - 1; i > 0; --i) std::swap(table[i], table[rng.below(i + 1)]);
+  table.resize(blocks_for(length, B));
+  for (int b : table) {
+    pool.key_block(0, b) = random_matrix(B, kv_heads * hd, rng);
+    pool.value_block(0, b) = random_matrix(B, kv_heads * hd, rng);
+  }
+  const Matrix q = random_matrix(1, heads * hd, rng);
+  const size_t one_head = static_cast<size_t>(length) * hd * sizeof(float);  // one K/V head's rows
+  testing::AllocationCounter counter;
+  const Matrix out = paged_attention(q, pool, table, 0, length, heads, kv_heads, hd);
+  const size_t largest = counter.largest();
+  EXPECT_EQ(out.cols(), heads * hd);
+  EXPECT_LT(largest, one_head / 2)
+      << "a decode step over " << length << " positions allocated " << largest << " bytes in one piece, as much as "
+      << largest / (hd * sizeof(float)) << " rows of one K/V head: paged_attention copies the rows out of the pool "
+      << "instead of reading each through the block table (scratch the size of one row of scores is fine)";
 }
 
 GRADED_TEST(Lesson04Attention, RefusesATableTooShortForTheLength, 1) {
@@ -136,6 +166,21 @@ GRADED_TEST(Lesson04Cache, AnExhaustedPoolThrowsAndWritesNothing, 2) {
   EXPECT_TRUE(testing::all_close(k, first.keys(0), 0, 0, "the first sequence's keys after refused appends"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { second.reserve(1); }, "out of KV blocks"));
   EXPECT_EQ(pool.allocator().num_free(), 0);
+}
+
+GRADED_TEST(Lesson04Cache, AReserveTakesAllItsBlocksOrNone, 1) {
+  // 3 blocks of 4: the first sequence reserves 2, one stays free. Reserving 9 positions (3
+  // blocks) must fail without taking that one, or the pool leaks a block to a refused request.
+  const ModelConfig c = config(2, 2, 2, 4);
+  PagedKVPool pool(c, 3, 4);
+  PagedKVCache first(pool, 32), second(pool, 32);
+  first.reserve(5);
+  ASSERT_EQ(pool.allocator().num_free(), 1);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { second.reserve(9); }, "out of KV blocks"));
+  EXPECT_EQ(pool.allocator().num_free(), 1) << "a refused reserve takes no block";
+  EXPECT_TRUE(second.block_table().empty()) << "a refused reserve leaves the table as it was";
+  second.reserve(4);
+  EXPECT_EQ(pool.allocator().num_free(), 0) << "4 positions fit in the last free block";
 }
 
 GRADED_TEST(Lesson04Cache, ReservesLessThanABlockMoreThanItUsesAndGivesEveryBlockBack, 2) {

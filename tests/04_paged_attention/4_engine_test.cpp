@@ -92,6 +92,28 @@ GRADED_TEST(Lesson04Engine, PreemptsTheNewestUntilTheOthersFit, 3) {
       << "b's next write copies its shared last block, d needs one; preempting b frees nothing (shared), so d goes too";
 }
 
+GRADED_TEST(Lesson04Engine, ASharedLastBlockNeedsACopyUntilItsCoHolderIsPreempted, 2) {
+  // a holds 6 positions in blocks of 4 (the second block half full); c is its fork, sharing both.
+  // Each one's next write lands in the shared second block, so each needs a free block to copy
+  // it into. Preempting c drops its hold on the blocks: a's second block is then its own, and a
+  // writes into it in place.
+  const ModelConfig& c = testing::small_model().config;
+  for (const int num_blocks : {4, 3, 2}) {
+    PagedKVManager memory(c, num_blocks, 4);
+    auto a = memory.open(6);
+    ASSERT_NE(a, nullptr);
+    for (int l = 0; l < c.num_hidden_layers; ++l) a->append(l, Matrix::Ones(6, 16), Matrix::Ones(6, 16));
+    auto fork = dynamic_cast<PagedKVCache&>(*a).fork();
+    const std::vector<const KVStore*> running = {a.get(), fork.get()};
+    const int free_blocks = num_blocks - 2;
+    const int want = free_blocks >= 2 ? 0 : 1;
+    EXPECT_EQ(memory.preemptions_needed(running), want)
+        << num_blocks << " blocks (" << free_blocks << " free), a and its fork sharing a half-full last block: "
+        << (want == 0 ? "each copies the shared block into a free one"
+                      : "preempting the fork leaves a's last block unshared, so a needs no copy");
+  }
+}
+
 GRADED_TEST(Lesson04Engine, WithRoomToSpareThePagedEngineEqualsTheSlotEngine, 2) {
   const auto reqs = requests(30, 3, false);
   std::vector<EngineStepLog> log;

@@ -62,10 +62,10 @@ def snapshot(root):
     return out
 
 
-def leftovers():
-    """Processes the students started that are still alive (their marks: 9731, 9732, probe)."""
+def leftovers(build):
+    """Processes the students started that are still alive: their sleeps, or their test programs."""
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [l for l in ps.splitlines() if "sleep 9732" in l or ("lesson00_tests" in l and "gtest_filter" in l)]
+    return [l for l in ps.splitlines() if "sleep 9732" in l or os.path.join(build, "bin") + "/" in l]
 
 
 def prepare(student_dir, name, leave_out):
@@ -127,7 +127,7 @@ def main():
                     failures.append("child_outlives: a process left behind rewrote the grader's report")
         if name == "deletes_build" and not os.path.exists(os.path.join(build, "bin", "lesson00_tests")):
             failures.append("deletes_build: the build directory lost its test program")
-        left = leftovers()
+        left = leftovers(build)
         if left:
             failures.append(f"{name}: processes left behind:\n" + "\n".join(left))
         if snapshot(COURSE) != before:

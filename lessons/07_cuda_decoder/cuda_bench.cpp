@@ -1,0 +1,171 @@
+// Lesson 07 bench: how close each kernel comes to the GPU's memory bandwidth.
+//
+//   build/cuda/bin/lesson07_cuda_bench [--json FILE] [--quick]
+//
+// Decode is memory-bound (lesson 01): a GEMV reads every weight once and does two FLOPs with
+// it. So each kernel is measured in GB/s (the bytes it must move, over its time), against the
+// device's own device-to-device copy measured first, and the float32 GEMV against cuBLAS's
+// SGEMV. Times are the median of CUDA-event timings after a warm-up. On a machine without a CUDA
+// device it says so and exits 0. ./course gpu-check runs it and puts the JSON in its report.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/cuda_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/options.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
+
+using namespace infer;
+
+namespace {
+
+struct Result {
+  std::string name, shape;
+  double bytes = 0, ms = 0;
+};
+
+/// Median milliseconds of `run` over `reps` timed runs, after two untimed ones.
+double time_ms(const std::function<void()>& run, int reps) {
+  cudaEvent_t start, stop;
+  INFER_CUDA_CHECK(cudaEventCreate(&start));
+  INFER_CUDA_CHECK(cudaEventCreate(&stop));
+  run();
+  run();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    INFER_CUDA_CHECK(cudaEventRecord(start));
+    run();
+    INFER_CUDA_CHECK(cudaEventRecord(stop));
+    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    INFER_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  INFER_CUDA_CHECK(cudaEventDestroy(start));
+  INFER_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(cat("cuBLAS error ", static_cast<int>(s), " in ", what));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson07_cuda_bench", {"--json"}, {"--quick"});
+    const bool quick = opts.has("--quick");
+    const std::string json = opts.text("--json", "");
+    if (!cuda_device_available()) {
+      std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
+      if (!json.empty())
+        if (std::FILE* f = std::fopen(json.c_str(), "w")) {
+          std::fputs("{\"device\": null, \"kernels\": [], \"decode\": []}\n", f);
+          std::fclose(f);
+        }
+      return 0;
+    }
+    cudaDeviceProp prop{};
+    INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int reps = quick ? 5 : 20;
+    std::printf("%s: %d SMs, %.0f GiB\n\n", prop.name, prop.multiProcessorCount,
+                static_cast<double>(prop.totalGlobalMem) / (1u << 30));
+
+    // The ceiling: a device-to-device copy reads and writes every byte once.
+    const size_t copy_bytes = (quick ? 256ull : 1024ull) << 20;
+    DeviceArray<char> src(copy_bytes), dst(copy_bytes);
+    src.fill_bytes(1);
+    const double copy_ms = time_ms([&] {
+      INFER_CUDA_CHECK(cudaMemcpy(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice));
+    }, reps);
+    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e6);
+    std::printf("device-to-device copy of %zu MiB: %.3f ms, %.0f GB/s (read + written)\n\n", copy_bytes >> 20, copy_ms,
+                copy_gbps);
+
+    std::vector<Result> results;
+    // GEMV: 1 GiB of float32 weights (16384 x 16384), and a 64 MiB one (4096 x 4096).
+    for (const int n : quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384}) {
+      DeviceArray<float> w(static_cast<size_t>(n) * n), x(n), y(n);
+      w.fill_bytes(0);
+      x.fill_bytes(0);
+      const double bytes = 4.0 * n * n + 8.0 * n;
+      const std::string shape = cat(n, " x ", n, " f32");
+      for (int v = 1; v <= gpu::gemv_versions(); ++v) {
+        if (v == 1 && n > 4096) continue;  // one thread per row at 16384 rows crawls: skip it
+        results.push_back({cat("gemv_f32 v", v), shape, bytes,
+                           time_ms([&] { gpu::gemv_f32(v, w.get(), x.get(), y.get(), n, n); }, reps)});
+      }
+      cublasHandle_t handle;
+      check_cublas(cublasCreate(&handle), "cublasCreate");
+      const float one = 1, zero = 0;
+      // Row-major W is column-major W^T: y = (W^T)^T x.
+      results.push_back({"cuBLAS sgemv", shape, bytes, time_ms([&] {
+                           check_cublas(cublasSgemv(handle, CUBLAS_OP_T, n, n, &one, w.get(), n, x.get(), 1, &zero,
+                                                    y.get(), 1),
+                                        "cublasSgemv");
+                         }, reps)});
+      check_cublas(cublasDestroy(handle), "cublasDestroy");
+      // The same weights in bf16: half the bytes.
+      DeviceArray<uint16_t> wb(static_cast<size_t>(n) * n);
+      wb.fill_bytes(0);
+      for (int v = 1; v <= gpu::gemv_bf16_versions(); ++v)
+        results.push_back({cat("gemv_bf16 v", v), cat(n, " x ", n, " bf16"), 2.0 * n * n + 8.0 * n,
+                           time_ms([&] { gpu::gemv_bf16(v, wb.get(), x.get(), y.get(), n, n); }, reps)});
+    }
+    {  // Row kernels over 64 MiB.
+      const int rows = 4096, cols = 4096;
+      DeviceArray<float> a(static_cast<size_t>(rows) * cols), b(a.size()), c(a.size()), g(cols);
+      a.fill_bytes(0), b.fill_bytes(0), g.fill_bytes(0);
+      const double m = 4.0 * rows * cols;
+      results.push_back({"rms_norm", cat(rows, " x ", cols), 2 * m,
+                         time_ms([&] { gpu::rms_norm(a.get(), g.get(), c.get(), rows, cols, 1e-5f); }, reps)});
+      results.push_back({"softmax_rows", cat(rows, " x ", cols), 2 * m,
+                         time_ms([&] { gpu::softmax_rows(c.get(), rows, cols); }, reps)});
+      results.push_back({"swiglu", cat(static_cast<long>(rows) * cols, " values"), 3 * m,
+                         time_ms([&] { gpu::swiglu(a.get(), b.get(), c.get(), static_cast<long>(rows) * cols); },
+                                 reps)});
+    }
+    {  // Decode attention: Llama-3-8B's heads (32 over 8, of 128) over 4,096 cached positions.
+      const int length = 4096, heads = 32, kv_heads = 8, hd = 128;
+      DeviceArray<float> q(heads * hd), k(static_cast<size_t>(length) * kv_heads * hd), v(k.size()), o(q.size());
+      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      results.push_back({"decode_attention", cat(length, " positions, 32/8 heads of 128"), 8.0 * length * kv_heads * hd,
+                         time_ms([&] { gpu::decode_attention(q.get(), k.get(), v.get(), o.get(), length, heads,
+                                                             kv_heads, hd); }, reps)});
+    }
+
+    std::printf("%-18s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
+    for (const Result& r : results) {
+      const double gbps = r.bytes / (r.ms * 1e6);
+      std::printf("%-18s %-34s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
+                  100 * gbps / copy_gbps);
+    }
+    if (!json.empty()) {
+      std::FILE* f = std::fopen(json.c_str(), "w");
+      require(f != nullptr, "lesson07_cuda_bench: cannot write ", json);
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"kernels\": [\n", prop.name, copy_gbps);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const Result& r = results[i];
+        const double gbps = r.bytes / (r.ms * 1e6);
+        std::fprintf(f, "  {\"name\": \"%s\", \"shape\": \"%s\", \"ms\": %.5f, \"gbps\": %.1f, \"fraction_of_copy\": %.4f}%s\n",
+                     r.name.c_str(), r.shape.c_str(), r.ms, gbps, gbps / copy_gbps, i + 1 < results.size() ? "," : "");
+      }
+      // Decode tokens/s waits for the CUDA backend (the model on the device), not written yet.
+      std::fprintf(f, "], \"decode\": []}\n");
+      std::fclose(f);
+      std::printf("\nwrote %s\n", json.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,69 @@
+/// @file kernels.hpp
+/// @brief Lesson 07's kernels: the decoder's operations on a CUDA device, as host functions
+/// that take device pointers and launch.
+///
+/// You write them in `exercises/07_cuda_decoder/kernels.cu`. Every pointer here is a device
+/// pointer (from cudaMalloc), every matrix row-major, every launch on the default stream. Each
+/// function checks its sizes first (throwing infer::Error, naming the kernel, before launching
+/// anything), launches, then checks the launch (cudaGetLastError): a failed launch throws an
+/// infer::Error that names the kernel. None waits for the kernel to finish; a cudaMemcpy back to
+/// the host does.
+///
+/// Where a kernel comes in versions, they form a ladder in the spirit of llm.c's dev/cuda:
+/// version 1 is the plain port of the CPU loop, each later version one idea faster. Every version
+/// computes the same result, within the tolerance the tests state.
+///
+/// This header needs no CUDA: a .cpp file can call these functions (linking the lesson's CUDA
+/// objects), so the CUDA backend of later lessons is plain C++.
+#pragma once
+
+#include <cstdint>
+
+#include "lessons/07_cuda_decoder/launch.hpp"
+
+namespace infer::gpu {
+
+/// y = W x: W [rows, cols] float32, x [cols], y [rows].
+/// - version 1: one thread per row, walking its row (neighbouring threads read addresses a row
+///   apart: uncoalesced);
+/// - version 2: one warp per row, the 32 lanes reading consecutive columns (coalesced), a warp
+///   shuffle reduction at the end;
+/// - version 3: version 2 reading float4, 16 bytes per lane per load. Rows start on a 16-byte
+///   boundary only when cols is a multiple of 4 (and w and x do, as cudaMalloc returns them);
+///   otherwise version 3 runs version 2.
+void gemv_f32(int version, const float* w, const float* x, float* y, int rows, int cols);
+
+/// y = W x with bfloat16 weights (rows * cols uint16_t, row-major), float32 x, y and sums.
+/// - version 1: one warp per row, one weight (2 bytes) per lane per load;
+/// - version 2: one warp per row, eight weights (16 bytes) per lane per load; when cols is not a
+///   multiple of 8 (rows not on 16-byte boundaries), version 2 runs version 1.
+void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int rows, int cols);
+
+/// RMSNorm of each row of x [rows, cols] into y, with gain `weight` [cols]:
+/// y = x / sqrt(mean(x^2) + eps) * weight. One block per row, its threads reducing the sum of
+/// squares through shared memory.
+void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps);
+
+/// Rotary embedding in place, rotate-half layout (lesson 00's apply_rope): x [rows, heads *
+/// head_dim], row r at position positions[r] (a device array of rows ints).
+void rope(float* x, const int* positions, int rows, int heads, int head_dim, float theta);
+
+/// out = silu(gate) * up, element by element, over n values.
+void swiglu(const float* gate, const float* up, float* out, long n);
+
+/// Softmax of each row of x [rows, cols], in place, the row's maximum subtracted first.
+void softmax_rows(float* x, int rows, int cols);
+
+/// out [n, hidden] = the rows of table [vocab, hidden] for ids [n] (a device array). An id
+/// outside [0, vocab) writes a row of NaN (a kernel cannot throw; the host checks ids first
+/// where it has them).
+void embedding(const float* table, const int* ids, float* out, int n, int vocab, int hidden);
+
+/// Decode attention for one sequence: the single query q [heads * head_dim] (already rotated)
+/// over the `length` cached positions of k and v [length, kv_heads * head_dim], grouped-query
+/// (query head h reads K/V head h / (heads / kv_heads)), scaled by 1/sqrt(head_dim), with a
+/// stable softmax. out [heads * head_dim]. One block per query head.
+void decode_attention(const float* q, const float* k, const float* v, float* out, int length, int heads,
+                      int kv_heads, int head_dim);
+
+}  // namespace infer::gpu

@@ -1,0 +1,186 @@
+// Lesson 07 on a CUDA device: every kernel version against its CPU reference, on awkward shapes
+// (one row, sizes that are not multiples of a warp or a block, head dims 24, 64 and 128). Each
+// output is poisoned with NaN before the kernel runs, so an element it forgets to write fails.
+// Tolerances are atol + rtol * |ref|, per kernel, below. Without a device every case skips.
+#include <cmath>
+#include <vector>
+
+#include "common/cuda_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/rng.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
+
+namespace infer::gpu {
+namespace {
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
+
+std::vector<float> random_values(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+  return v;
+}
+
+Matrix as_matrix(const std::vector<float>& v, Eigen::Index rows, Eigen::Index cols) {
+  return Eigen::Map<const Matrix>(v.data(), rows, cols);
+}
+
+/// An output array full of NaN: whatever the kernel does not write stays NaN and fails.
+DeviceArray<float> poisoned(size_t n) {
+  DeviceArray<float> out(n);
+  out.fill_bytes(0xFF);
+  return out;
+}
+
+struct Shape {
+  int rows, cols;
+};
+const Shape kGemvShapes[] = {{1, 1}, {1, 37}, {3, 32}, {31, 33}, {257, 100}, {64, 1024}, {130, 4101}};
+
+GRADED_TEST(Lesson07Kernels, EveryGemvVersionMatchesTheReference, 3) {
+  REQUIRE_DEVICE();
+  for (const Shape s : kGemvShapes) {
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 10 + s.cols), x = random_values(s.cols, 20);
+    const Vector want = gemv_reference(as_matrix(w, s.rows, s.cols), as_matrix(x, s.cols, 1).col(0));
+    DeviceArray<float> dw(w), dx(x);
+    for (int version = 1; version <= gemv_versions(); ++version) {
+      DeviceArray<float> dy = poisoned(s.rows);
+      gemv_f32(version, dw.get(), dx.get(), dy.get(), s.rows, s.cols);
+      const auto got = dy.download();
+      // float32 sums in another order: 1e-4 relative plus 1e-5 per sqrt(cols) absolute.
+      ASSERT_TRUE(testing::all_close(want, as_matrix(got, s.rows, 1), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                     cat("gemv_f32 version ", version, " on ", s.rows, " x ", s.cols)));
+    }
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, EveryBf16GemvVersionMatchesTheReference, 3) {
+  REQUIRE_DEVICE();
+  for (const Shape s : kGemvShapes) {
+    const auto wf = random_values(static_cast<size_t>(s.rows) * s.cols, 30 + s.cols), x = random_values(s.cols, 40);
+    const std::vector<uint16_t> w = to_bf16(as_matrix(wf, s.rows, s.cols));
+    const Vector want = gemv_bf16_reference(w, s.rows, s.cols, as_matrix(x, s.cols, 1).col(0));
+    DeviceArray<uint16_t> dw(w);
+    DeviceArray<float> dx(x);
+    for (int version = 1; version <= gemv_bf16_versions(); ++version) {
+      DeviceArray<float> dy = poisoned(s.rows);
+      gemv_bf16(version, dw.get(), dx.get(), dy.get(), s.rows, s.cols);
+      ASSERT_TRUE(testing::all_close(want, as_matrix(dy.download(), s.rows, 1), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                     cat("gemv_bf16 version ", version, " on ", s.rows, " x ", s.cols)));
+    }
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
+  REQUIRE_DEVICE();
+  for (const Shape s : {Shape{1, 1}, Shape{1, 192}, Shape{5, 33}, Shape{7, 4097}}) {
+    const auto x = random_values(static_cast<size_t>(s.rows) * s.cols, 50, 3.0), w = random_values(s.cols, 60);
+    const Matrix want = ::infer::rms_norm(as_matrix(x, s.rows, s.cols), as_matrix(w, s.cols, 1).col(0), 1e-5f);
+    DeviceArray<float> dx(x), dw(w);
+    DeviceArray<float> dy = poisoned(x.size());
+    gpu::rms_norm(dx.get(), dw.get(), dy.get(), s.rows, s.cols, 1e-5f);
+    ASSERT_TRUE(testing::all_close(want, as_matrix(dy.download(), s.rows, s.cols), 1e-5, 1e-4,
+                                   cat("rms_norm on ", s.rows, " x ", s.cols)));
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, RopeMatchesLesson00AtEachRowsPosition, 2) {
+  REQUIRE_DEVICE();
+  for (const int head_dim : {24, 64, 128}) {
+    const int rows = 3, heads = 5;
+    const std::vector<int> positions = {0, 7, 250};
+    const auto x = random_values(static_cast<size_t>(rows) * heads * head_dim, 70 + head_dim);
+    Matrix want = as_matrix(x, rows, heads * head_dim);
+    for (int r = 0; r < rows; ++r) {
+      auto row = want.row(r);
+      apply_rope(row, head_dim, positions[r], 10000.0f);
+    }
+    DeviceArray<float> dx(x);
+    DeviceArray<int> dpos(positions);
+    rope(dx.get(), dpos.get(), rows, heads, head_dim, 10000.0f);
+    ASSERT_TRUE(testing::all_close(want, as_matrix(dx.download(), rows, heads * head_dim), 1e-5, 1e-4,
+                                   cat("rope, head_dim ", head_dim, ", positions 0, 7, 250")));
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, SwigluAndSoftmaxMatchTheirReferences, 2) {
+  REQUIRE_DEVICE();
+  const long n = 1000003;  // not a multiple of any block
+  const auto gate = random_values(n, 80, 4.0), up = random_values(n, 81);
+  DeviceArray<float> dg(gate), du(up);
+  DeviceArray<float> dout = poisoned(n);
+  swiglu(dg.get(), du.get(), dout.get(), n);
+  const auto got = dout.download();
+  for (long i = 0; i < n; ++i) {
+    const double want = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
+    ASSERT_NEAR(got[i], want, 1e-6 + 1e-5 * std::abs(want)) << "swiglu element " << i;
+  }
+  for (const Shape s : {Shape{1, 1}, Shape{3, 255}, Shape{4, 5000}}) {
+    const auto x = random_values(static_cast<size_t>(s.rows) * s.cols, 90, 30.0);  // scores in the tens
+    Matrix want = as_matrix(x, s.rows, s.cols);
+    softmax_rows_reference(want);
+    DeviceArray<float> dx(x);
+    softmax_rows(dx.get(), s.rows, s.cols);
+    ASSERT_TRUE(testing::all_close(want, as_matrix(dx.download(), s.rows, s.cols), 1e-6, 1e-4,
+                                   cat("softmax_rows on ", s.rows, " x ", s.cols)));
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, EmbeddingCopiesRowsAndMarksBadIds, 1) {
+  REQUIRE_DEVICE();
+  const int vocab = 259, hidden = 192;
+  const auto table = random_values(static_cast<size_t>(vocab) * hidden, 100);
+  const std::vector<int> ids = {1, 258, 0, 40, 40};
+  DeviceArray<float> dt(table);
+  DeviceArray<int> dids(ids);
+  DeviceArray<float> dout = poisoned(ids.size() * hidden);
+  embedding(dt.get(), dids.get(), dout.get(), static_cast<int>(ids.size()), vocab, hidden);
+  const Matrix want = embedding_reference(as_matrix(table, vocab, hidden), ids);
+  ASSERT_TRUE(testing::all_close(want, as_matrix(dout.download(), 5, hidden), 0, 0, "embedding rows"));
+  DeviceArray<int> bad(std::vector<int>{3, 259});
+  embedding(dt.get(), bad.get(), dout.get(), 2, vocab, hidden);
+  const auto got = dout.download();
+  EXPECT_FALSE(std::isnan(got[0])) << "id 3 is in the vocabulary";
+  EXPECT_TRUE(std::isnan(got[hidden])) << "id 259 is outside a vocabulary of 259: its row must be NaN";
+}
+
+GRADED_TEST(Lesson07Kernels, DecodeAttentionMatchesLesson00, 3) {
+  REQUIRE_DEVICE();
+  struct Case {
+    int length, heads, kv_heads, head_dim;
+  };
+  for (const Case c : {Case{1, 8, 2, 24}, Case{37, 8, 2, 24}, Case{256, 4, 4, 64}, Case{1000, 8, 1, 128},
+                       Case{5000, 2, 2, 64}}) {
+    const int kv_dim = c.kv_heads * c.head_dim;
+    const auto q = random_values(static_cast<size_t>(c.heads) * c.head_dim, 110), k = random_values(
+        static_cast<size_t>(c.length) * kv_dim, 111), v = random_values(static_cast<size_t>(c.length) * kv_dim, 112);
+    const Matrix want = causal_attention(as_matrix(q, 1, c.heads * c.head_dim), as_matrix(k, c.length, kv_dim),
+                                         as_matrix(v, c.length, kv_dim), c.heads, c.kv_heads, c.head_dim);
+    DeviceArray<float> dq(q), dk(k), dv(v);
+    DeviceArray<float> dout = poisoned(q.size());
+    decode_attention(dq.get(), dk.get(), dv.get(), dout.get(), c.length, c.heads, c.kv_heads, c.head_dim);
+    ASSERT_TRUE(testing::all_close(want, as_matrix(dout.download(), 1, c.heads * c.head_dim), 1e-5, 1e-4,
+                                   cat("decode_attention over ", c.length, " positions, ", c.heads, " heads over ",
+                                       c.kv_heads, ", head_dim ", c.head_dim)));
+  }
+}
+
+GRADED_TEST(Lesson07Kernels, BadShapesThrowNamingTheKernel, 1) {
+  REQUIRE_DEVICE();
+  DeviceArray<float> a(16), b(16), c(16);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_f32(4, a.get(), b.get(), c.get(), 4, 4); }, "version"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_f32(1, a.get(), b.get(), c.get(), 0, 4); }, "rows"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::rms_norm(a.get(), nullptr, c.get(), 1, 4, 1e-5f); }, "rms_norm"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { decode_attention(a.get(), b.get(), c.get(), a.get(), 2, 3, 2, 4); }, "decode_attention"));
+}
+
+}  // namespace
+}  // namespace infer::gpu

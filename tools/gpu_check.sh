@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# ./course gpu-check: everything the CUDA lessons need checked, in one command, on a bare GPU
+# machine (nvcc, CMake, ninja and compute-sanitizer there; none of the course's Debian packages;
+# no network).
+#
+#   ./course gpu-check [--out DIR] [--commit SHA] [--build-only] [--arch SM]
+#
+#  1. the build's packages: if the system has no Eigen, the .deb files that `./course gpu-deps`
+#     fetched into .deb/ are unpacked into build/gpu-deps (GoogleTest is built from source);
+#  2. the reference engine with CUDA: build/cuda (kept, so a rerun only rebuilds what changed);
+#  3. every test but the grader's (it needs bubblewrap), the `cuda` ones among them;
+#  4. compute-sanitizer memcheck and racecheck over every CUDA test program;
+#  5. the CUDA benches, each writing JSON;
+#  6. the catalogue of known-wrong kernels, each proven to lose points (CI cannot: no GPU);
+#  7. one report, DIR/gpu-report.md and DIR/gpu-report.json: the GPU, its driver, nvcc, the
+#     commit, each step's result, each test, each kernel's GB/s.
+# With --build-only it stops after step 2 (what a machine without a GPU can check).
+# Each step has a time limit, so the whole stays under 8 minutes on an H200.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --commit) commit=${2:?--commit needs a value}; shift 2 ;;
+    --arch) arch=${2:?--arch needs a compute capability such as 90}; shift 2 ;;
+    --build-only) build_only=1; shift ;;
+    *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+steps="$out/steps.tsv"
+: >"$steps"
+start=$SECONDS
+PY=$(command -v python3 || echo /usr/bin/python3)
+
+# record NAME STATUS SECONDS NOTE: one line per step for the report.
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$steps"; echo "== $1: $2 ($3 s) $4"; }
+
+# run_step NAME LIMIT LOG COMMAND...: runs a step with a time limit, its output into LOG.
+run_step() {
+  local name=$1 limit=$2 log=$3; shift 3
+  local t0=$SECONDS status
+  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+  status=$?
+  local took=$((SECONDS - t0))
+  if [ $status -eq 0 ]; then record "$name" passed "$took" ""
+  elif [ $status -eq 124 ] || [ $status -eq 137 ]; then record "$name" "timed out" "$took" "after $limit s"
+  else record "$name" failed "$took" "exit $status: $(grep -m1 -iE 'error|fail' "$log" | cut -c1-200)"
+  fi
+  return $status
+}
+
+# ------------------------------------------------------------ 1. packages --
+cmake_args=()
+if [ ! -f /usr/include/eigen3/Eigen/Core ] || [ ! -d /usr/include/gtest ]; then
+  prefix="$ROOT/build/gpu-deps"
+  if [ ! -f "$prefix/usr/share/eigen3/cmake/Eigen3Config.cmake" ]; then
+    run_step "unpack .deb/" 60 "$out/deps.log" "$PY" tools/unpack_debs.py .deb "$prefix" || {
+      echo "gpu-check: no packages to build with (run ./course gpu-deps where apt works, and carry .deb/)" >&2
+      cat "$out/deps.log" >&2
+    }
+  fi
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DCOURSE_GTEST_SOURCE="$prefix/usr/src/googletest")
+fi
+
+# ---------------------------------------------------------------- 2. build --
+if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+fi
+[ -n "$arch" ] && cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES="$arch")
+build="$ROOT/build/cuda"
+run_step configure 120 "$out/configure.log" \
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOURSE_TRACK=solutions -DCOURSE_CUDA=ON \
+  "${cmake_args[@]}"
+configured=$?
+built=1
+if [ $configured -eq 0 ]; then
+  run_step build 300 "$out/build.log" cmake --build "$build" -j "$(nproc)"
+  built=$?
+fi
+
+if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
+  # -------------------------------------------------------------- 3. tests --
+  run_step "tests (all but the grader's)" 180 "$out/tests.log" \
+    ctest --test-dir "$build" -LE grader -j "$(nproc)" --timeout 120 --output-junit "$out/tests.junit.xml"
+  run_step "cuda tests" 120 "$out/cuda-tests.log" \
+    ctest --test-dir "$build" -L cuda -j 4 --timeout 60 --output-junit "$out/cuda-tests.junit.xml"
+
+  # --------------------------------------------------------- 4. sanitizers --
+  if command -v compute-sanitizer >/dev/null; then
+    for prog in "$build"/bin/*cuda_tests; do
+      [ -x "$prog" ] || continue
+      for tool in memcheck racecheck; do
+        run_step "compute-sanitizer $tool $(basename "$prog")" 150 "$out/sanitizer-$tool-$(basename "$prog").log" \
+          compute-sanitizer --tool "$tool" --error-exitcode 3 "$prog"
+      done
+    done
+  else
+    record "compute-sanitizer" skipped 0 "not installed on this machine"
+  fi
+
+  # -------------------------------------------------------------- 5. benches --
+  for bench in "$build"/bin/lesson*_cuda_bench; do
+    [ -x "$bench" ] || continue
+    name=$(basename "$bench")
+    run_step "bench $name" 150 "$out/$name.log" "$bench" --json "$out/$name.json"
+  done
+
+  # ------------------------------------- 6. the kernels' known-wrong catalogue --
+  # CI has no GPU, so the catalogued kernel mistakes are proven to lose points here.
+  kw_args=()
+  for a in "${cmake_args[@]}"; do kw_args+=("--cmake-arg=$a"); done
+  cuda_lessons=$(ls tests/*/known_wrong/*.patch 2>/dev/null | xargs -r grep -l '^+++ .*\.cu$' | cut -d/ -f2 | cut -c1-2 | sort -u)
+  if [ -n "$cuda_lessons" ]; then
+    run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 240 "$out/known-wrong.log" \
+      "$PY" tools/known_wrong.py --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
+      --cmake-arg=-DCOURSE_CUDA=ON "${kw_args[@]}"
+  fi
+fi
+
+# --------------------------------------------------------------- 7. report --
+[ -n "$commit" ] || commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu-commit 2>/dev/null || echo unknown)
+"$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start))
+! grep -qP '\t(failed|timed out)\t' "$steps"

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The GPU check's report (tools/gpu_check.sh writes the pieces; this joins them).
+
+    gpu_report.py --out DIR --commit SHA [--build-only 0|1] [--seconds N]
+
+Reads DIR/steps.tsv, DIR/*.junit.xml and DIR/*_bench.json; asks nvidia-smi and nvcc what ran;
+writes DIR/gpu-report.json and DIR/gpu-report.md. Copy the markdown to docs/gpu-report.md to
+publish it: the lesson texts quote that file, and nothing else, for GPU figures.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+
+
+def ask(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def junit(path):
+    out = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        status = tc.get("status", "")
+        text = tc.findtext("system-out") or ""
+        if tc.find("failure") is not None or status == "fail":
+            state = "failed"
+        elif tc.find("skipped") is not None or status in ("notrun", "disabled") or "[  SKIPPED ]" in text:
+            state = "skipped"
+        else:
+            state = "passed"
+        out.append({"name": tc.get("name"), "status": state})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--build-only", default="0")
+    ap.add_argument("--seconds", type=int, default=0)
+    a = ap.parse_args()
+
+    gpu = ask(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"])
+    nvcc = ask(["nvcc", "--version"]).splitlines()
+    report = {
+        "commit": a.commit,
+        "gpu": gpu or "none found (nvidia-smi gave nothing)",
+        "nvcc": nvcc[-1] if nvcc else "not found",
+        "seconds": a.seconds,
+        "build_only": a.build_only == "1",
+        "steps": [],
+        "tests": {},
+        "benches": {},
+    }
+    steps_path = os.path.join(a.out, "steps.tsv")
+    if os.path.exists(steps_path):
+        with open(steps_path) as f:
+            for line in f:
+                name, status, seconds, note = (line.rstrip("\n").split("\t") + ["", "", "", ""])[:4]
+                report["steps"].append({"step": name, "status": status, "seconds": seconds, "note": note})
+    for path in sorted(glob.glob(os.path.join(a.out, "*.junit.xml"))):
+        try:
+            report["tests"][os.path.basename(path)[:-len(".junit.xml")]] = junit(path)
+        except ET.ParseError:
+            report["tests"][os.path.basename(path)] = [{"name": "(unreadable JUnit file)", "status": "failed"}]
+    for path in sorted(glob.glob(os.path.join(a.out, "*_bench.json"))):
+        with open(path) as f:
+            try:
+                report["benches"][os.path.basename(path)[:-5]] = json.load(f)
+            except ValueError:
+                report["benches"][os.path.basename(path)[:-5]] = {"error": "unreadable JSON"}
+
+    with open(os.path.join(a.out, "gpu-report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+    md = ["# GPU check report", ""]
+    md += [f"- GPU: {report['gpu']}", f"- CUDA compiler: {report['nvcc']}", f"- commit: {report['commit']}",
+           f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else ""),
+           f"- took: {report['seconds']} s", ""]
+    md += ["| step | result | seconds | note |", "| --- | --- | --- | --- |"]
+    md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in report["steps"]]
+    for name, cases in report["tests"].items():
+        counts = {k: sum(1 for c in cases if c["status"] == k) for k in ("passed", "failed", "skipped")}
+        md += ["", f"## {name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"]
+        bad = [c["name"] for c in cases if c["status"] == "failed"]
+        if bad:
+            md += ["", "Failed: " + ", ".join(bad)]
+    for name, bench in report["benches"].items():
+        md += ["", f"## {name}", ""]
+        if "copy_gbps" in bench:
+            md += [f"Measured device-to-device copy: {bench['copy_gbps']:.0f} GB/s.", ""]
+        kernels = bench.get("kernels", [])
+        if kernels:
+            md += ["| kernel | shape | ms | GB/s | of copy bandwidth |", "| --- | --- | --- | --- | --- |"]
+            for k in kernels:
+                md += [f"| {k.get('name')} | {k.get('shape', '')} | {k.get('ms', 0):.4f} | {k.get('gbps', 0):.0f} | "
+                       f"{100 * k.get('fraction_of_copy', 0):.0f}% |"]
+        for d in bench.get("decode", []):
+            md += [f"- decode, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s "
+                   f"({100 * d.get('fraction_of_roofline', 0):.0f}% of its memory roofline)"]
+    with open(os.path.join(a.out, "gpu-report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print(f"wrote {a.out}/gpu-report.md and gpu-report.json")
+
+
+if __name__ == "__main__":
+    main()
