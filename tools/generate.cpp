@@ -3,10 +3,12 @@
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]]
+//            [--device cuda [--weights f32|bf16]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
 // prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
-// blocks of SIZE positions from a pool of COUNT blocks (lesson 04).
+// blocks of SIZE positions from a pool of COUNT blocks (lesson 04). --device cuda runs the model on
+// a GPU with lesson 07's kernels, its weights in float32 or bf16 (built where CUDA is).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
@@ -25,6 +27,10 @@
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#if COURSE_HAVE_CUDA
+#include "common/cuda_check.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#endif
 
 namespace {
 
@@ -38,7 +44,8 @@ void usage(std::ostream& out) {
          "  --kv-cache keeps keys and values (lesson 02) instead of recomputing them (lesson 00);\n"
          "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n"
          "  --paged keeps them in blocks of SIZE positions (default 16) from a pool of COUNT blocks\n"
-         "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n";
+         "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n"
+         "  --device cuda runs on a GPU with lesson 07's kernels (--weights f32 or bf16, default f32).\n";
 }
 
 }  // namespace
@@ -47,7 +54,7 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                               "--seed", "--kv-dtype", "--block-size", "--num-blocks"},
+                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
@@ -74,6 +81,20 @@ int main(int argc, char** argv) {
     if (paged && kv_dtype != "f32") throw infer::Error("generate: --paged stores float32; drop --kv-dtype int8");
     if (!paged && (opts.has("--block-size") || opts.has("--num-blocks")))
       throw infer::Error("generate: --block-size and --num-blocks need --paged");
+    const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
+    if (device != "cpu" && device != "cuda")
+      throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
+    if (weights != "f32" && weights != "bf16")
+      throw infer::Error(infer::cat("generate: --weights must be f32 or bf16, got '", weights, "'"));
+    if (device == "cpu" && opts.has("--weights")) throw infer::Error("generate: --weights needs --device cuda");
+    if (device == "cuda" && (kv_cache || opts.has("--kv-dtype")))
+      throw infer::Error("generate: --device cuda keeps its own KV cache on the GPU; drop --kv-cache, --paged and --kv-dtype");
+#if COURSE_HAVE_CUDA
+    if (device == "cuda" && !infer::cuda_device_available())
+      throw infer::Error("generate: --device cuda, but this machine has no CUDA device");
+#else
+    if (device == "cuda") throw infer::Error("generate: this build has no CUDA (no CUDA compiler was found)");
+#endif
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
@@ -85,7 +106,13 @@ int main(int argc, char** argv) {
     };
     std::vector<int> out;
     std::unique_ptr<infer::PagedKVPool> pool;
-    if (!kv_cache) {
+    if (device == "cuda") {
+#if COURSE_HAVE_CUDA
+      infer::gpu::CudaModel gpu(model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32,
+                                std::max<int>(1, static_cast<int>(prompt_ids.size()) + max_new));
+      out = infer::gpu::generate_cuda(gpu, prompt_ids, max_new, sampler, stream);
+#endif
+    } else if (!kv_cache) {
       out = infer::generate(model, prompt_ids, max_new, sampler, stream);
     } else {
       // Room for everything the sequence will hold; generate_cached refuses more than the context.
@@ -110,7 +137,10 @@ int main(int argc, char** argv) {
     }
     std::cout << std::endl;  // flushed before the statistics go to stderr
     if (stats) {
-      const std::string engine = paged ? "paged KV cache" : kv_cache ? "KV cache, " + kv_dtype : "naive decoder";
+      const std::string engine = device == "cuda" ? "CUDA, " + weights + " weights"
+                                 : paged          ? "paged KV cache"
+                                 : kv_cache       ? "KV cache, " + kv_dtype
+                                                  : "naive decoder";
       std::fprintf(stderr, "[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", engine.c_str(),
                    prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     }

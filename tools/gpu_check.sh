@@ -117,7 +117,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   cuda_lessons=$(ls tests/*/known_wrong/*.patch 2>/dev/null | xargs -r grep -l '^+++ .*\.cu$' | cut -d/ -f2 | cut -c1-2 | sort -u)
   if [ -n "$cuda_lessons" ]; then
     run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 240 "$out/known-wrong.log" \
-      "$PY" tools/known_wrong.py --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
+      "$PY" tools/known_wrong.py --kernels-only --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
       --cmake-arg=-DCOURSE_CUDA=ON "${kw_args[@]}"
   fi
 fi

@@ -334,7 +334,7 @@ def remove_outputs(build, nn, binaries):
     # tree, may stay (it does not depend on the student).
     for dirpath, _, filenames in os.walk(os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")):
         for f in filenames:
-            if not (f.startswith("given.cpp.") and os.sep + "lessons" + os.sep in dirpath + os.sep):
+            if not (f.startswith(("given.cpp.", "given_cuda.cpp.")) and os.sep + "lessons" + os.sep in dirpath + os.sep):
                 os.remove(os.path.join(dirpath, f))
     for lib in (f"liblesson{nn}_exercise.a",):
         try:

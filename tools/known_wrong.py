@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--lessons", nargs="*")
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "known-wrong"))
     ap.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
     ap.add_argument("--cmake-arg", action="append", default=[],
                     help="passed to the grader's CMake configure (a bare GPU machine's package prefix)")
     args = ap.parse_args()
@@ -71,6 +73,8 @@ def main():
         name = os.path.splitext(os.path.basename(patch))[0]
         with open(patch, encoding="utf-8") as f:
             touches_kernels = any(line.startswith("+++ ") and line.rstrip().endswith(".cu") for line in f)
+        if args.kernels_only and not touches_kernels:
+            continue
         if touches_kernels and not has_gpu:
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
             rows.append((lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check"))
@@ -105,7 +109,7 @@ def main():
         with open(report) as f:
             r = json.load(f)
         caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
-                  for l in r["lessons"] for t in l["tests"] if t["status"] != "passed"]
+                  for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")]
         points = f"{r['earned']}/{r['total']}"
         counts.setdefault(lesson, [0, 0])
         counts[lesson][1] += 1

@@ -24,7 +24,7 @@ std::atomic<int> g_counters{0};
 std::atomic<std::size_t> g_bytes{0};
 std::atomic<std::size_t> g_largest{0};
 
-void note(std::size_t n) {
+[[maybe_unused]] void note(std::size_t n) {
   if (g_counters.load(std::memory_order_relaxed) == 0) return;
   g_bytes.fetch_add(n, std::memory_order_relaxed);
   std::size_t seen = g_largest.load(std::memory_order_relaxed);

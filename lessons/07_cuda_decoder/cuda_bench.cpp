@@ -5,8 +5,10 @@
 // Decode is memory-bound (lesson 01): a GEMV reads every weight once and does two FLOPs with
 // it. So each kernel is measured in GB/s (the bytes it must move, over its time), against the
 // device's own device-to-device copy measured first, and the float32 GEMV against cuBLAS's
-// SGEMV. Times are the median of CUDA-event timings after a warm-up. On a machine without a CUDA
-// device it says so and exits 0. ./course gpu-check runs it and puts the JSON in its report.
+// SGEMV; then decode tokens/s at batch 1 against the memory roofline (the weights' bytes at the
+// copy bandwidth). Kernel times are the median of CUDA-event timings after a warm-up. On a
+// machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts the
+// JSON in its report.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +21,9 @@
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/options.hpp"
+#include "common/timer.hpp"
+#include "common/weights.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 
 using namespace infer;
@@ -142,11 +147,43 @@ int main(int argc, char** argv) {
                                                              kv_heads, hd); }, reps)});
     }
 
+    // Decode at batch 1, the whole model: the bundled model (6.6 MB, which the GPU's L2 cache
+    // holds: launch overheads dominate), and a 1.1B-parameter shape (TinyLlama's: 22 layers,
+    // hidden 2048, 32 heads over 4, MLP 5632, 32,000 tokens) with pattern weights, whose 2.2 GB
+    // of bf16 stream from memory at every step.
+    struct Decode {
+      std::string model;
+      double tokens_per_s = 0, weight_bytes = 0;
+    };
+    std::vector<Decode> decodes;
+    auto time_decode = [&](gpu::CudaModel& model, const std::string& name) {
+      const int steps = quick ? 16 : 64;
+      model.decode(1);  // warm-up
+      Stopwatch clock;
+      for (int i = 0; i < steps; ++i) model.decode(3 + i % 200);
+      decodes.push_back({name, steps / clock.seconds(), model.weight_bytes_per_step()});
+    };
+    const ModelWeights bundled = load_model(bundled_model_dir("tiny-fortunes"));
+    for (const gpu::WeightType t : {gpu::WeightType::F32, gpu::WeightType::BF16}) {
+      gpu::CudaModel model(bundled, t, 128);
+      time_decode(model, t == gpu::WeightType::F32 ? "tiny-fortunes, float32" : "tiny-fortunes, bf16");
+    }
+    ModelConfig big;
+    big.vocab_size = 32000, big.hidden_size = 2048, big.intermediate_size = 5632, big.num_hidden_layers = 22;
+    big.num_attention_heads = 32, big.num_key_value_heads = 4, big.head_dim = 64, big.max_position_embeddings = 2048;
+    time_decode(*gpu::CudaModel::with_pattern_weights(big, gpu::WeightType::BF16, 256), "1.1B shape, bf16");
+
     std::printf("%-18s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
     for (const Result& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
       std::printf("%-18s %-34s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
                   100 * gbps / copy_gbps);
+    }
+    std::printf("\n%-26s %12s %14s %22s\n", "decode, batch 1", "tokens/s", "weights/step", "of the memory roofline");
+    for (const Decode& d : decodes) {
+      const double roof = copy_gbps * 1e9 / d.weight_bytes;  // tokens/s if only the weights' bytes counted
+      std::printf("%-26s %12.0f %11.1f MB %21.0f%%\n", d.model.c_str(), d.tokens_per_s, d.weight_bytes / 1e6,
+                  100 * d.tokens_per_s / roof);
     }
     if (!json.empty()) {
       std::FILE* f = std::fopen(json.c_str(), "w");
@@ -158,8 +195,15 @@ int main(int argc, char** argv) {
         std::fprintf(f, "  {\"name\": \"%s\", \"shape\": \"%s\", \"ms\": %.5f, \"gbps\": %.1f, \"fraction_of_copy\": %.4f}%s\n",
                      r.name.c_str(), r.shape.c_str(), r.ms, gbps, gbps / copy_gbps, i + 1 < results.size() ? "," : "");
       }
-      // Decode tokens/s waits for the CUDA backend (the model on the device), not written yet.
-      std::fprintf(f, "], \"decode\": []}\n");
+      std::fprintf(f, "], \"decode\": [\n");
+      for (size_t i = 0; i < decodes.size(); ++i) {
+        const Decode& d = decodes[i];
+        const double roof = copy_gbps * 1e9 / d.weight_bytes;
+        std::fprintf(f, "  {\"model\": \"%s\", \"tokens_per_s\": %.1f, \"weight_bytes\": %.0f, \"fraction_of_roofline\": %.4f}%s\n",
+                     d.model.c_str(), d.tokens_per_s, d.weight_bytes, d.tokens_per_s / roof,
+                     i + 1 < decodes.size() ? "," : "");
+      }
+      std::fprintf(f, "]}\n");
       std::fclose(f);
       std::printf("\nwrote %s\n", json.c_str());
     }

@@ -48,6 +48,9 @@ void rms_norm(const float* x, const float* weight, float* y, int rows, int cols,
 /// head_dim], row r at position positions[r] (a device array of rows ints).
 void rope(float* x, const int* positions, int rows, int heads, int head_dim, float theta);
 
+/// x += y, element by element, over n values (the residual additions).
+void add(float* x, const float* y, long n);
+
 /// out = silu(gate) * up, element by element, over n values.
 void swiglu(const float* gate, const float* up, float* out, long n);
 

@@ -159,6 +159,11 @@ __global__ void rope_kernel(float* x, const int* positions, int rows, int heads,
   head[i + half] = b * c + a * s;
 }
 
+__global__ void add_kernel(float* x, const float* y, long n) {
+  const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, long n) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -244,6 +249,13 @@ void rope(float* x, const int* positions, int rows, int heads, int head_dim, flo
   const long pairs = static_cast<long>(rows) * heads * (head_dim / 2);
   rope_kernel<<<grid_blocks(pairs, kBlock), kBlock>>>(x, positions, rows, heads, head_dim, theta);
   cuda_check_launch("rope");
+}
+
+void add(float* x, const float* y, long n) {
+  require(n >= 1, "add: n must be >= 1, got ", n);
+  require_device_pointers("add", {x, y});
+  add_kernel<<<grid_blocks(n, kBlock), kBlock>>>(x, y, n);
+  cuda_check_launch("add");
 }
 
 void swiglu(const float* gate, const float* up, float* out, long n) {

@@ -110,7 +110,7 @@ GRADED_TEST(Lesson07Kernels, RopeMatchesLesson00AtEachRowsPosition, 2) {
   }
 }
 
-GRADED_TEST(Lesson07Kernels, SwigluAndSoftmaxMatchTheirReferences, 2) {
+GRADED_TEST(Lesson07Kernels, SwigluAddAndSoftmaxMatchTheirReferences, 2) {
   REQUIRE_DEVICE();
   const long n = 1000003;  // not a multiple of any block
   const auto gate = random_values(n, 80, 4.0), up = random_values(n, 81);
@@ -122,6 +122,9 @@ GRADED_TEST(Lesson07Kernels, SwigluAndSoftmaxMatchTheirReferences, 2) {
     const double want = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
     ASSERT_NEAR(got[i], want, 1e-6 + 1e-5 * std::abs(want)) << "swiglu element " << i;
   }
+  add(dg.get(), du.get(), n);  // gate += up
+  const auto sum = dg.download();
+  for (long i = 0; i < n; ++i) ASSERT_EQ(sum[i], gate[i] + up[i]) << "add element " << i;
   for (const Shape s : {Shape{1, 1}, Shape{3, 255}, Shape{4, 5000}}) {
     const auto x = random_values(static_cast<size_t>(s.rows) * s.cols, 90, 30.0);  // scores in the tens
     Matrix want = as_matrix(x, s.rows, s.cols);
