@@ -21,8 +21,8 @@ namespace infer::gpu {
 /// The bfloat16 nearest to `x`: float32's sign, its 8 exponent bits and the top 7 of its 23
 /// mantissa bits, the rest rounded to nearest with ties to even (the bit pattern's low 16 bits
 /// above 0x8000 round up, below round down, exactly 0x8000 round to the even neighbour).
-/// Infinities stay infinite; a NaN stays a NaN (a quiet NaN with x's sign), never becoming an
-/// infinity by rounding its mantissa away.
+/// Infinities stay infinite; a NaN stays a NaN (a quiet NaN with x's sign: x's top 16 bits with
+/// the quiet bit 0x0040 set), never becoming an infinity by rounding its mantissa away.
 uint16_t float_to_bf16(float x);
 
 /// The float32 a bfloat16 stands for, exactly: its 16 bits followed by 16 zero bits.
@@ -37,12 +37,13 @@ std::vector<uint16_t> to_bf16(ConstMatrixRef m);
 // and attention have theirs in lesson 00 (naive_decoder.hpp).
 
 /// y = W x for W [rows, cols] (row-major) and x [cols]: y[r] = sum over c of W[r, c] * x[c].
-/// Throws infer::Error if x does not have cols entries.
+/// Throws infer::Error if x does not have cols entries (the message gives x's size).
 Vector gemv_reference(ConstMatrixRef w, const Vector& x);
 
 /// The same with bfloat16 weights, `w` holding rows * cols values in row-major order: each weight
 /// is widened to float32 (bf16_to_float) and the products summed in float32.
-/// Throws infer::Error if w does not hold rows * cols values or x does not have cols entries.
+/// Throws infer::Error if w does not hold rows * cols values (the message says "weights"), or x
+/// does not have cols entries.
 Vector gemv_bf16_reference(std::span<const uint16_t> w, int rows, int cols, const Vector& x);
 
 /// Softmax of each row on its own, in place: subtract the row's maximum, exponentiate, divide by

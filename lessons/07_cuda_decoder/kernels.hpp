@@ -4,10 +4,19 @@
 ///
 /// You write them in `exercises/07_cuda_decoder/kernels.cu`. Every pointer here is a device
 /// pointer (from cudaMalloc), every matrix row-major, every launch on the default stream. Each
-/// function checks its sizes first (throwing infer::Error, naming the kernel, before launching
-/// anything), launches, then checks the launch (cudaGetLastError): a failed launch throws an
-/// infer::Error that names the kernel. None waits for the kernel to finish; a cudaMemcpy back to
-/// the host does.
+/// function checks its sizes and pointers first and throws infer::Error before launching
+/// anything: the GEMVs through gemv_launch (its messages say "version" or "rows and cols"), the
+/// others naming the function (`rms_norm: ...`); then it launches, and checks the launch
+/// (cuda_check_launch): a failed launch throws an infer::Error that names the kernel. None waits
+/// for the kernel to finish; a cudaMemcpy back to the host does.
+///
+/// The tests compare each kernel with its CPU reference within atol + rtol * |ref|: for the
+/// GEMVs 1e-5 * sqrt(cols) + 1e-4 |ref| (float32 sums in another order), for RMSNorm, RoPE,
+/// softmax and attention 1e-5 + 1e-4 |ref|, for SwiGLU 1e-6 + 1e-5 |ref|; add and embedding
+/// exactly. Every output is filled with NaN before the kernel runs.
+///
+/// On the device, a bfloat16 widens with `__uint_as_float(uint32_t(b) << 16)` (the CPU's
+/// bf16_to_float is a host function).
 ///
 /// Where a kernel comes in versions, they form a ladder in the spirit of llm.c's dev/cuda:
 /// version 1 is the plain port of the CPU loop, each later version one idea faster. Every version
@@ -45,13 +54,15 @@ void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int row
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps);
 
 /// Rotary embedding in place, rotate-half layout (lesson 00's apply_rope): x [rows, heads *
-/// head_dim], row r at position positions[r] (a device array of rows ints).
+/// head_dim], row r at position positions[r] (a device array of rows ints). Throws for rows or
+/// heads below 1, or an odd head_dim.
 void rope(float* x, const int* positions, int rows, int heads, int head_dim, float theta);
 
-/// x += y, element by element, over n values (the residual additions).
+/// x += y, element by element, over n values (the residual additions). Throws for n < 1.
 void add(float* x, const float* y, long n);
 
-/// out = silu(gate) * up, element by element, over n values.
+/// out = silu(gate) * up, element by element, over n values; `out` may be `gate` or `up` (the
+/// CUDA model writes over gate). Throws for n < 1.
 void swiglu(const float* gate, const float* up, float* out, long n);
 
 /// Softmax of each row of x [rows, cols], in place, the row's maximum subtracted first.
@@ -65,7 +76,10 @@ void embedding(const float* table, const int* ids, float* out, int n, int vocab,
 /// Decode attention for one sequence: the single query q [heads * head_dim] (already rotated)
 /// over the `length` cached positions of k and v [length, kv_heads * head_dim], grouped-query
 /// (query head h reads K/V head h / (heads / kv_heads)), scaled by 1/sqrt(head_dim), with a
-/// stable softmax. out [heads * head_dim]. One block per query head.
+/// stable softmax. out [heads * head_dim]. One block per query head, its scores in shared memory:
+/// above 48 KiB of it (about 12,000 positions) the kernel's limit must be raised
+/// (cudaFuncSetAttribute), and a length the device cannot hold throws (lesson 08 splits long
+/// contexts). Throws for length < 1, or heads not a multiple of kv_heads.
 void decode_attention(const float* q, const float* k, const float* v, float* out, int length, int heads,
                       int kv_heads, int head_dim);
 

@@ -11,9 +11,9 @@ struct Launch {
   int threads = 0;  ///< threads per block
 };
 
-/// Blocks of `threads` threads that cover `n` items, one item per thread: ceil(n / threads).
-/// Throws infer::Error for n < 0, or threads outside [32, 1024] or not a multiple of 32 (a block
-/// runs in warps of 32: a partial warp wastes lanes), naming the value.
+/// Blocks of `threads` threads that cover `n` items, one item per thread: ceil(n / threads), so 0
+/// for n = 0. Throws infer::Error for n < 0, or threads outside [32, 1024] or not a multiple of
+/// 32 (a block runs in warps of 32: a partial warp wastes lanes), naming the value.
 long grid_blocks(long n, int threads);
 
 /// The launch of GEMV version `version` (float32 or bf16 weights) over a [rows, cols] matrix,
@@ -21,7 +21,9 @@ long grid_blocks(long n, int threads);
 /// - version 1 of the float32 GEMV, one thread per row: rows threads;
 /// - every other version, one warp (32 threads) per row: 32 * rows threads.
 /// `bf16` selects the bf16 GEMV's versions (1 and 2, both a warp per row).
-/// Throws infer::Error for rows or cols below 1, or a version that does not exist.
+/// Counts threads in `long` (32 * rows passes an int's range for rows above 67 million). Throws
+/// infer::Error for rows or cols below 1 (the message says "rows and cols"), or a version that
+/// does not exist (the message says "version").
 Launch gemv_launch(int version, int rows, int cols, bool bf16 = false);
 
 /// The largest float32 GEMV version (versions run 1..gemv_versions()).

@@ -61,6 +61,7 @@ GRADED_TEST(Lesson07Bf16, InfinityStaysInfiniteAndNaNStaysNaN, 1) {
       << "0x7F800001 is a NaN: rounding must not turn it into infinity";
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(from_bits(0xFFFFFFFF)))))
       << "0xFFFFFFFF is a NaN: rounding up must not carry it anywhere else";
+  EXPECT_EQ(float_to_bf16(from_bits(0xFFC00001)) & 0x8000, 0x8000) << "a negative NaN keeps its sign";
   EXPECT_EQ(bf16_to_float(float_to_bf16(from_bits(0x7F7FFFFF))), inf)
       << "the largest float is nearer to infinity than to the largest bfloat16: it overflows";
 }
@@ -98,6 +99,8 @@ GRADED_TEST(Lesson07Launch, GemvGivesAThreadOrAWarpToEachRow, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([] { gemv_launch(4, 10, 10); }, "version"));
   EXPECT_TRUE(testing::throws_error_mentioning([] { gemv_launch(3, 10, 10, true); }, "version"));
   EXPECT_TRUE(testing::throws_error_mentioning([] { gemv_launch(1, 0, 10); }, "rows"));
+  EXPECT_TRUE(testing::throws_error_mentioning([] { gemv_launch(2, 10, 0); }, "cols"));
+  EXPECT_EQ(gemv_launch(2, 100000000, 8).blocks, 12500000) << "3.2 billion threads: count them in long";
 }
 
 GRADED_TEST(Lesson07Reference, GemvSumsEachRowAgainstX, 1) {
