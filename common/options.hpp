@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -28,6 +30,10 @@ class Options {
         values_[a] = "";
       } else if (valued.count(a)) {
         require(i + 1 < argc, program_, ": ", a, " needs a value");
+        const std::string next = argv[i + 1];
+        // `--prompt --max-new-tokens 8`: the value is missing, not "--max-new-tokens".
+        if (valued.count(next) || flags.count(next))
+          throw Error(cat(program_, ": ", a, " needs a value, but the next argument is the option '", next, "'"));
         values_[a] = argv[++i];
       } else {
         throw Error(cat(program_, ": unknown option '", a, "'"));
@@ -41,21 +47,26 @@ class Options {
   std::string text(const std::string& name, const std::string& fallback) const {
     return has(name) ? values_.at(name) : fallback;
   }
-  /// The option as an integer of at least `minimum`, or `fallback`.
-  long number(const std::string& name, long fallback, long minimum = 0) const {
+  /// The option as an integer in [minimum, maximum], or `fallback`. The default maximum is the
+  /// largest int, since most callers store the value in an int: a larger number is refused, never
+  /// wrapped (4294967300 would otherwise become 4).
+  long number(const std::string& name, long fallback, long minimum = 0,
+              long maximum = std::numeric_limits<int>::max()) const {
     if (!has(name)) return fallback;
     const std::string& v = values_.at(name);
     size_t used = 0;
-    long n = minimum - 1;
+    long n = 0;
+    bool parsed = false;
     try {
       n = std::stol(v, &used);
-    } catch (const std::exception&) {
+      parsed = used == v.size();
+    } catch (const std::exception&) {  // not a number, or beyond a long
     }
-    require(used == v.size() && n >= minimum, program_, ": ", name, " expects a number (an integer >= ", minimum,
-            "), got '", v, "'");
+    if (!parsed || n < minimum || n > maximum)
+      throw Error(cat(program_, ": ", name, " expects an integer in [", minimum, ", ", maximum, "], got '", v, "'"));
     return n;
   }
-  /// The option as a real number, or `fallback`.
+  /// The option as a finite real number, or `fallback` ("inf" and "nan" are refused).
   double real(const std::string& name, double fallback) const {
     if (!has(name)) return fallback;
     const std::string& v = values_.at(name);
@@ -66,7 +77,8 @@ class Options {
     } catch (const std::exception&) {
       used = 0;
     }
-    require(used == v.size() && used > 0, program_, ": ", name, " expects a number, got '", v, "'");
+    require(used == v.size() && used > 0 && std::isfinite(x), program_, ": ", name, " expects a finite number, got '",
+            v, "'");
     return x;
   }
 

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <limits>
 #include <string>
 
 #include "common/errors.hpp"
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     params.temperature = static_cast<float>(opts.real("--temperature", params.temperature));
     params.top_k = static_cast<int>(opts.number("--top-k", params.top_k, 0));
     params.top_p = static_cast<float>(opts.real("--top-p", params.top_p));
-    params.seed = static_cast<uint64_t>(opts.number("--seed", static_cast<long>(params.seed)));
+    params.seed = static_cast<uint64_t>(opts.number("--seed", static_cast<long>(params.seed), 0, std::numeric_limits<long>::max()));
     const bool print_ids = opts.has("--ids"), stats = opts.has("--stats"), paged = opts.has("--paged");
     const bool kv_cache = paged || opts.has("--kv-cache");  // a paged cache is a KV cache
     const std::string kv_dtype = opts.text("--kv-dtype", "f32");

@@ -16,6 +16,7 @@
 #include <memory>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
     const int max_new = static_cast<int>(opts.number("--max-new-tokens", 64, 1));
     infer::SamplingParams sampling{.temperature = static_cast<float>(opts.real("--temperature", 0.8)),
                                    .top_p = static_cast<float>(opts.real("--top-p", 1.0)),
-                                   .seed = static_cast<uint64_t>(opts.number("--seed", 0))};
+                                   .seed = static_cast<uint64_t>(opts.number("--seed", 0, 0, std::numeric_limits<long>::max()))};
     if (model_dir.empty() || prompts_path.empty())
       throw infer::Error("serve_offline: --model and --prompts are required (see --help)");
     if (policy_name != "continuous" && policy_name != "static")
@@ -70,8 +71,11 @@ int main(int argc, char** argv) {
     const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
     const int context = model.config.max_position_embeddings;
     // By default the pool gets the bytes the slots would have reserved: max_batch whole contexts.
-    const int num_blocks =
-        static_cast<int>(opts.number("--num-blocks", max_batch * infer::blocks_for(context, block_size), 1));
+    const long slot_blocks = static_cast<long>(max_batch) * infer::blocks_for(context, block_size);
+    if (paged && !opts.has("--num-blocks") && slot_blocks > std::numeric_limits<int>::max())
+      throw infer::Error(infer::cat("serve_offline: --max-batch ", max_batch, " whole contexts make ", slot_blocks,
+                                    " blocks, more than a pool can count; give --num-blocks"));
+    const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
     std::unique_ptr<infer::KVManager> memory;
     if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
     else memory = std::make_unique<infer::SlotKVManager>(model.config, max_batch);

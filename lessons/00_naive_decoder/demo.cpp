@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "lesson00_demo", {"--prompt", "--tokens", "--seed"});
     const std::string prompt = opts.text("--prompt", "The ");
     const int tokens = static_cast<int>(opts.number("--tokens", 200));
-    const auto seed = static_cast<uint64_t>(opts.number("--seed", 7));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 7, 0, std::numeric_limits<long>::max()));
     const infer::ModelWeights model = infer::load_model(infer::bundled_model_dir("tiny-fortunes"));
     const auto ids = infer::ByteTokenizer::encode(prompt);
     infer::Sampler sampler({.temperature = 0.8f, .top_p = 0.95f, .seed = seed});

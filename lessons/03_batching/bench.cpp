@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     const std::string out_dir = opts.text("--out", ".");
     const int n = static_cast<int>(opts.number("--requests", 48, 1));
     const int batch = static_cast<int>(opts.number("--batch", 8, 1));
-    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1, 0, std::numeric_limits<long>::max()));
     std::filesystem::create_directories(out_dir);
     const char* starts[] = {"The ", "A ", "You will ", "Q: Why ", "Never ", "Love is ", "If you ", "There is "};
     const auto limits = pareto_lengths(n, 1.5, 20, 200, seed);

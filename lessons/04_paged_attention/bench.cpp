@@ -34,6 +34,7 @@
 #include <map>
 #include <numeric>
 #include <deque>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -257,7 +258,7 @@ int main(int argc, char** argv) {
     const bool quick = opts.has("--quick");
     const int n = static_cast<int>(opts.number("--requests", quick ? 24 : 64, 1));
     const int slots = static_cast<int>(opts.number("--slots", 8, 1));
-    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1));
+    const auto seed = static_cast<uint64_t>(opts.number("--seed", 1, 0, std::numeric_limits<long>::max()));
     std::filesystem::create_directories(out_dir);
 
     // ------------------------------------------------------ part 1: the engine --

@@ -10,7 +10,7 @@ namespace infer {
 int blocks_for(int tokens, int block_size) {
   require(tokens >= 0 && block_size >= 1, "blocks_for: need tokens >= 0 and block_size >= 1, got ", tokens, " and ",
           block_size);
-  return (tokens + block_size - 1) / block_size;
+  return static_cast<int>((static_cast<long>(tokens) + block_size - 1) / block_size);  // no overflow near INT_MAX
 }
 
 // ----------------------------------------------------------------- allocator --

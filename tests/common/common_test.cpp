@@ -4,7 +4,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
 
+#include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
 #include "common/testing/throws.hpp"
@@ -141,6 +145,41 @@ TEST(Rng, IsReproducibleAndUniformish) {
   EXPECT_NEAR(sum / 100000, 0.5, 0.01);
   // The first value of seed 0 is fixed by the algorithm, on every platform.
   EXPECT_EQ(Rng(0).next_u64(), 0xE220A8397B1DCDAFull);
+}
+
+/// Options from a list of words, the program's name first.
+Options parse(std::vector<std::string> words) {
+  words.insert(words.begin(), "prog");
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  return Options(static_cast<int>(argv.size()), argv.data(), "prog", {"--n", "--x", "--prompt"}, {"--flag"});
+}
+
+TEST(Options, IntegersAreRangeCheckedNeverWrapped) {
+  EXPECT_EQ(parse({"--n", "42"}).number("--n", 0), 42);
+  EXPECT_EQ(parse({}).number("--n", 7), 7) << "the fallback when absent";
+  // As an int, 4294967300 would wrap to 4 and 2147483648 to -2147483648: refused by name instead.
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "4294967300"}).number("--n", 0); }, "--n expects an integer"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "2147483648"}).number("--n", 0); }, "2147483647"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "99999999999999999999"}).number("--n", 0); }, "--n"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "0"}).number("--n", 5, 1); }, "[1, "));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "12abc"}).number("--n", 0); }, "'12abc'"));
+  EXPECT_EQ(parse({"--n", "4294967300"}).number("--n", 0, 0, std::numeric_limits<long>::max()), 4294967300L)
+      << "a seed may use the whole range when the caller says so";
+}
+
+TEST(Options, RealsMustBeFinite) {
+  EXPECT_DOUBLE_EQ(parse({"--x", "0.5"}).real("--x", 1), 0.5);
+  for (const char* bad : {"inf", "-inf", "nan", "1e999", "", "0.5x"})
+    EXPECT_TRUE(throws_error_mentioning([&] { parse({"--x", bad}).real("--x", 1); }, "finite number")) << bad;
+}
+
+TEST(Options, AnOptionIsNotTheValueOfTheOneBefore) {
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--prompt", "--n", "8"}); },
+                                      "--prompt needs a value, but the next argument is the option '--n'"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n"}); }, "--n needs a value"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--bogus"}); }, "unknown option '--bogus'"));
+  EXPECT_EQ(parse({"--prompt", "-- a dash"}).text("--prompt", ""), "-- a dash") << "any other text is a value";
 }
 
 TEST(Plumbing, SamplingParamsRejectNonsense) {

@@ -27,7 +27,11 @@ for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"], ["--page
         sys.exit(f"generate --ids {' '.join(extra)} printed\n  {got}\nexpected the golden greedy ids\n  {want}")
     print(f"generate --ids {' '.join(extra)}: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
 
-for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects a number"),
+for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
+                      (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
+                      (["--top-k", "4294967297"], "--top-k expects an integer"),
+                      (["--temperature", "inf"], "--temperature expects a finite number"),
+                      (["--device", "tpu"], "cpu or cuda"),
                       (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
                       (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8"),
                       (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),
