@@ -2,11 +2,12 @@
 //
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
-//                 [--paged [--block-size SIZE] [--num-blocks N]]
+//                 [--paged [--block-size SIZE] [--num-blocks N]] [--device cuda [--weights f32|bf16]]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
 // with it, sequences take blocks of SIZE positions from a pool of N blocks as they grow (lesson
-// 04), and the engine preempts the newest sequence when the pool runs dry.
+// 04), and the engine preempts the newest sequence when the pool runs dry. --device cuda runs the
+// same engine over lesson 07's CUDA forward, with whole-context slots in device memory.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
@@ -27,21 +28,26 @@
 #include "common/weights.hpp"
 #include "lessons/03_batching/batching.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#if COURSE_HAVE_CUDA
+#include "common/cuda_check.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#endif
 
 int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
-                               "--top-p", "--seed", "--block-size", "--num-blocks"},
+                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights"},
                               {"-h", "--help", "--paged"});
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
-                   "                     [--paged [--block-size SIZE] [--num-blocks N]]\n"
+                   "                     [--paged [--block-size SIZE] [--num-blocks N]] [--device cuda [--weights f32|bf16]]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
-                   "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n";
+                   "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n"
+                   "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16).\n";
       return 0;
     }
     const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");
@@ -63,6 +69,21 @@ int main(int argc, char** argv) {
       if (!line.empty()) prompts.push_back(line);
     if (prompts.empty()) throw infer::Error("serve_offline: '" + prompts_path + "' holds no prompts");
 
+    const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
+    if (device != "cpu" && device != "cuda")
+      throw infer::Error(infer::cat("serve_offline: --device must be cpu or cuda, got '", device, "'"));
+    if (weights != "f32" && weights != "bf16")
+      throw infer::Error(infer::cat("serve_offline: --weights must be f32 or bf16, got '", weights, "'"));
+    if (device == "cpu" && opts.has("--weights")) throw infer::Error("serve_offline: --weights needs --device cuda");
+    if (device == "cuda" && opts.has("--paged"))
+      throw infer::Error("serve_offline: --device cuda keeps whole-context slots on the GPU; drop --paged");
+#if COURSE_HAVE_CUDA
+    if (device == "cuda" && !infer::cuda_device_available())
+      throw infer::Error("serve_offline: --device cuda, but this machine has no CUDA device");
+#else
+    if (device == "cuda") throw infer::Error("serve_offline: this build has no CUDA (no CUDA compiler was found)");
+#endif
+
     const infer::ModelWeights model = infer::load_model(model_dir);
     const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
     const bool paged = opts.has("--paged");
@@ -77,9 +98,17 @@ int main(int argc, char** argv) {
                                     " blocks, more than a pool can count; give --num-blocks"));
     const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
     std::unique_ptr<infer::KVManager> memory;
+    std::unique_ptr<infer::ForwardBackend> forward = std::make_unique<infer::CpuForward>(model);
     if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
     else memory = std::make_unique<infer::SlotKVManager>(model.config, max_batch);
-    infer::BatchEngine engine(model, policy, max_batch, std::move(memory));
+#if COURSE_HAVE_CUDA
+    if (device == "cuda") {
+      forward = std::make_unique<infer::gpu::CudaForward>(
+          model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32);
+      memory = infer::gpu::cuda_slots(model.config, max_batch);
+    }
+#endif
+    infer::BatchEngine engine(std::move(forward), policy, max_batch, std::move(memory));
     for (size_t i = 0; i < prompts.size(); ++i) {
       infer::GenerationRequest r;
       r.id = static_cast<int>(i);
@@ -99,8 +128,9 @@ int main(int argc, char** argv) {
       std::cout << "--- request " << i << " (" << results[i].tokens.size() << " tokens) ---\n"
                 << prompts[i] << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
     }
-    std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d]\n",
-                 results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch);
+    std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
+                 results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
+                 device == "cuda" ? "GPU" : "CPU");
     // How well the KV memory was used: positions stored / positions reserved, over all steps.
     long stored = 0, reserved = 0, preempted = 0, most = 0;
     for (const auto& e : engine.log()) {

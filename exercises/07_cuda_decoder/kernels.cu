@@ -32,6 +32,16 @@ void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int row
   throw NotImplemented("07", "gemv_bf16");
 }
 
+void gemv_batch_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  (void)w, (void)x, (void)y, (void)rows, (void)cols, (void)batch;
+  throw NotImplemented("07", "gemv_batch_f32");
+}
+
+void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  (void)w, (void)x, (void)y, (void)rows, (void)cols, (void)batch;
+  throw NotImplemented("07", "gemv_batch_bf16");
+}
+
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
   (void)x, (void)weight, (void)y, (void)rows, (void)cols, (void)eps;
   throw NotImplemented("07", "rms_norm (the kernel)");

@@ -207,6 +207,9 @@ class SlotKVManager final : public KVManager {
  public:
   /// `slots` caches of config.max_position_embeddings positions. Throws for slots < 1.
   SlotKVManager(const ModelConfig& config, int slots);
+  /// The given stores as the slots (lesson 07 passes caches in device memory), each holding
+  /// their common max_tokens(). Throws for no stores, a null one, or unequal max_tokens().
+  explicit SlotKVManager(std::vector<std::unique_ptr<KVStore>> stores);
   std::unique_ptr<KVStore> open(int tokens) override;
   void close(std::unique_ptr<KVStore> store) override;
   int preemptions_needed(std::span<const KVStore* const> running) const override;
@@ -218,17 +221,46 @@ class SlotKVManager final : public KVManager {
   std::vector<std::unique_ptr<KVStore>> free_;
 };
 
+/// What computes the engine's forwards (given). The engine calls prefill() once per admitted
+/// sequence and decode() once per step for the whole batch; it never touches the weights itself.
+/// CpuForward runs this lesson's forward_batch on the CPU; lesson 07's CudaForward runs the same
+/// step on a GPU, over caches that live in device memory (its own KVManager hands them out).
+class ForwardBackend {
+ public:
+  virtual ~ForwardBackend() = default;
+  /// The model's shape.
+  virtual const ModelConfig& config() const = 0;
+  /// Runs `tokens` (one sequence, at positions cache.length()...) and appends their K/V to
+  /// `cache`; returns the logits of the last of them [vocab]. forward_cached() on the CPU.
+  virtual Vector prefill(std::span<const int> tokens, KVStore& cache) = 0;
+  /// One decode step of several sequences: forward_batch()'s contract. [B, vocab] logits.
+  virtual Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) = 0;
+};
+
+/// The CPU backend: forward_cached() and forward_batch() on `model` (kept by reference).
+class CpuForward final : public ForwardBackend {
+ public:
+  /// Runs on `model`, which must outlive it.
+  explicit CpuForward(const ModelWeights& model) : model_(model) {}
+  const ModelConfig& config() const override { return model_.config; }
+  Vector prefill(std::span<const int> tokens, KVStore& cache) override;
+  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override;
+
+ private:
+  const ModelWeights& model_;
+};
+
 /// The engine (given): a Scheduler and a KVManager over a model. Each step it
 ///
 ///  1. makes room: asks the memory how many of the newest running sequences must make way for
 ///     the others to store one more position, and preempts them (never, with slot caches): a
 ///     preempted sequence gives its memory back and goes to the head of the queue, keeping its
 ///     tokens and its Sampler;
-///  2. decodes: one forward_batch over the running sequences, each sampling its next token with
+///  2. decodes: one batched forward (forward_batch, on the CPU) over the running sequences, each sampling its next token with
 ///     its own Sampler;
 ///  3. admits what the scheduler allows and the memory can hold, in queue order (nobody, in a
 ///     step that had to preempt: memory is short), and gives back what does not fit: a new request
-///     is prefilled with forward_cached, which yields its first token in this same step; a
+///     is prefilled (forward_cached, on the CPU), which yields its first token in this same step; a
 ///     preempted one is prefilled again over its prompt and every token it had generated but
 ///     the last (recompute), and continues from that last token, sampling nothing;
 ///  4. retires sequences that emitted EOS or reached max_new_tokens (their memory at once;
@@ -246,6 +278,9 @@ class BatchEngine {
   BatchEngine(const ModelWeights& model, Policy policy, int max_batch);
   /// `max_batch` slots over the given memory (lesson 04 passes a paged pool).
   BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
+  /// `max_batch` slots, forwards computed by `forward` over `memory`, whose stores `forward`
+  /// must be able to use (lesson 07 passes a CUDA backend and its device memory).
+  BatchEngine(std::unique_ptr<ForwardBackend> forward, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
   BatchEngine& operator=(const BatchEngine&) = delete;
@@ -278,10 +313,10 @@ class BatchEngine {
   /// Frees a running sequence's memory and queues it again (step 1).
   void preempt(std::unique_ptr<Running> r);
   /// Starts request `index` in memory `cache` (step 3); returns its first token's logits, or an
-  /// empty matrix for a resumed sequence (its next token is already known).
-  Matrix start(size_t index, std::unique_ptr<KVStore> cache);
+  /// empty vector for a resumed sequence (its next token is already known).
+  Vector start(size_t index, std::unique_ptr<KVStore> cache);
 
-  const ModelWeights& model_;
+  std::unique_ptr<ForwardBackend> forward_;
   Scheduler scheduler_;
   std::unique_ptr<KVManager> memory_;
   std::vector<GenerationRequest> requests_;     ///< by submission index

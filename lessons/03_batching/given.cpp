@@ -28,6 +28,17 @@ SlotKVManager::SlotKVManager(const ModelConfig& config, int slots)
   for (int i = 0; i < slots; ++i) free_.push_back(std::make_unique<KVCache>(config, context_));
 }
 
+SlotKVManager::SlotKVManager(std::vector<std::unique_ptr<KVStore>> stores)
+    : slots_(static_cast<int>(stores.size())), free_(std::move(stores)) {
+  require(!free_.empty(), "SlotKVManager: no stores");
+  for (size_t i = 0; i < free_.size(); ++i) {
+    require(free_[i] != nullptr, "SlotKVManager: store ", i, " is null");
+    require(free_[i]->max_tokens() == free_[0]->max_tokens(), "SlotKVManager: store ", i, " holds ",
+            free_[i]->max_tokens(), " positions, store 0 holds ", free_[0]->max_tokens(), " (slots must be equal)");
+  }
+  context_ = free_[0]->max_tokens();
+}
+
 std::unique_ptr<KVStore> SlotKVManager::open(int tokens) {
   require(tokens >= 0 && tokens <= context_, "SlotKVManager::open: ", tokens, " positions, a slot holds ", context_);
   if (free_.empty()) return nullptr;
@@ -46,20 +57,36 @@ int SlotKVManager::preemptions_needed(std::span<const KVStore* const>) const { r
 int SlotKVManager::capacity_tokens() const { return context_; }
 long SlotKVManager::reserved_tokens() const { return static_cast<long>(slots_ - free_.size()) * context_; }
 
+// --------------------------------------------------------------- backends --
+
+Vector CpuForward::prefill(std::span<const int> tokens, KVStore& cache) {
+  const Matrix logits = forward_cached(model_, tokens, cache);
+  return logits.row(logits.rows() - 1).transpose();
+}
+
+Matrix CpuForward::decode(std::span<const int> tokens, std::span<KVStore* const> caches) {
+  return forward_batch(model_, tokens, caches);
+}
+
 // ----------------------------------------------------------------- engine --
 
 BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch)
     : BatchEngine(model, policy, max_batch, std::make_unique<SlotKVManager>(model.config, max_batch)) {}
 
 BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory)
-    : model_(model), scheduler_(policy, max_batch), memory_(std::move(memory)) {
+    : BatchEngine(std::make_unique<CpuForward>(model), policy, max_batch, std::move(memory)) {}
+
+BatchEngine::BatchEngine(std::unique_ptr<ForwardBackend> forward, Policy policy, int max_batch,
+                         std::unique_ptr<KVManager> memory)
+    : forward_(std::move(forward)), scheduler_(policy, max_batch), memory_(std::move(memory)) {
+  require(forward_ != nullptr, "BatchEngine: no forward backend");
   require(memory_ != nullptr, "BatchEngine: no KV memory");
 }
 
 BatchEngine::~BatchEngine() = default;
 
 void BatchEngine::submit(GenerationRequest r) {
-  const ModelConfig& c = model_.config;
+  const ModelConfig& c = forward_->config();
   check_tokens(c, r.prompt, "BatchEngine::submit");
   r.sampling.validate();
   require(r.max_new_tokens >= 1, "BatchEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
@@ -85,11 +112,11 @@ void BatchEngine::preempt(std::unique_ptr<Running> r) {
   paused_[index] = std::move(r);  // keeps its sampler and its next token
 }
 
-Matrix BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
+Vector BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
   const GenerationRequest& req = requests_[index];
   if (!paused_[index]) {  // a new request: prefill the prompt; its logits give the first token
     running_.push_back(std::make_unique<Running>(Running{index, Sampler(req.sampling), std::move(cache), 0, false}));
-    return forward_cached(model_, req.prompt, *running_.back()->cache);
+    return forward_->prefill(req.prompt, *running_.back()->cache);
   }
   // A preempted one: recompute the K/V of its prompt and of every generated token but the last,
   // which was sampled and not yet fed (its next_token). Its sampler continues where it stopped.
@@ -98,8 +125,8 @@ Matrix BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
   tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
   running_.push_back(std::move(paused_[index]));
   running_.back()->cache = std::move(cache);
-  forward_cached(model_, tokens, *running_.back()->cache);
-  return Matrix();
+  forward_->prefill(tokens, *running_.back()->cache);
+  return Vector();
 }
 
 bool BatchEngine::step() {
@@ -135,7 +162,7 @@ bool BatchEngine::step() {
     }
   std::vector<int> sampled;
   if (!sampling.empty()) {
-    const Matrix logits = forward_batch(model_, tokens, caches);
+    const Matrix logits = forward_->decode(tokens, caches);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.push_back(sampling[i]->sampler.next(logits.row(i).transpose()));
   }
   entry.decodes = static_cast<int>(sampling.size());
@@ -160,13 +187,13 @@ bool BatchEngine::step() {
       break;
     }
     const bool resuming = paused_[index] != nullptr;
-    const Matrix logits = start(index, std::move(cache));
+    const Vector logits = start(index, std::move(cache));
     if (resuming) {
       ++entry.resumed;
       continue;
     }
     sampling.push_back(running_.back().get());
-    sampled.push_back(running_.back()->sampler.next(logits.row(logits.rows() - 1).transpose()));
+    sampled.push_back(running_.back()->sampler.next(logits));
     results_[index].first_token_step = now_;
     ++entry.prefills;
   }
@@ -178,7 +205,7 @@ bool BatchEngine::step() {
     GenerationResult& res = results_[r.index];
     res.tokens.push_back(sampled[i]);
     r.next_token = sampled[i];
-    if (sampled[i] == model_.config.eos_token_id ||
+    if (sampled[i] == forward_->config().eos_token_id ||
         static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
       r.done = true;
       res.finish_step = now_ + 1;

@@ -1,13 +1,17 @@
 /// @file cuda_model.hpp
 /// @brief The decoder on a CUDA device, built from your kernels: weights uploaded once, the KV
-/// cache in device memory, one token per step. Given to you (lessons/07_cuda_decoder/given_cuda.cpp),
-/// compiled where CUDA is.
+/// caches in device memory; one sequence at a time (CudaModel) or a batch of them under lesson
+/// 03's engine (CudaForward with cuda_slots()). Given to you
+/// (lessons/07_cuda_decoder/given_cuda.cpp), compiled where CUDA is.
 ///
-/// It runs the same forward as lesson 02's forward_cached, one token at a time, with every
-/// operation one of lesson 07's kernels: embedding, then per layer rms_norm, three GEMVs, rope,
-/// the K/V rows copied into the cache, decode_attention, a GEMV and add, rms_norm, two GEMVs,
-/// swiglu, a GEMV and add; then rms_norm and the lm_head GEMV. A prompt is run as one decode step
-/// per token: this lesson is about decode (lesson 09 writes a prefill kernel).
+/// A step runs the same forward as lesson 03's forward_batch, for B sequences at once, with
+/// every operation one of lesson 07's kernels: embedding of the B tokens, then per layer
+/// rms_norm over B rows, three batched GEMVs, rope at each row's own position, each row's K/V
+/// appended to its own cache, decode_attention per sequence, a batched GEMV and add, rms_norm,
+/// two batched GEMVs, swiglu, a batched GEMV and add; then rms_norm and the lm_head's batched
+/// GEMV. At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, gemv_batch_*,
+/// which read each weight once for the batch. A prompt is run as one step per token: this lesson
+/// is about decode (lesson 09 writes a prefill kernel).
 #pragma once
 
 #include <cstdint>
@@ -19,24 +23,92 @@
 #include "common/tensor.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/03_batching/batching.hpp"
 
 namespace infer::gpu {
 
 /// How the weight matrices are stored on the device (norms and activations stay float32).
 enum class WeightType { F32, BF16 };
 
-/// One sequence's decoder on the device.
+/// One sequence's keys and values in device memory: per layer, a [max_tokens, kv_dim] block of
+/// keys and one of values, reserved up front. A KVStore, so lesson 03's engine can hold it; the
+/// CUDA forward writes and reads it on the device. keys() and values() copy a layer back to the
+/// host (for tests: the returned matrix lives until the next call).
+class CudaKVStore final : public KVStore {
+ public:
+  /// Reserves `max_tokens` positions of a model shaped like `config` on the device.
+  /// Throws infer::Error for max_tokens below 1, or without a device.
+  CudaKVStore(const ModelConfig& config, int max_tokens);
+  ~CudaKVStore() override;
+
+  using KVStore::length;
+  int num_layers() const override;
+  int length(int layer) const override;
+  int max_tokens() const override;
+  /// Copies host rows to the device.
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
+  ConstMatrixRef keys(int layer) const override;
+  ConstMatrixRef values(int layer) const override;
+  void reset() override;
+  size_t bytes_used() const override;
+  size_t bytes_reserved() const override;
+
+  /// Appends `n` rows of keys and values already on the device (k and v: [n, kv_dim] device
+  /// arrays) to `layer`. Same checks as append().
+  void append_device(int layer, const float* k, const float* v, int n);
+  /// The device array of `layer`'s keys [max_tokens, kv_dim] (the first length(layer) rows hold data).
+  const float* device_keys(int layer) const;
+  /// The device array of `layer`'s values.
+  const float* device_values(int layer) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Lesson 03's slot memory with device caches: a SlotKVManager over `slots` CudaKVStores of
+/// `max_tokens` positions each (the model's context when 0), reserved once. Throws for slots below
+/// 1, a max_tokens outside [0, context], or without a device.
+std::unique_ptr<KVManager> cuda_slots(const ModelConfig& config, int slots, int max_tokens = 0);
+
+/// The model's weights on the device, and the forward over them: lesson 03's ForwardBackend,
+/// so BatchEngine(std::make_unique<CudaForward>(...), policy, slots, cuda_slots(config, slots))
+/// serves requests on a GPU. Every cache it is
+/// given must be a CudaKVStore of this model's shape (it throws otherwise).
+class CudaForward final : public ForwardBackend {
+ public:
+  /// Uploads `model`'s weights, matrices as `type`. Throws infer::Error if there is no device.
+  CudaForward(const ModelWeights& model, WeightType type);
+  /// A model of `config`'s shape whose weights are a repeated pseudo-random pattern, for
+  /// measuring speed (the values do not matter to the time of a step).
+  static std::unique_ptr<CudaForward> with_pattern_weights(const ModelConfig& config, WeightType type);
+  ~CudaForward() override;
+  CudaForward(const CudaForward&) = delete;
+  CudaForward& operator=(const CudaForward&) = delete;
+
+  const ModelConfig& config() const override;
+  /// One step per token (B = 1); the logits of the last.
+  Vector prefill(std::span<const int> tokens, KVStore& cache) override;
+  /// One step for B sequences: forward_batch's contract, validated the same way first (ids,
+  /// equal counts, room in every cache, no cache twice; and every cache a CudaKVStore).
+  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override;
+  /// Bytes of weight matrices a decode step reads (every matrix but the embedding table).
+  double weight_bytes_per_step() const;
+
+ private:
+  struct Impl;
+  explicit CudaForward(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// One sequence's decoder on the device: a CudaForward and one CudaKVStore.
 class CudaModel {
  public:
   /// Uploads `model`'s weights (matrices as `type`), and reserves a KV cache of `max_tokens`
   /// positions (at most the model's context). Throws infer::Error if there is no device.
   CudaModel(const ModelWeights& model, WeightType type, int max_tokens);
-  /// A model of `config`'s shape whose weights are a repeated pseudo-random pattern, for
-  /// measuring speed (the values do not matter to the time of a step).
+  /// A model of `config`'s shape with pattern weights (CudaForward::with_pattern_weights).
   static std::unique_ptr<CudaModel> with_pattern_weights(const ModelConfig& config, WeightType type, int max_tokens);
-  ~CudaModel();
-  CudaModel(const CudaModel&) = delete;
-  CudaModel& operator=(const CudaModel&) = delete;
 
   /// Runs `token` at position length(), appends its K/V, and returns its logits [vocab].
   /// Throws infer::Error for a bad id, or when the cache is full.
@@ -51,11 +123,13 @@ class CudaModel {
   const ModelConfig& config() const;
   /// Bytes of weight matrices a decode step reads (every matrix but the embedding table).
   double weight_bytes_per_step() const;
+  /// The forward, to run batches over CudaKVStores of your own.
+  CudaForward& forward() { return *forward_; }
 
  private:
-  struct Impl;
-  explicit CudaModel(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  CudaModel(std::unique_ptr<CudaForward> forward, int max_tokens);
+  std::unique_ptr<CudaForward> forward_;
+  std::unique_ptr<CudaKVStore> cache_;
 };
 
 /// Lesson 00's generate() on the device: the prompt one token at a time, then one decode step

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
@@ -22,9 +23,15 @@ struct DeviceMatrix {
   DeviceArray<float> f32;
   DeviceArray<uint16_t> bf16;
 
-  void gemv(const float* x, float* y) const {
-    if (f32.size() > 0) gemv_f32(gemv_versions(), f32.get(), x, y, rows, cols);
-    else gemv_bf16(gemv_bf16_versions(), bf16.get(), x, y, rows, cols);
+  /// y [batch, rows] = x [batch, cols] W^T: the fastest GEMV for one row, the batched one above.
+  void gemv(const float* x, float* y, int batch) const {
+    if (f32.size() > 0) {
+      if (batch == 1) gemv_f32(gemv_versions(), f32.get(), x, y, rows, cols);
+      else gemv_batch_f32(f32.get(), x, y, rows, cols, batch);
+    } else {
+      if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16.get(), x, y, rows, cols);
+      else gemv_batch_bf16(bf16.get(), x, y, rows, cols, batch);
+    }
   }
   double bytes() const { return f32.size() > 0 ? 4.0 * f32.size() : 2.0 * bf16.size(); }
 };
@@ -63,48 +70,210 @@ DeviceMatrix pattern(int rows, int cols, WeightType type, const std::vector<floa
   return d;
 }
 
+
+/// Activations of a batch of B rows, grown when a larger batch comes.
+struct Scratch {
+  int capacity = 0;
+  DeviceArray<float> x, h, q, k, v, attn, tmp, gate, up, logits;
+  DeviceArray<int> tokens, positions;
+
+  void ensure(const ModelConfig& c, int batch) {
+    if (batch <= capacity) return;
+    const size_t b = batch, hidden = c.hidden_size, qd = static_cast<size_t>(c.num_attention_heads) * c.head_dim,
+                 kvd = static_cast<size_t>(c.num_key_value_heads) * c.head_dim, inter = c.intermediate_size;
+    x = DeviceArray<float>(b * hidden), h = DeviceArray<float>(b * hidden), tmp = DeviceArray<float>(b * hidden);
+    q = DeviceArray<float>(b * qd), attn = DeviceArray<float>(b * qd);
+    k = DeviceArray<float>(b * kvd), v = DeviceArray<float>(b * kvd);
+    gate = DeviceArray<float>(b * inter), up = DeviceArray<float>(b * inter);
+    logits = DeviceArray<float>(b * c.vocab_size);
+    tokens = DeviceArray<int>(b), positions = DeviceArray<int>(b);
+    capacity = batch;
+  }
+};
+
 }  // namespace
 
-struct CudaModel::Impl {
+// ------------------------------------------------------------- KV on device --
+
+struct CudaKVStore::Impl {
+  int layers = 0, kv_dim = 0, max_tokens = 0;
+  std::vector<int> length;
+  std::vector<DeviceArray<float>> k, v;  // per layer, [max_tokens, kv_dim]
+  mutable Matrix host;                   // what keys() / values() returned last
+
+  void check_layer(int layer, const char* what) const {
+    require(layer >= 0 && layer < layers, "CudaKVStore::", what, ": layer ", layer, " is outside [0, ", layers, ")");
+  }
+  void check_rows(int layer, long n, long width, const char* what) const {
+    check_layer(layer, what);
+    require(width == kv_dim, "CudaKVStore::", what, ": rows of ", width, " values, expected kv_dim = ", kv_dim);
+    require(n >= 0 && length[layer] + n <= max_tokens, "CudaKVStore::", what, ": ", n, " rows after ", length[layer],
+            " would pass max_tokens = ", max_tokens);
+  }
+  const Matrix& download(const DeviceArray<float>& a, int layer) const {
+    host.resize(length[layer], kv_dim);
+    if (host.size() > 0)
+      INFER_CUDA_CHECK(cudaMemcpy(host.data(), a.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+CudaKVStore::CudaKVStore(const ModelConfig& c, int max_tokens) : impl_(std::make_unique<Impl>()) {
+  require(cuda_device_available(), "CudaKVStore: no CUDA device here");
+  require(max_tokens >= 1, "CudaKVStore: max_tokens must be >= 1, got ", max_tokens);
+  Impl& s = *impl_;
+  s.layers = c.num_hidden_layers, s.kv_dim = c.num_key_value_heads * c.head_dim, s.max_tokens = max_tokens;
+  s.length.assign(s.layers, 0);
+  for (int l = 0; l < s.layers; ++l) {
+    s.k.emplace_back(static_cast<size_t>(max_tokens) * s.kv_dim);
+    s.v.emplace_back(static_cast<size_t>(max_tokens) * s.kv_dim);
+  }
+}
+
+CudaKVStore::~CudaKVStore() = default;
+int CudaKVStore::num_layers() const { return impl_->layers; }
+int CudaKVStore::length(int layer) const {
+  impl_->check_layer(layer, "length");
+  return impl_->length[layer];
+}
+int CudaKVStore::max_tokens() const { return impl_->max_tokens; }
+
+void CudaKVStore::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
+  Impl& s = *impl_;
+  s.check_rows(layer, k.rows(), k.cols(), "append");
+  require(v.rows() == k.rows() && v.cols() == k.cols(), "CudaKVStore::append: keys ", k.rows(), " x ", k.cols(),
+          " but values ", v.rows(), " x ", v.cols());
+  const Matrix kc = k, vc = v;  // row-major and contiguous, as the device holds them
+  const size_t at = static_cast<size_t>(s.length[layer]) * s.kv_dim, bytes = kc.size() * sizeof(float);
+  if (bytes > 0) {
+    INFER_CUDA_CHECK(cudaMemcpy(s.k[layer].get() + at, kc.data(), bytes, cudaMemcpyHostToDevice));
+    INFER_CUDA_CHECK(cudaMemcpy(s.v[layer].get() + at, vc.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  s.length[layer] += static_cast<int>(k.rows());
+}
+
+void CudaKVStore::append_device(int layer, const float* k, const float* v, int n) {
+  Impl& s = *impl_;
+  s.check_rows(layer, n, s.kv_dim, "append_device");
+  const size_t at = static_cast<size_t>(s.length[layer]) * s.kv_dim, bytes = static_cast<size_t>(n) * s.kv_dim * sizeof(float);
+  if (bytes > 0) {
+    INFER_CUDA_CHECK(cudaMemcpy(s.k[layer].get() + at, k, bytes, cudaMemcpyDeviceToDevice));
+    INFER_CUDA_CHECK(cudaMemcpy(s.v[layer].get() + at, v, bytes, cudaMemcpyDeviceToDevice));
+  }
+  s.length[layer] += n;
+}
+
+ConstMatrixRef CudaKVStore::keys(int layer) const {
+  impl_->check_layer(layer, "keys");
+  return impl_->download(impl_->k[layer], layer);
+}
+ConstMatrixRef CudaKVStore::values(int layer) const {
+  impl_->check_layer(layer, "values");
+  return impl_->download(impl_->v[layer], layer);
+}
+void CudaKVStore::reset() { std::fill(impl_->length.begin(), impl_->length.end(), 0); }
+size_t CudaKVStore::bytes_used() const {
+  size_t n = 0;
+  for (int len : impl_->length) n += 2 * static_cast<size_t>(len) * impl_->kv_dim * sizeof(float);
+  return n;
+}
+size_t CudaKVStore::bytes_reserved() const {
+  return 2 * static_cast<size_t>(impl_->layers) * impl_->max_tokens * impl_->kv_dim * sizeof(float);
+}
+const float* CudaKVStore::device_keys(int layer) const {
+  impl_->check_layer(layer, "device_keys");
+  return impl_->k[layer].get();
+}
+const float* CudaKVStore::device_values(int layer) const {
+  impl_->check_layer(layer, "device_values");
+  return impl_->v[layer].get();
+}
+
+std::unique_ptr<KVManager> cuda_slots(const ModelConfig& c, int slots, int max_tokens) {
+  require(slots >= 1, "cuda_slots: slots must be >= 1, got ", slots);
+  require(max_tokens >= 0 && max_tokens <= c.max_position_embeddings, "cuda_slots: max_tokens must be in [0, ",
+          c.max_position_embeddings, "] (0 for the whole context), got ", max_tokens);
+  std::vector<std::unique_ptr<KVStore>> stores;
+  for (int i = 0; i < slots; ++i)
+    stores.push_back(std::make_unique<CudaKVStore>(c, max_tokens == 0 ? c.max_position_embeddings : max_tokens));
+  return std::make_unique<SlotKVManager>(std::move(stores));
+}
+
+// ------------------------------------------------------------------ forward --
+
+struct CudaForward::Impl {
   ModelConfig c;
-  int max_tokens = 0, length = 0;
   DeviceArray<float> embed, final_norm;
   DeviceMatrix lm_head;
   struct Layer {
     DeviceArray<float> input_norm, post_norm;
     DeviceMatrix q, k, v, o, gate, up, down;
-    DeviceArray<float> k_cache, v_cache;  // [max_tokens, kv_dim]
   };
   std::vector<Layer> layers;
-  // Activations of one token.
-  DeviceArray<float> x, h, q, k, v, attn, tmp, gate, up, logits;
-  DeviceArray<int> token, position;
+  Scratch s;
 
-  void allocate_activations() {
-    const size_t hidden = c.hidden_size, qd = static_cast<size_t>(c.num_attention_heads) * c.head_dim,
-                 kvd = static_cast<size_t>(c.num_key_value_heads) * c.head_dim, inter = c.intermediate_size;
-    x = DeviceArray<float>(hidden), h = DeviceArray<float>(hidden), tmp = DeviceArray<float>(hidden);
-    q = DeviceArray<float>(qd), attn = DeviceArray<float>(qd);
-    k = DeviceArray<float>(kvd), v = DeviceArray<float>(kvd);
-    gate = DeviceArray<float>(inter), up = DeviceArray<float>(inter);
-    logits = DeviceArray<float>(c.vocab_size);
-    token = DeviceArray<int>(1), position = DeviceArray<int>(1);
-    for (Layer& l : layers) {
-      l.k_cache = DeviceArray<float>(static_cast<size_t>(max_tokens) * kvd);
-      l.v_cache = DeviceArray<float>(static_cast<size_t>(max_tokens) * kvd);
+  /// One step of B = stores.size() rows; logits left in s.logits [B, vocab].
+  void step(std::span<const int> tokens, std::span<CudaKVStore* const> stores) {
+    const int B = static_cast<int>(tokens.size()), hidden = c.hidden_size, hd = c.head_dim;
+    const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd;
+    s.ensure(c, B);
+    std::vector<int> positions(B);
+    for (int b = 0; b < B; ++b) positions[b] = stores[b]->length();
+    s.tokens.upload(tokens.data(), B);
+    s.positions.upload(positions.data(), B);
+
+    embedding(embed.get(), s.tokens.get(), s.x.get(), B, c.vocab_size, hidden);
+    for (int li = 0; li < c.num_hidden_layers; ++li) {
+      Layer& l = layers[li];
+      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
+      l.q.gemv(s.h.get(), s.q.get(), B);
+      l.k.gemv(s.h.get(), s.k.get(), B);
+      l.v.gemv(s.h.get(), s.v.get(), B);
+      rope(s.q.get(), s.positions.get(), B, c.num_attention_heads, hd, c.rope_theta);
+      rope(s.k.get(), s.positions.get(), B, c.num_key_value_heads, hd, c.rope_theta);
+      for (int b = 0; b < B; ++b) {  // each sequence's K/V into its own cache, then its attention
+        CudaKVStore& kv = *stores[b];
+        kv.append_device(li, s.k.get() + static_cast<size_t>(b) * kvd, s.v.get() + static_cast<size_t>(b) * kvd, 1);
+        decode_attention(s.q.get() + static_cast<size_t>(b) * qd, kv.device_keys(li), kv.device_values(li),
+                         s.attn.get() + static_cast<size_t>(b) * qd, kv.length(li), c.num_attention_heads,
+                         c.num_key_value_heads, hd);
+      }
+      l.o.gemv(s.attn.get(), s.tmp.get(), B);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(B) * hidden);
+      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
+      l.gate.gemv(s.h.get(), s.gate.get(), B);
+      l.up.gemv(s.h.get(), s.up.get(), B);
+      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(B) * c.intermediate_size);
+      l.down.gemv(s.gate.get(), s.tmp.get(), B);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(B) * hidden);
     }
+    rms_norm(s.x.get(), final_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
+    lm_head.gemv(s.h.get(), s.logits.get(), B);
+  }
+
+  Matrix logits(int B) const {
+    Matrix out(B, c.vocab_size);  // row-major, as the device holds them; the copy waits for the step
+    INFER_CUDA_CHECK(cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+  /// `cache` as a CudaKVStore of this model's shape, or an infer::Error naming `who`.
+  CudaKVStore& device_store(KVStore* cache, const char* who, size_t i) const {
+    auto* d = dynamic_cast<CudaKVStore*>(cache);
+    require(d != nullptr, who, ": cache ", i, " is not a CudaKVStore (the CUDA forward reads its caches on the device;",
+            " take them from cuda_slots())");
+    require(d->num_layers() == c.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
+            c.num_hidden_layers);
+    return *d;
   }
 };
 
-CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaForward::CudaForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-CudaModel::CudaModel(const ModelWeights& model, WeightType type, int max_tokens) : impl_(std::make_unique<Impl>()) {
-  require(cuda_device_available(), "CudaModel: no CUDA device here");
+CudaForward::CudaForward(const ModelWeights& model, WeightType type) : impl_(std::make_unique<Impl>()) {
+  require(cuda_device_available(), "CudaForward: no CUDA device here");
   Impl& m = *impl_;
   m.c = model.config;
-  require(max_tokens >= 1 && max_tokens <= m.c.max_position_embeddings, "CudaModel: max_tokens must be in [1, ",
-          m.c.max_position_embeddings, "], got ", max_tokens);
-  m.max_tokens = max_tokens;
   m.embed = DeviceArray<float>(std::vector<float>(model.embed_tokens.data(),
                                                   model.embed_tokens.data() + model.embed_tokens.size()));
   m.final_norm = upload(model.norm);
@@ -117,17 +286,13 @@ CudaModel::CudaModel(const ModelWeights& model, WeightType type, int max_tokens)
     l.gate = upload(w.gate_proj, type), l.up = upload(w.up_proj, type), l.down = upload(w.down_proj, type);
     m.layers.push_back(std::move(l));
   }
-  m.allocate_activations();
 }
 
-std::unique_ptr<CudaModel> CudaModel::with_pattern_weights(const ModelConfig& c, WeightType type, int max_tokens) {
-  require(cuda_device_available(), "CudaModel: no CUDA device here");
-  c.validate("CudaModel::with_pattern_weights");
-  require(max_tokens >= 1 && max_tokens <= c.max_position_embeddings, "CudaModel: max_tokens must be in [1, ",
-          c.max_position_embeddings, "], got ", max_tokens);
+std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, WeightType type) {
+  require(cuda_device_available(), "CudaForward: no CUDA device here");
+  c.validate("CudaForward::with_pattern_weights");
   auto m = std::make_unique<Impl>();
   m->c = c;
-  m->max_tokens = max_tokens;
   std::vector<float> tile(1 << 20);
   uint64_t state = 0x9E3779B97F4A7C15ull;
   for (float& t : tile) {  // a cheap generator: these weights are for timing, not for text
@@ -148,64 +313,82 @@ std::unique_ptr<CudaModel> CudaModel::with_pattern_weights(const ModelConfig& c,
     l.down = pattern(hidden, c.intermediate_size, type, tile);
     m->layers.push_back(std::move(l));
   }
-  m->allocate_activations();
-  return std::unique_ptr<CudaModel>(new CudaModel(std::move(m)));
+  return std::unique_ptr<CudaForward>(new CudaForward(std::move(m)));
 }
 
-CudaModel::~CudaModel() = default;
+CudaForward::~CudaForward() = default;
+const ModelConfig& CudaForward::config() const { return impl_->c; }
 
-Vector CudaModel::decode(int token) {
+Vector CudaForward::prefill(std::span<const int> tokens, KVStore& cache) {
+  Impl& m = *impl_;
+  require(!tokens.empty(), "CudaForward::prefill: no tokens");
+  check_tokens(m.c, tokens, "CudaForward::prefill");
+  CudaKVStore& kv = m.device_store(&cache, "CudaForward::prefill", 0);
+  require(kv.length() + tokens.size() <= static_cast<size_t>(std::min(kv.max_tokens(), m.c.max_position_embeddings)),
+          "CudaForward::prefill: ", tokens.size(), " tokens after ", kv.length(), " would exceed the cache of ",
+          kv.max_tokens(), " positions or the context");
+  CudaKVStore* one[] = {&kv};
+  for (int t : tokens) m.step(std::span<const int>(&t, 1), one);
+  return m.logits(1).row(0).transpose();
+}
+
+Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const> caches) {
   Impl& m = *impl_;
   const ModelConfig& c = m.c;
-  require(token >= 0 && token < c.vocab_size, "CudaModel::decode: token ", token, " is outside the vocabulary [0, ",
-          c.vocab_size, ")");
-  require(m.length < m.max_tokens, "CudaModel::decode: the cache holds ", m.max_tokens, " positions, all used");
-  const int pos = m.length, hidden = c.hidden_size, hd = c.head_dim;
-  const int kvd = c.num_key_value_heads * hd;
-  m.token.upload(&token, 1);
-  m.position.upload(&pos, 1);
-
-  embedding(m.embed.get(), m.token.get(), m.x.get(), 1, c.vocab_size, hidden);
-  for (Impl::Layer& l : m.layers) {
-    rms_norm(m.x.get(), l.input_norm.get(), m.h.get(), 1, hidden, c.rms_norm_eps);
-    l.q.gemv(m.h.get(), m.q.get());
-    l.k.gemv(m.h.get(), m.k.get());
-    l.v.gemv(m.h.get(), m.v.get());
-    rope(m.q.get(), m.position.get(), 1, c.num_attention_heads, hd, c.rope_theta);
-    rope(m.k.get(), m.position.get(), 1, c.num_key_value_heads, hd, c.rope_theta);
-    INFER_CUDA_CHECK(cudaMemcpy(l.k_cache.get() + static_cast<size_t>(pos) * kvd, m.k.get(), kvd * sizeof(float),
-                                cudaMemcpyDeviceToDevice));
-    INFER_CUDA_CHECK(cudaMemcpy(l.v_cache.get() + static_cast<size_t>(pos) * kvd, m.v.get(), kvd * sizeof(float),
-                                cudaMemcpyDeviceToDevice));
-    decode_attention(m.q.get(), l.k_cache.get(), l.v_cache.get(), m.attn.get(), pos + 1, c.num_attention_heads,
-                     c.num_key_value_heads, hd);
-    l.o.gemv(m.attn.get(), m.tmp.get());
-    add(m.x.get(), m.tmp.get(), hidden);
-    rms_norm(m.x.get(), l.post_norm.get(), m.h.get(), 1, hidden, c.rms_norm_eps);
-    l.gate.gemv(m.h.get(), m.gate.get());
-    l.up.gemv(m.h.get(), m.up.get());
-    swiglu(m.gate.get(), m.up.get(), m.gate.get(), c.intermediate_size);
-    l.down.gemv(m.gate.get(), m.tmp.get());
-    add(m.x.get(), m.tmp.get(), hidden);
+  require(!tokens.empty() && tokens.size() == caches.size(), "CudaForward::decode: ", tokens.size(), " tokens for ",
+          caches.size(), " caches (expected one token per cache, at least one)");
+  require(std::set<KVStore*>(caches.begin(), caches.end()).size() == caches.size(),
+          "CudaForward::decode: two sequences share a cache (each sequence needs its own)");
+  std::vector<CudaKVStore*> stores;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    require(tokens[i] >= 0 && tokens[i] < c.vocab_size, "CudaForward::decode: token ", tokens[i], " of sequence ", i,
+            " is outside the vocabulary [0, ", c.vocab_size, ")");
+    CudaKVStore& kv = m.device_store(caches[i], "CudaForward::decode", i);
+    require(kv.length() + 1 <= std::min(kv.max_tokens(), c.max_position_embeddings), "CudaForward::decode: sequence ",
+            i, " at position ", kv.length(), " would exceed its cache or the context");
+    stores.push_back(&kv);
   }
-  rms_norm(m.x.get(), m.final_norm.get(), m.h.get(), 1, hidden, c.rms_norm_eps);
-  m.lm_head.gemv(m.h.get(), m.logits.get());
-  const std::vector<float> host = m.logits.download();  // waits for the step
-  ++m.length;
-  return Eigen::Map<const Vector>(host.data(), static_cast<Eigen::Index>(host.size()));
+  m.step(tokens, stores);
+  return m.logits(static_cast<int>(tokens.size()));
 }
 
-int CudaModel::length() const { return impl_->length; }
-int CudaModel::max_tokens() const { return impl_->max_tokens; }
-void CudaModel::reset() { impl_->length = 0; }
-const ModelConfig& CudaModel::config() const { return impl_->c; }
-
-double CudaModel::weight_bytes_per_step() const {
+double CudaForward::weight_bytes_per_step() const {
   double bytes = impl_->lm_head.bytes();
   for (const Impl::Layer& l : impl_->layers)
     for (const DeviceMatrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += w->bytes();
   return bytes;
 }
+
+// ----------------------------------------------------------- one sequence --
+
+CudaModel::CudaModel(std::unique_ptr<CudaForward> forward, int max_tokens) : forward_(std::move(forward)) {
+  const int context = forward_->config().max_position_embeddings;
+  require(max_tokens >= 1 && max_tokens <= context, "CudaModel: max_tokens must be in [1, ", context, "], got ",
+          max_tokens);
+  cache_ = std::make_unique<CudaKVStore>(forward_->config(), max_tokens);
+}
+
+CudaModel::CudaModel(const ModelWeights& model, WeightType type, int max_tokens)
+    : CudaModel(std::make_unique<CudaForward>(model, type), max_tokens) {}
+
+std::unique_ptr<CudaModel> CudaModel::with_pattern_weights(const ModelConfig& c, WeightType type, int max_tokens) {
+  return std::unique_ptr<CudaModel>(new CudaModel(CudaForward::with_pattern_weights(c, type), max_tokens));
+}
+
+Vector CudaModel::decode(int token) {
+  const ModelConfig& c = config();
+  require(token >= 0 && token < c.vocab_size, "CudaModel::decode: token ", token, " is outside the vocabulary [0, ",
+          c.vocab_size, ")");
+  require(length() < max_tokens(), "CudaModel::decode: the cache holds ", max_tokens(), " positions, all used");
+  KVStore* caches[] = {cache_.get()};
+  return forward_->decode(std::span<const int>(&token, 1), caches).row(0).transpose();
+}
+
+int CudaModel::length() const { return cache_->length(); }
+int CudaModel::max_tokens() const { return cache_->max_tokens(); }
+void CudaModel::reset() { cache_->reset(); }
+const ModelConfig& CudaModel::config() const { return forward_->config(); }
+double CudaModel::weight_bytes_per_step() const { return forward_->weight_bytes_per_step(); }
 
 std::vector<int> generate_cuda(CudaModel& model, std::span<const int> prompt, int max_new_tokens, Sampler& sampler,
                                const TokenCallback& on_token) {

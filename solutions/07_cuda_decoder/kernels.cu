@@ -121,6 +121,38 @@ __global__ void gemv_bf16_v2(const uint16_t* w, const float* x, float* y, int ro
   if (lane == 0) y[r] = sum;
 }
 
+// Batched GEMV: one warp per weight row, as in version 2, each lane keeping one partial sum per
+// batch row of a chunk, so a chunk of kChunk batch rows reads the weights once. widen() turns a
+// stored weight into a float.
+constexpr int kChunk = 8;
+
+__device__ float widen(float v) { return v; }
+__device__ float widen(uint16_t v) { return bf16_bits_to_float(v); }
+
+template <typename W>
+__global__ void gemv_batch_kernel(const W* w, const float* x, float* y, int rows, int cols, int batch) {
+  const long r = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const W* row = w + r * cols;
+  for (int b0 = 0; b0 < batch; b0 += kChunk) {
+    const int n = min(kChunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float sum[kChunk] = {};
+    for (int c = lane; c < cols; c += 32) {
+      const float wc = widen(row[c]);
+#pragma unroll
+      for (int b = 0; b < kChunk; ++b)
+        if (b < n) sum[b] += wc * xb[static_cast<long>(b) * cols + c];
+    }
+#pragma unroll
+    for (int b = 0; b < kChunk; ++b) {
+      const float total = warp_sum(sum[b]);  // every lane takes part, whether or not b < n
+      if (lane == 0 && b < n) y[static_cast<long>(b0 + b) * rows + r] = total;
+    }
+  }
+}
+
 // ----------------------------------------------------------- row kernels --
 
 __global__ void rms_norm_kernel(const float* x, const float* weight, float* y, int cols, float eps) {
@@ -233,6 +265,22 @@ void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int row
   if (version == 1) gemv_bf16_v1<<<l.blocks, l.threads>>>(w, x, y, rows, cols);
   else gemv_bf16_v2<<<l.blocks, l.threads>>>(w, x, y, rows, cols);
   cuda_check_launch(version == 1 ? "gemv_bf16 version 1" : "gemv_bf16 version 2");
+}
+
+void gemv_batch_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(batch >= 1, "gemv_batch_f32: batch must be >= 1, got ", batch);
+  const Launch l = gemv_launch(2, rows, cols);  // a warp per row; validates the shape
+  require_device_pointers("gemv_batch_f32", {w, x, y});
+  gemv_batch_kernel<float><<<l.blocks, l.threads>>>(w, x, y, rows, cols, batch);
+  cuda_check_launch("gemv_batch_f32");
+}
+
+void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(batch >= 1, "gemv_batch_bf16: batch must be >= 1, got ", batch);
+  const Launch l = gemv_launch(1, rows, cols, true);
+  require_device_pointers("gemv_batch_bf16", {w, x, y});
+  gemv_batch_kernel<uint16_t><<<l.blocks, l.threads>>>(w, x, y, rows, cols, batch);
+  cuda_check_launch("gemv_batch_bf16");
 }
 
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {

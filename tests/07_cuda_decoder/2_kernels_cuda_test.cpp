@@ -78,6 +78,39 @@ GRADED_TEST(Lesson07Kernels, EveryBf16GemvVersionMatchesTheReference, 3) {
   }
 }
 
+GRADED_TEST(Lesson07Kernels, BatchedGemvEqualsOneGemvPerRow, 2) {
+  // Batches of 1, under a chunk, a chunk of 8 and past it (9, 17): every row of the batch
+  // against the reference of that row alone, float32 and bf16 weights.
+  REQUIRE_DEVICE();
+  for (const Shape s : {Shape{1, 37}, Shape{31, 33}, Shape{130, 4101}}) {
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 90 + s.cols);
+    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
+    DeviceArray<float> dw(w);
+    DeviceArray<uint16_t> dwb(wb);
+    for (const int batch : {1, 3, 8, 9, 17}) {
+      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 100 + batch);
+      const Matrix xs = as_matrix(x, batch, s.cols);
+      DeviceArray<float> dx(x);
+      for (const bool bf16 : {false, true}) {
+        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
+        if (bf16) gemv_batch_bf16(dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        else gemv_batch_f32(dw.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        const Matrix got = as_matrix(dy.download(), batch, s.rows);
+        for (int b = 0; b < batch; ++b) {
+          const Vector xb = xs.row(b).transpose();
+          const Vector want = bf16 ? gemv_bf16_reference(wb, s.rows, s.cols, xb)
+                                   : gemv_reference(as_matrix(w, s.rows, s.cols), xb);
+          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                         cat(bf16 ? "gemv_batch_bf16" : "gemv_batch_f32", " on ", s.rows, " x ",
+                                             s.cols, ", batch ", batch, ", row ", b)));
+        }
+      }
+    }
+  }
+  DeviceArray<float> dw(4), dx(4), dy(4);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_batch_f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
+}
+
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
   REQUIRE_DEVICE();
   for (const Shape s : {Shape{1, 1}, Shape{1, 192}, Shape{5, 33}, Shape{7, 4097}}) {

@@ -1,12 +1,17 @@
 // Lesson 07 on a CUDA device: the whole decoder, built from your kernels (the given CudaModel),
 // against the CPU model. Without a device every case skips.
+#include <memory>
+#include <vector>
+
 #include "common/cuda_check.hpp"
+#include "common/testing/throws.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/golden.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/03_batching/batching.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 
 namespace infer::gpu {
@@ -42,6 +47,74 @@ GRADED_TEST(Lesson07Model, GreedyTextEqualsTheFixtureOver64Tokens, 3) {
   const std::vector<int> want(g.ids.begin(), g.ids.begin() + n);
   EXPECT_EQ(got, want) << "greedy text on the GPU: \"" << ByteTokenizer::decode(got) << "\"\nexpected: \""
                        << ByteTokenizer::decode(want) << "\"";
+}
+
+GRADED_TEST(Lesson07Model, BatchedDecodeEqualsTheCpuForwardBatch, 3) {
+  // Five sequences of different lengths decoded together, 12 steps, against lesson 03's
+  // forward_batch on the CPU: same tolerance as one sequence. Batches of 5 and (after two
+  // finish) 3 go through gemv_batch_*; a lone sequence through gemv_*.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  CudaForward gpu(m, WeightType::F32);
+  const std::vector<std::vector<int>> prompts = {ByteTokenizer::encode("Q: Why"), ByteTokenizer::encode("A duck"),
+                                                 ByteTokenizer::encode("The"), ByteTokenizer::encode("Fortune: you"),
+                                                 ByteTokenizer::encode("Q")};
+  std::vector<std::unique_ptr<KVStore>> dev, host;
+  for (const auto& p : prompts) {
+    dev.push_back(std::make_unique<CudaKVStore>(m.config, 64));
+    host.push_back(std::make_unique<KVCache>(m.config, 64));
+    const Vector got = gpu.prefill(p, *dev.back());
+    const Matrix want = forward_cached(m, p, *host.back());
+    ASSERT_TRUE(testing::all_close(want.row(want.rows() - 1), got.transpose(), 1e-3, 1e-3, "prefill logits"));
+  }
+  for (int step = 0; step < 12; ++step) {
+    const size_t live = step < 6 ? 5 : step < 11 ? 3 : 1;
+    std::vector<int> tokens;
+    std::vector<KVStore*> d, h;
+    for (size_t i = 0; i < live; ++i) {
+      tokens.push_back(40 + static_cast<int>(7 * i + step) % 80);
+      d.push_back(dev[i].get());
+      h.push_back(host[i].get());
+    }
+    const Matrix got = gpu.decode(tokens, d), want = forward_batch(m, tokens, h);
+    ASSERT_TRUE(testing::all_close(want, got, 1e-3, 1e-3, cat("batched logits at step ", step, ", batch ", live)));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(dev[i]->length(), host[i]->length()) << "sequence " << i;
+  // Its caches must be its own kind, and every call is checked before anything runs.
+  KVCache cpu_cache(m.config, 8);
+  KVStore* wrong[] = {&cpu_cache};
+  const int token = 5;
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu.decode(std::span(&token, 1), wrong); }, "CudaKVStore"));
+  KVStore* twice[] = {dev[0].get(), dev[0].get()};
+  const int two[] = {5, 6};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu.decode(two, twice); }, "share"));
+}
+
+GRADED_TEST(Lesson07Model, TheBatchEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
+  // Lesson 03's engine, unchanged, over the CUDA forward and device caches: six greedy requests
+  // through three slots, continuous batching, equal to the CPU engine's tokens.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  auto requests = [] {
+    std::vector<GenerationRequest> r;
+    const char* prompts[] = {"Q: What", "A duck", "The best", "Q: Why", "Fortune", "Q: How"};
+    for (int i = 0; i < 6; ++i)
+      r.push_back({i, ByteTokenizer::encode(prompts[i]), 10 + 3 * i, SamplingParams{.temperature = 0.0f}, i / 2});
+    return r;
+  };
+  BatchEngine cpu(m, Policy::Continuous, 3);
+  BatchEngine gpu(std::make_unique<CudaForward>(m, WeightType::F32), Policy::Continuous, 3,
+                  cuda_slots(m.config, 3, 128));
+  for (auto& r : requests()) cpu.submit(r);
+  for (auto& r : requests()) gpu.submit(r);
+  const auto want = cpu.run(), got = gpu.run();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i << ": \"" << ByteTokenizer::decode(got[i].tokens)
+                                             << "\" on the GPU, \"" << ByteTokenizer::decode(want[i].tokens)
+                                             << "\" on the CPU";
+    EXPECT_EQ(got[i].finish_step, want[i].finish_step) << "request " << i;
+  }
 }
 
 GRADED_TEST(Lesson07Model, Bf16WeightsStayCloseToFloat32, 1) {
