@@ -2,11 +2,14 @@
 //
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
-//                 [--paged [--block-size SIZE] [--num-blocks N]] [--device cuda [--weights f32|bf16]]
+//                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
+//                 [--device cuda [--weights f32|bf16]]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
 // with it, sequences take blocks of SIZE positions from a pool of N blocks as they grow (lesson
-// 04), and the engine preempts the newest sequence when the pool runs dry. --device cuda runs the
+// 04), and the engine preempts the newest sequence when the pool runs dry. --prefix-cache adds
+// lesson 05's radix tree to the pool: prompts that share a prefix with a finished request reuse
+// its K/V blocks and prefill only the rest. --device cuda runs the
 // same engine over lesson 07's CUDA forward, with whole-context slots in device memory.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
@@ -28,6 +31,7 @@
 #include "common/weights.hpp"
 #include "lessons/03_batching/batching.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -38,7 +42,7 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
                                "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights"},
-                              {"-h", "--help", "--paged"});
+                              {"-h", "--help", "--paged", "--prefix-cache"});
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
@@ -47,6 +51,8 @@ int main(int argc, char** argv) {
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
                    "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n"
+                   "  --prefix-cache (with --paged) keeps finished requests' K/V blocks in a radix tree, so that\n"
+                   "  a prompt sharing a prefix with them prefills only the rest.\n"
                    "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16).\n";
       return 0;
     }
@@ -87,8 +93,8 @@ int main(int argc, char** argv) {
     const infer::ModelWeights model = infer::load_model(model_dir);
     const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
     const bool paged = opts.has("--paged");
-    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks")))
-      throw infer::Error("serve_offline: --block-size and --num-blocks need --paged");
+    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
+      throw infer::Error("serve_offline: --block-size, --num-blocks and --prefix-cache need --paged");
     const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
     const int context = model.config.max_position_embeddings;
     // By default the pool gets the bytes the slots would have reserved: max_batch whole contexts.
@@ -99,7 +105,12 @@ int main(int argc, char** argv) {
     const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
     std::unique_ptr<infer::KVManager> memory;
     std::unique_ptr<infer::ForwardBackend> forward = std::make_unique<infer::CpuForward>(model);
-    if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
+    infer::PrefixKVManager* prefix = nullptr;
+    if (paged && opts.has("--prefix-cache")) {
+      auto p = std::make_unique<infer::PrefixKVManager>(model.config, num_blocks, block_size);
+      prefix = p.get();
+      memory = std::move(p);
+    } else if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
     else memory = std::make_unique<infer::SlotKVManager>(model.config, max_batch);
 #if COURSE_HAVE_CUDA
     if (device == "cuda") {
@@ -141,6 +152,12 @@ int main(int argc, char** argv) {
                  paged ? infer::cat(num_blocks, " blocks of ", block_size).c_str()
                        : infer::cat(max_batch, " whole-context slots").c_str(),
                  reserved > 0 ? 100.0 * stored / reserved : 0.0, most, preempted);
+    if (prefix) {
+      long computed = 0;
+      for (const auto& e : engine.log()) computed += e.prefill_tokens;
+      std::fprintf(stderr, "[prefix cache: %ld of %ld prompt positions found cached; %ld prefill positions computed; %d blocks cached at the end]\n",
+                   prefix->matched_tokens(), prefix->requested_tokens(), computed, prefix->cache().cached_blocks());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -162,6 +162,7 @@ struct GenerationResult {
   int first_token_step = 0;   ///< the step of its prefill
   int finish_step = 0;        ///< the step after its last token (static: after its batch's)
   int preemptions = 0;        ///< times it was preempted and resumed (lesson 04)
+  int cached_tokens = 0;      ///< prompt positions found in a prefix cache at its first start, not computed (lesson 05)
 };
 
 /// Per-step record of what the engine did.
@@ -172,6 +173,7 @@ struct EngineStepLog {
   int occupied = 0;         ///< slots taken during the step (static batches keep finished members' slots)
   int preempted = 0;        ///< sequences preempted at the start of the step (lesson 04)
   int resumed = 0;          ///< preempted sequences started again (prefill by recompute, lesson 04)
+  long prefill_tokens = 0;  ///< positions the step's prefills computed (a prefix cache's hits are not computed, lesson 05)
   long stored_tokens = 0;   ///< K/V positions held by running sequences after the step
   long reserved_tokens = 0; ///< positions of KV memory reserved for them (KVManager::reserved_tokens)
 };
@@ -198,6 +200,27 @@ class KVManager {
   virtual int capacity_tokens() const = 0;
   /// Positions of memory reserved by open stores right now.
   virtual long reserved_tokens() const = 0;
+
+  // What the engine calls. The defaults suit memories without a prefix cache; lesson 05's
+  // overrides them.
+
+  /// open() for a sequence whose first positions will hold `tokens`. A memory with a prefix cache
+  /// may return a store that already holds the K/V of a prefix of them, never all of them: its
+  /// length() says how many, and the engine computes only the rest. Default: open(tokens.size()), an empty store.
+  virtual std::unique_ptr<KVStore> open_for(std::span<const int> tokens) {
+    return open(static_cast<int>(tokens.size()));
+  }
+  /// close() for a finished sequence's store, which holds the K/V of the first store->length()
+  /// of `tokens`: a prefix cache keeps them for later requests. (A preempted sequence's store is
+  /// close()d: its memory is needed at once.)
+  /// Default: close(store).
+  virtual void release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
+    (void)tokens;
+    close(std::move(store));
+  }
+  /// preemptions_needed(), with leave to free memory first (a prefix cache gives back cached
+  /// blocks nobody uses before anyone is preempted). Default: preemptions_needed(running).
+  virtual int make_room(std::span<const KVStore* const> running) { return preemptions_needed(running); }
 };
 
 /// Lesson 03's memory (given): `slots` contiguous KVCache objects, each reserved for the model's
@@ -312,9 +335,12 @@ class BatchEngine {
   };
   /// Frees a running sequence's memory and queues it again (step 1).
   void preempt(std::unique_ptr<Running> r);
-  /// Starts request `index` in memory `cache` (step 3); returns its first token's logits, or an
-  /// empty vector for a resumed sequence (its next token is already known).
-  Vector start(size_t index, std::unique_ptr<KVStore> cache);
+  /// Starts request `index` in memory `cache` (step 3), adding the positions it computes to
+  /// `computed`; returns its first token's logits, or an empty vector for a resumed sequence
+  /// (its next token is already known).
+  Vector start(size_t index, std::unique_ptr<KVStore> cache, long& computed);
+  /// Request `index`'s prompt followed by every token it generated so far.
+  std::vector<int> stored_tokens(size_t index) const;
 
   std::unique_ptr<ForwardBackend> forward_;
   Scheduler scheduler_;

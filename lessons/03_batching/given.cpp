@@ -104,29 +104,41 @@ void BatchEngine::submit(GenerationRequest r) {
   paused_.emplace_back();
 }
 
+std::vector<int> BatchEngine::stored_tokens(size_t index) const {
+  std::vector<int> tokens = requests_[index].prompt;
+  const std::vector<int>& generated = results_[index].tokens;
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  return tokens;
+}
+
 void BatchEngine::preempt(std::unique_ptr<Running> r) {
   const size_t index = r->index;
-  memory_->close(std::move(r->cache));
+  memory_->close(std::move(r->cache));  // not release(): memory is short, and what it frees must stay free
   ++results_[index].preemptions;
   scheduler_.push_front(static_cast<int>(index), requests_[index].arrival_step);
   paused_[index] = std::move(r);  // keeps its sampler and its next token
 }
 
-Vector BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache) {
+Vector BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache, long& computed) {
+  // A new request runs its prompt; a preempted one recomputes the K/V of its prompt and of every
+  // generated token but the last, which was sampled and not yet fed (its next_token): its sampler
+  // continues where it stopped. Either way only the positions the store does not already hold
+  // (a prefix cache's hit) are computed.
   const GenerationRequest& req = requests_[index];
-  if (!paused_[index]) {  // a new request: prefill the prompt; its logits give the first token
+  const bool resuming = paused_[index] != nullptr;
+  std::vector<int> tokens = stored_tokens(index);
+  if (resuming) tokens.pop_back();
+  const int cached = cache->length();
+  computed += static_cast<long>(tokens.size()) - cached;
+  if (resuming) {
+    running_.push_back(std::move(paused_[index]));
+    running_.back()->cache = std::move(cache);
+  } else {
+    results_[index].cached_tokens = cached;
     running_.push_back(std::make_unique<Running>(Running{index, Sampler(req.sampling), std::move(cache), 0, false}));
-    return forward_->prefill(req.prompt, *running_.back()->cache);
   }
-  // A preempted one: recompute the K/V of its prompt and of every generated token but the last,
-  // which was sampled and not yet fed (its next_token). Its sampler continues where it stopped.
-  const std::vector<int>& generated = results_[index].tokens;
-  std::vector<int> tokens = req.prompt;
-  tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
-  running_.push_back(std::move(paused_[index]));
-  running_.back()->cache = std::move(cache);
-  forward_->prefill(tokens, *running_.back()->cache);
-  return Vector();
+  const Vector logits = forward_->prefill(std::span(tokens).subspan(cached), *running_.back()->cache);
+  return resuming ? Vector() : logits;
 }
 
 bool BatchEngine::step() {
@@ -139,7 +151,7 @@ bool BatchEngine::step() {
   std::vector<const KVStore*> stores;
   for (const auto& r : running_)
     if (!r->done) stores.push_back(r->cache.get());
-  const int victims = memory_->preemptions_needed(stores);
+  const int victims = memory_->make_room(stores);
   require(victims >= 0 && victims <= static_cast<int>(stores.size()), "BatchEngine: the KV memory asks to preempt ",
           victims, " of ", stores.size(), " running sequences");
   for (int n = 0; n < victims; ++n) {
@@ -175,9 +187,10 @@ bool BatchEngine::step() {
   if (entry.preempted == 0) admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
   for (size_t a = 0; a < admitted.size(); ++a) {
     const size_t index = static_cast<size_t>(admitted[a]);
-    const int generated = static_cast<int>(results_[index].tokens.size());
-    const int positions = static_cast<int>(requests_[index].prompt.size()) + std::max(generated - 1, 0);
-    std::unique_ptr<KVStore> cache = memory_->open(positions);
+    std::vector<int> tokens = stored_tokens(index);
+    if (paused_[index]) tokens.pop_back();  // its last token is fed by the next decode
+    const int positions = static_cast<int>(tokens.size());
+    std::unique_ptr<KVStore> cache = memory_->open_for(tokens);
     if (!cache) {
       if (running_.empty())
         throw Error(cat("BatchEngine: the KV memory cannot hold request ", requests_[index].id, "'s ", positions,
@@ -187,7 +200,7 @@ bool BatchEngine::step() {
       break;
     }
     const bool resuming = paused_[index] != nullptr;
-    const Vector logits = start(index, std::move(cache));
+    const Vector logits = start(index, std::move(cache), entry.prefill_tokens);
     if (resuming) {
       ++entry.resumed;
       continue;
@@ -209,7 +222,7 @@ bool BatchEngine::step() {
         static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
       r.done = true;
       res.finish_step = now_ + 1;
-      memory_->close(std::move(r.cache));
+      memory_->release(std::move(r.cache), stored_tokens(r.index));
     }
   }
   // Free slots: at once (continuous), or when the whole batch is done (static, which hands

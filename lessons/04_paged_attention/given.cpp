@@ -63,6 +63,17 @@ PagedKVCache::PagedKVCache(PagedKVPool& pool, int max_tokens) : pool_(&pool), ma
   length_.assign(pool.num_layers(), 0);
 }
 
+PagedKVCache::PagedKVCache(PagedKVPool& pool, int max_tokens, std::span<const int> blocks, int length)
+    : PagedKVCache(pool, max_tokens) {
+  require(length == static_cast<int>(blocks.size()) * pool.block_size() && length <= max_tokens,
+          "PagedKVCache: a prefix of ", length, " positions in ", blocks.size(), " blocks of ", pool.block_size(),
+          " (expected full blocks, at most max_tokens = ", max_tokens, ")");
+  for (int b : blocks) require(pool.allocator().ref_count(b) >= 1, "PagedKVCache: prefix block ", b, " is free");
+  for (int b : blocks) pool.allocator().share(b);
+  blocks_.assign(blocks.begin(), blocks.end());
+  length_.assign(pool.num_layers(), length);
+}
+
 PagedKVCache::~PagedKVCache() {
   try {
     reset();

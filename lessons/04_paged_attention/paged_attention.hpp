@@ -121,6 +121,11 @@ class PagedKVCache final : public KVStore {
   /// An empty sequence over `pool` that may grow to `max_tokens` positions (at most the model's
   /// context). Given. The pool must outlive the cache.
   PagedKVCache(PagedKVPool& pool, int max_tokens);
+  /// A sequence whose first `length` positions are already stored, in every layer, in `blocks`
+  /// (full blocks, in order: length must be blocks.size() * block_size). Each block gets one more
+  /// holder (share); the first append then starts a block of its own. Given: lesson 05's prefix
+  /// cache opens sequences this way.
+  PagedKVCache(PagedKVPool& pool, int max_tokens, std::span<const int> blocks, int length);
   /// Frees every block it holds (reset()).
   ~PagedKVCache() override;
   PagedKVCache(const PagedKVCache&) = delete;
@@ -203,6 +208,8 @@ class PagedKVManager final : public KVManager {
 
   /// The pool. Given.
   const PagedKVPool& pool() const { return pool_; }
+  /// The pool, to open stores of your own over it (lesson 05). Given.
+  PagedKVPool& pool() { return pool_; }
 
  private:
   PagedKVPool pool_;

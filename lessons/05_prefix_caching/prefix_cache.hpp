@@ -1,0 +1,191 @@
+/// @file prefix_cache.hpp
+/// @brief Lesson 05's contract: a radix tree that remembers the KV blocks of token prefixes, so
+/// that requests sharing a prefix (a system prompt, few-shot examples, the earlier turns of a
+/// chat) skip the prefill of what is already cached.
+///
+/// You implement RadixCache and prefix_hit_rates() in `exercises/05_prefix_caching/prefix_cache.cpp`.
+/// PrefixKVManager (given) puts your tree under lesson 03's engine, over lesson 04's pool.
+///
+/// The tree caches whole blocks only. Every edge holds a run of tokens whose length is a multiple
+/// of the block size, with one KV block per block_size tokens; a match is rounded down to a block
+/// boundary. A cached block is full and never written again, so sequences share it without
+/// copy-on-write; the price is that up to block_size - 1 tokens of a prefix are recomputed.
+///
+///     root ── [The quick brown fox ] ── [jumps over the dog] ... one node, two blocks of 4 tokens
+///                                    └─ [sleeps all day... ]     a second continuation
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "lessons/03_batching/batching.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+
+namespace infer {
+
+/// A radix tree over token ids whose nodes own runs of tokens and the KV blocks that hold them.
+///
+/// What it keeps true:
+/// - every node but the root holds at least one block: tokens.size() == blocks.size() * block_size;
+/// - the children of a node start with different blocks (a radix tree whose alphabet is blocks of
+///   tokens: two edges out of a node never share their first block_size tokens);
+/// - the cache holds one reference (BlockAllocator::share) on each of its blocks, and gives it back
+///   (BlockAllocator::free) exactly once, when the block's node is evicted or the cache is destroyed;
+/// - a locked node (lock count above 0) and its ancestors are never evicted;
+/// - after insert() and evict_to(), cached_blocks() <= capacity_blocks(), unless every block
+///   left is locked.
+class RadixCache {
+ public:
+  /// A handle to a node: an index into the tree's nodes. The root is 0.
+  using NodeId = int;
+
+  /// The longest cached prefix of a token sequence.
+  struct Match {
+    int tokens = 0;           ///< tokens matched: blocks.size() * block_size
+    std::vector<int> blocks;  ///< the blocks holding them, in order
+    NodeId node = 0;          ///< the node whose run ends where the match ends (the root for none)
+  };
+
+  /// An empty cache over `allocator`'s blocks, caching runs of `block_size` tokens, at most
+  /// `capacity_blocks` blocks. Throws infer::Error for block_size or capacity_blocks below 1.
+  RadixCache(BlockAllocator& allocator, int block_size, int capacity_blocks);
+  /// Gives back every block the cache holds (one free() each).
+  ~RadixCache();
+  RadixCache(const RadixCache&) = delete;
+  RadixCache& operator=(const RadixCache&) = delete;
+
+  /// The longest prefix of `tokens` that the cache holds, in whole blocks. When the match ends
+  /// inside a node's run, that node is split at the match's end (the first part becomes a new
+  /// node above it, with its blocks), so the returned node ends exactly there. Every node on the
+  /// path becomes the most recently used. Shares no block: the caller shares those it keeps.
+  Match match(std::span<const int> tokens);
+
+  /// Caches the first blocks.size() * block_size of `tokens`, whose K/V are in `blocks` (in
+  /// order; tokens must hold at least that many). The part already cached stays as it is, with its
+  /// own blocks; each block of the new part gets one more holder (the cache). Every node on the
+  /// path becomes the most recently used; then the cache evicts down to its capacity. Returns
+  /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short.
+  int insert(std::span<const int> tokens, std::span<const int> blocks);
+
+  /// Raises the lock count of `node` and of every ancestor: a running request uses them.
+  /// Throws for a node that does not exist.
+  void lock(NodeId node);
+  /// Lowers what lock() raised. Throws for a node that does not exist or is not locked.
+  void unlock(NodeId node);
+
+  /// Evicts least recently used unlocked leaves, one whole node at a time (a parent left without
+  /// children becomes a leaf and a candidate in its turn), until at most `target_blocks` blocks
+  /// are cached or nothing is evictable. Ties go to the lower NodeId. Returns the blocks freed.
+  int evict_to(int target_blocks);
+
+  /// Blocks the cache holds.
+  int cached_blocks() const { return cached_blocks_; }
+  /// Blocks held by nodes that evict_to(0) would free: unlocked, in no locked node's path.
+  int evictable_blocks() const;
+  /// The most blocks it keeps.
+  int capacity_blocks() const { return capacity_; }
+  /// Tokens per block.
+  int block_size() const { return block_size_; }
+  /// Nodes alive, the root included.
+  int num_nodes() const;
+
+  /// One node of the tree. The layout is given; what you do with it is yours.
+  struct Node {
+    std::vector<int> tokens;       ///< the run of tokens on the edge into this node
+    std::vector<int> blocks;       ///< tokens.size() / block_size blocks holding their K/V
+    NodeId parent = -1;            ///< -1 for the root
+    std::map<std::vector<int>, NodeId> children;  ///< by the first block_size tokens of the child's run
+    int lock = 0;                  ///< running requests using this node (or a descendant)
+    uint64_t last_use = 0;         ///< the clock's value when last matched or inserted
+    bool alive = true;             ///< false once evicted (NodeIds are never reused)
+  };
+  /// Node `id` (for tests and tools). Throws for a node that does not exist.
+  const Node& node(NodeId id) const;
+
+ private:
+  BlockAllocator* allocator_;
+  int block_size_, capacity_;
+  int cached_blocks_ = 0;
+  uint64_t clock_ = 0;
+  std::vector<Node> nodes_;  ///< nodes_[0] is the root
+};
+
+// ============================================================ exercise 4 ==
+
+/// One request of a prefix workload: its prompt's token ids.
+struct PrefixRequest {
+  std::vector<int> tokens;  ///< the prompt
+};
+
+/// The source's exercise 4 as a workload (given): `n` prompts, each of `prefix_tokens` +
+/// `suffix_tokens` ids in [3, vocab). With probability `shared_fraction` a prompt starts with
+/// one of `num_prefixes` common prefixes, chosen uniformly; otherwise its whole prompt is
+/// random. Seeded: the same arguments give the same prompts.
+std::vector<PrefixRequest> prefix_workload(int n, double shared_fraction, int num_prefixes, int prefix_tokens,
+                                           int suffix_tokens, int vocab, uint64_t seed);
+
+/// How well a cache served a workload.
+struct HitRates {
+  double request_hit_rate = 0;  ///< requests whose match covered at least one block / requests
+  double token_hit_rate = 0;    ///< prompt tokens matched / prompt tokens
+  long matched_tokens = 0;      ///< prefill tokens saved
+  long prompt_tokens = 0;       ///< prefill tokens asked for
+};
+
+/// Runs the requests in order through a RadixCache of `capacity_blocks` blocks of `block_size`
+/// (capacity_blocks = 0: unbounded): each request matches its prompt, takes blocks for the rest
+/// of it from a pool large enough for the cache plus one request, and is inserted whole (its
+/// full blocks) before the next one arrives, then lets go of its own holds. No request is locked
+/// across another: they run one at a time.
+/// Throws infer::Error for block_size below 1 or a negative capacity.
+HitRates prefix_hit_rates(std::span<const PrefixRequest> requests, int block_size, int capacity_blocks);
+
+// =============================================================== engine ==
+
+/// Lesson 04's paged memory with a prefix cache (given): the engine's KVManager over a pool
+/// whose cached blocks outlive the sequences that computed them.
+///
+/// - open_for(tokens): matches tokens' first tokens.size() - 1 (the last position is always
+///   computed: its logits give the first token), evicts cached blocks nobody uses if the free
+///   blocks cannot hold the rest, and opens a PagedKVCache that starts with the matched blocks.
+///   The matched node stays locked until the store is released.
+/// - release(store, tokens): caches the store's full blocks under their tokens, unlocks, closes.
+/// - make_room(running): evicts unused cached blocks until each running sequence could get one
+///   block, then asks lesson 04's PagedKVManager how many must be preempted.
+class PrefixKVManager final : public KVManager {
+ public:
+  /// A pool of num_blocks blocks of block_size positions; the cache keeps at most
+  /// cache_capacity_blocks of them when nobody needs the memory (0: as many as the pool holds).
+  PrefixKVManager(const ModelConfig& config, int num_blocks, int block_size, int cache_capacity_blocks = 0);
+  ~PrefixKVManager() override;
+  std::unique_ptr<KVStore> open(int tokens) override;
+  std::unique_ptr<KVStore> open_for(std::span<const int> tokens) override;
+  void close(std::unique_ptr<KVStore> store) override;
+  void release(std::unique_ptr<KVStore> store, std::span<const int> tokens) override;
+  int preemptions_needed(std::span<const KVStore* const> running) const override;
+  int make_room(std::span<const KVStore* const> running) override;
+  int capacity_tokens() const override;
+  long reserved_tokens() const override;
+
+  /// The tree.
+  const RadixCache& cache() const { return *cache_; }
+  /// The pool.
+  const PagedKVPool& pool() const { return paged_.pool(); }
+  /// Prompt positions found in the cache by open_for(), and positions asked for, so far.
+  long matched_tokens() const { return matched_; }
+  /// Positions open_for() was asked for, so far.
+  long requested_tokens() const { return requested_; }
+
+ private:
+  void unlock(const KVStore* store);
+  PagedKVManager paged_;
+  std::unique_ptr<RadixCache> cache_;
+  std::unordered_map<const KVStore*, RadixCache::NodeId> locks_;  ///< each open store's matched node
+  long matched_ = 0, requested_ = 0;
+};
+
+}  // namespace infer

@@ -1,0 +1,231 @@
+// Lesson 05, part A: the radix tree by hand. Blocks of 4 tokens; block ids come from a small
+// allocator, so every test can also check who holds which block.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "common/rng.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+
+namespace infer {
+namespace {
+
+constexpr int B = 4;
+
+/// tokens 100, 101, ... of length n, then `tail` appended.
+std::vector<int> run(int n, int first = 100) {
+  std::vector<int> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+/// Blocks for a sequence of `tokens` tokens: fresh ones from `a` (count 1: the caller's hold).
+std::vector<int> take(BlockAllocator& a, int tokens) {
+  std::vector<int> b;
+  for (int i = 0; i < tokens / B; ++i) b.push_back(a.allocate());
+  return b;
+}
+
+/// The caller lets go of its blocks (the cache keeps its own holds).
+void drop(BlockAllocator& a, const std::vector<int>& blocks) {
+  for (int b : blocks) a.free(b);
+}
+
+GRADED_TEST(Lesson05Tree, AnEmptyTreeMatchesNothing, 1) {
+  BlockAllocator a(8);
+  RadixCache c(a, B, 8);
+  const auto m = c.match(run(12));
+  EXPECT_EQ(m.tokens, 0);
+  EXPECT_TRUE(m.blocks.empty());
+  EXPECT_EQ(m.node, 0) << "no match ends at the root";
+  EXPECT_EQ(c.cached_blocks(), 0);
+  EXPECT_EQ(c.num_nodes(), 1);
+}
+
+GRADED_TEST(Lesson05Tree, AnExactMatchReturnsTheInsertedBlocksInWholeBlocks, 2) {
+  BlockAllocator a(16);
+  RadixCache c(a, B, 16);
+  const auto tokens = run(10);  // two full blocks and two tokens over
+  const auto mine = take(a, 10);
+  EXPECT_EQ(c.insert(tokens, mine), 8) << "only full blocks are cached";
+  drop(a, mine);
+  for (int b : mine) EXPECT_EQ(a.ref_count(b), 1) << "the cache holds each of its blocks once";
+  const auto m = c.match(tokens);
+  EXPECT_EQ(m.tokens, 8);
+  EXPECT_EQ(m.blocks, mine);
+  // A match is in whole blocks: 7 matching tokens reuse one block, 3 reuse none.
+  EXPECT_EQ(c.match(run(7)).tokens, 4);
+  EXPECT_EQ(c.match(run(3)).tokens, 0);
+  for (int b : mine) EXPECT_EQ(a.ref_count(b), 1) << "match() shares nothing";
+}
+
+GRADED_TEST(Lesson05Tree, AMatchEndingInsideARunSplitsIt, 2) {
+  BlockAllocator a(16);
+  RadixCache c(a, B, 16);
+  const auto mine = take(a, 12);
+  c.insert(run(12), mine);
+  drop(a, mine);
+  ASSERT_EQ(c.num_nodes(), 2) << "one run of three blocks is one node";
+  // Shares the first 6 tokens: one block, and the run is split after it.
+  std::vector<int> other = run(6);
+  other.insert(other.end(), {7, 7, 7, 7, 7, 7});
+  const auto m = c.match(other);
+  EXPECT_EQ(m.tokens, 4);
+  EXPECT_EQ(m.blocks, std::vector<int>({mine[0]}));
+  EXPECT_EQ(c.num_nodes(), 3) << "the split adds a node";
+  const auto& upper = c.node(m.node);
+  EXPECT_EQ(upper.tokens, run(4)) << "the node the match ends on holds exactly the matched run";
+  EXPECT_EQ(upper.blocks, std::vector<int>({mine[0]}));
+  ASSERT_EQ(upper.children.size(), 1u);
+  const auto& lower = c.node(upper.children.begin()->second);
+  EXPECT_EQ(lower.tokens, run(8, 104));
+  EXPECT_EQ(lower.blocks, std::vector<int>({mine[1], mine[2]}));
+  EXPECT_EQ(lower.parent, m.node);
+  EXPECT_EQ(c.match(run(12)).tokens, 12) << "the whole run still matches across the split";
+  EXPECT_EQ(c.cached_blocks(), 3);
+}
+
+GRADED_TEST(Lesson05Tree, DivergenceAtTheFirstBlockAndOnePrefixOfAnother, 2) {
+  BlockAllocator a(32);
+  RadixCache c(a, B, 32);
+  auto put = [&](const std::vector<int>& t) {
+    const auto b = take(a, static_cast<int>(t.size()));
+    const int added = c.insert(t, b);
+    drop(a, b);
+    return added;
+  };
+  EXPECT_EQ(put(run(8)), 8);
+  std::vector<int> diverge = run(8);
+  diverge[0] = 5;  // differs at the very first token
+  EXPECT_EQ(put(diverge), 8);
+  EXPECT_EQ(c.node(0).children.size(), 2u) << "two runs out of the root";
+  EXPECT_EQ(put(run(4)), 0) << "a prefix of a cached run adds nothing";
+  EXPECT_EQ(put(run(16)), 8) << "an extension adds only its new blocks";
+  EXPECT_EQ(c.cached_blocks(), 6);
+  EXPECT_EQ(c.match(run(16)).tokens, 16);
+  EXPECT_EQ(c.match(diverge).tokens, 8);
+  EXPECT_EQ(a.num_free(), 32 - 6) << "the cache holds six blocks; every duplicate went back";
+}
+
+GRADED_TEST(Lesson05Tree, InsertRefusesTooFewTokensAndChangesNothing, 1) {
+  BlockAllocator a(8);
+  RadixCache c(a, B, 8);
+  const auto b = take(a, 8);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { c.insert(run(7), b); }, "tokens"));
+  EXPECT_EQ(c.cached_blocks(), 0);
+  for (int x : b) EXPECT_EQ(a.ref_count(x), 1);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { RadixCache bad(a, 0, 8); }, "block_size"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { RadixCache bad(a, B, 0); }, "capacity"));
+}
+
+// ------------------------------------------------------------------ eviction --
+
+GRADED_TEST(Lesson05Evict, TheLeastRecentlyUsedLeafGoesFirst, 2) {
+  BlockAllocator a(16);
+  RadixCache c(a, B, 3);
+  std::vector<std::vector<int>> seqs = {run(4, 100), run(4, 200), run(4, 300)};
+  for (const auto& s : seqs) {
+    const auto b = take(a, 4);
+    c.insert(s, b);
+    drop(a, b);
+  }
+  c.match(seqs[0]);  // 0 is now the most recent; 1 is the least
+  const auto b = take(a, 4);
+  c.insert(run(4, 400), b);  // over capacity: one must go
+  drop(a, b);
+  EXPECT_EQ(c.cached_blocks(), 3);
+  EXPECT_EQ(c.match(seqs[1]).tokens, 0) << "the least recently used run is evicted";
+  EXPECT_EQ(c.match(seqs[0]).tokens, 4);
+  EXPECT_EQ(c.match(seqs[2]).tokens, 4);
+  EXPECT_EQ(a.num_free(), 16 - 3) << "the evicted block went back to the pool";
+}
+
+GRADED_TEST(Lesson05Evict, LockedNodesAndTheirAncestorsAreNeverEvicted, 2) {
+  BlockAllocator a(32);
+  RadixCache c(a, B, 32);
+  auto put = [&](const std::vector<int>& t) {
+    const auto b = take(a, static_cast<int>(t.size()));
+    c.insert(t, b);
+    drop(a, b);
+  };
+  put(run(8));
+  std::vector<int> branch = run(4);
+  branch.insert(branch.end(), {9, 9, 9, 9});
+  put(branch);  // splits run(8) after its first block
+  const auto m = c.match(run(8));
+  c.lock(m.node);
+  EXPECT_EQ(c.evictable_blocks(), 1) << "only the other branch is evictable";
+  EXPECT_EQ(c.evict_to(0), 1);
+  EXPECT_EQ(c.cached_blocks(), 2) << "the locked leaf and its parent stay";
+  EXPECT_EQ(c.match(run(8)).tokens, 8);
+  c.unlock(m.node);
+  EXPECT_EQ(c.evict_to(0), 2);
+  EXPECT_EQ(c.cached_blocks(), 0);
+  EXPECT_EQ(a.num_free(), 32) << "every block back, once each";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { c.unlock(0); }, "not locked"));
+}
+
+GRADED_TEST(Lesson05Evict, CapacityAndOwnershipHoldAfterEveryOperation, 3) {
+  // Random inserts, matches, locks and unlocks over a small alphabet (so runs share prefixes and
+  // split often); after each one: the capacity holds unless all is locked, and every block's
+  // count is exactly the cache's hold plus the test's.
+  BlockAllocator a(400);
+  RadixCache c(a, B, 20);
+  Rng rng(5);
+  std::vector<RadixCache::NodeId> locked;
+  for (int op = 0; op < 600; ++op) {
+    std::vector<int> t(B * (1 + static_cast<int>(rng.below(6))));
+    for (int& x : t) x = static_cast<int>(rng.below(3));
+    const double u = rng.uniform();
+    if (u < 0.6) {
+      const auto m = c.match(t);
+      std::vector<int> blocks = m.blocks;
+      for (int b : blocks) a.share(b);
+      while (blocks.size() < t.size() / B) blocks.push_back(a.allocate());
+      c.insert(t, blocks);
+      drop(a, blocks);
+    } else if (u < 0.8) {
+      const auto m = c.match(t);
+      c.lock(m.node);
+      locked.push_back(m.node);
+    } else if (!locked.empty()) {
+      c.unlock(locked.back());
+      locked.pop_back();
+    }
+    ASSERT_TRUE(c.cached_blocks() <= c.capacity_blocks() || c.evictable_blocks() == 0)
+        << "operation " << op << ": " << c.cached_blocks() << " blocks cached, capacity " << c.capacity_blocks();
+    int held = 0;
+    for (int b = 0; b < a.num_blocks(); ++b) {
+      ASSERT_LE(a.ref_count(b), 1) << "operation " << op << ": block " << b << " held twice";
+      held += a.ref_count(b);
+    }
+    ASSERT_EQ(held, c.cached_blocks()) << "operation " << op << ": blocks held by nobody, or by a dead node";
+  }
+  while (!locked.empty()) {
+    c.unlock(locked.back());
+    locked.pop_back();
+  }
+  c.evict_to(0);
+  EXPECT_EQ(a.num_free(), a.num_blocks());
+}
+
+GRADED_TEST(Lesson05Evict, AnEvictedBlockReusedElsewhereIsNeverMatched, 2) {
+  // The bug real engines hit: a tree entry still pointing at a block that was freed and handed
+  // to another sequence. After eviction, the freed block is reallocated and the old prefix must
+  // miss.
+  BlockAllocator a(2);
+  RadixCache c(a, B, 2);
+  const auto b = take(a, 8);
+  c.insert(run(8), b);
+  drop(a, b);
+  c.evict_to(0);
+  ASSERT_EQ(a.num_free(), 2);
+  const int reused = a.allocate();  // someone else's K/V now
+  EXPECT_EQ(c.match(run(8)).tokens, 0) << "an evicted run matched: its block " << reused << " belongs to another";
+  a.free(reused);
+}
+
+}  // namespace
+}  // namespace infer

@@ -1,0 +1,235 @@
+// Lesson 05, part B: exercise 4's hit rates, and the cache under lesson 03's engine with the
+// bundled model: only the unmatched suffix is computed (counted at the forward, a seam like
+// lesson 02's counting cache), and the tokens are the same with the cache on and off.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+
+namespace infer {
+namespace {
+
+/// The CPU forward, counting the positions each call computes.
+class CountingForward final : public ForwardBackend {
+ public:
+  explicit CountingForward(const ModelWeights& m) : inner_(m) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  Vector prefill(std::span<const int> tokens, KVStore& cache) override {
+    prefill_positions += static_cast<long>(tokens.size());
+    prefills.push_back(static_cast<int>(tokens.size()));
+    return inner_.prefill(tokens, cache);
+  }
+  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override {
+    return inner_.decode(tokens, caches);
+  }
+  long prefill_positions = 0;
+  std::vector<int> prefills;  ///< positions computed by each prefill, in order
+
+ private:
+  CpuForward inner_;
+};
+
+struct Served {
+  std::vector<GenerationResult> results;
+  std::vector<EngineStepLog> log;
+  long computed = 0;
+  std::vector<int> prefills;
+  long matched = 0;
+};
+
+/// Runs `reqs` through the engine over a pool of `blocks` blocks of `block`, with a prefix
+/// cache or without (lesson 04's PagedKVManager).
+Served serve(const std::vector<GenerationRequest>& reqs, int max_batch, int blocks, int block, bool cache) {
+  const ModelWeights& m = testing::bundled_model();
+  auto forward = std::make_unique<CountingForward>(m);
+  CountingForward* counter = forward.get();
+  std::unique_ptr<KVManager> memory;
+  PrefixKVManager* prefix = nullptr;
+  if (cache) {
+    auto p = std::make_unique<PrefixKVManager>(m.config, blocks, block);
+    prefix = p.get();
+    memory = std::move(p);
+  } else {
+    memory = std::make_unique<PagedKVManager>(m.config, blocks, block);
+  }
+  BatchEngine engine(std::move(forward), Policy::Continuous, max_batch, std::move(memory));
+  for (const auto& r : reqs) engine.submit(r);
+  Served out;
+  out.results = engine.run();
+  out.log = engine.log();
+  out.computed = counter->prefill_positions;
+  out.prefills = counter->prefills;
+  if (prefix) out.matched = prefix->matched_tokens();
+  return out;
+}
+
+GenerationRequest request(int id, const std::string& text, int max_new, int arrival, float temperature = 0.0f) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt = ByteTokenizer::encode(text);
+  r.max_new_tokens = max_new;
+  r.sampling = {.temperature = temperature, .seed = 90u + id};
+  r.arrival_step = arrival;
+  return r;
+}
+
+GRADED_TEST(Lesson05HitRate, Exercise4LruKeepsTheHitRateAbove55Percent, 2) {
+  // 1,000 prompts of 48 + 16 tokens, 60% starting with one of 5 common prefixes; blocks of 16,
+  // 500 blocks of cache. A request hits when its match covers at least one block: a one-token
+  // coincidence is no hit. LRU keeps the hot prefixes, so it should lose (almost) nothing
+  // against an unbounded cache.
+  const auto reqs = prefix_workload(1000, 0.6, 5, 48, 16, 259, 2024);
+  const HitRates lru = prefix_hit_rates(reqs, 16, 500), unbounded = prefix_hit_rates(reqs, 16, 0);
+  EXPECT_GT(lru.request_hit_rate, 0.55) << "LRU with 500 blocks";
+  EXPECT_GE(lru.request_hit_rate, unbounded.request_hit_rate - 0.01) << "LRU against the unbounded cache";
+  EXPECT_LE(unbounded.request_hit_rate, 0.62) << "random prompts should almost never share a whole block";
+  EXPECT_EQ(lru.prompt_tokens, 64000);
+  EXPECT_NEAR(lru.token_hit_rate, static_cast<double>(lru.matched_tokens) / lru.prompt_tokens, 1e-12);
+  // A cache of 4 blocks cannot hold 5 prefixes of 3 blocks each: it must do worse.
+  EXPECT_LT(prefix_hit_rates(reqs, 16, 4).request_hit_rate, lru.request_hit_rate);
+}
+
+GRADED_TEST(Lesson05HitRate, HitsCountWholeBlocksOnly, 1) {
+  // Every prompt shares its first token and nothing else: no request hits.
+  std::vector<PrefixRequest> reqs;
+  for (int i = 0; i < 20; ++i) reqs.push_back({{1, 10 + i, 10 + i, 10 + i, 10 + i, 10 + i, 10 + i, 10 + i}});
+  const HitRates h = prefix_hit_rates(reqs, 4, 0);
+  EXPECT_EQ(h.request_hit_rate, 0.0);
+  EXPECT_EQ(h.matched_tokens, 0);
+  // The same prompt twice: the second matches its two full blocks.
+  reqs = {{{1, 2, 3, 4, 5, 6, 7, 8, 9}}, {{1, 2, 3, 4, 5, 6, 7, 8, 9}}};
+  const HitRates twice = prefix_hit_rates(reqs, 4, 0);
+  EXPECT_EQ(twice.matched_tokens, 8);
+  EXPECT_DOUBLE_EQ(twice.request_hit_rate, 0.5);
+}
+
+// -------------------------------------------------------------------- engine --
+
+const std::string kSystem =
+    "You are a fortune teller. Answer every question with one short fortune, kind and a little odd. ";
+
+GRADED_TEST(Lesson05Engine, OnlyTheUnmatchedSuffixIsComputed, 3) {
+  // Two requests with the same 96-token system prompt, the second arriving after the first is
+  // done: its prefill computes only what the cache does not hold, in whole blocks of 16.
+  std::vector<GenerationRequest> reqs = {request(1, kSystem + "Q: Will I be rich?", 4, 0),
+                                         request(2, kSystem + "Q: Will it rain?", 4, 10)};
+  const Served r = serve(reqs, 2, 64, 16, true);
+  ASSERT_EQ(r.prefills.size(), 2u);
+  const int shared = static_cast<int>(ByteTokenizer::encode(kSystem).size());  // BOS + the system prompt
+  const int matched = shared / 16 * 16;
+  EXPECT_EQ(r.prefills[0], static_cast<int>(reqs[0].prompt.size())) << "the first request finds nothing cached";
+  EXPECT_EQ(r.prefills[1], static_cast<int>(reqs[1].prompt.size()) - matched)
+      << "the second computes its prompt minus the cached full blocks of the system prompt";
+  EXPECT_EQ(r.results[1].cached_tokens, matched);
+  EXPECT_EQ(r.matched, matched);
+  long logged = 0;
+  for (const auto& e : r.log) logged += e.prefill_tokens;
+  EXPECT_EQ(logged, r.computed) << "the step log's prefill_tokens count what was computed";
+}
+
+GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
+  // Two chats of three turns, sampled with their own seeds: each turn's prompt is the previous
+  // turn's prompt, its answer and a new question, so a cache that kept the finished turn hits
+  // its answer too. One engine per setting serves every turn.
+  struct Chat {
+    std::unique_ptr<BatchEngine> engine;
+    CountingForward* counter = nullptr;
+    PrefixKVManager* prefix = nullptr;
+  };
+  const ModelWeights& m = testing::bundled_model();
+  auto open = [&](bool cache) {
+    Chat c;
+    auto forward = std::make_unique<CountingForward>(m);
+    c.counter = forward.get();
+    std::unique_ptr<KVManager> memory;
+    if (cache) {
+      auto p = std::make_unique<PrefixKVManager>(m.config, 96, 8);
+      c.prefix = p.get();
+      memory = std::move(p);
+    } else {
+      memory = std::make_unique<PagedKVManager>(m.config, 96, 8);
+    }
+    c.engine = std::make_unique<BatchEngine>(std::move(forward), Policy::Continuous, 3, std::move(memory));
+    return c;
+  };
+  Chat off = open(false), on = open(true);
+  std::vector<std::vector<int>> history = {ByteTokenizer::encode(kSystem + "Q: Hello?"),
+                                           ByteTokenizer::encode("Q: A duck?")};
+  const auto question = ByteTokenizer::encode(" Q: And then?");
+  for (int turn = 0; turn < 3; ++turn) {
+    for (int conv = 0; conv < 2; ++conv) {
+      GenerationRequest r;
+      r.id = 100 * conv + turn;
+      r.prompt = history[conv];
+      r.max_new_tokens = 10;
+      r.sampling = {.temperature = 0.8f, .seed = 7u + static_cast<uint64_t>(r.id)};
+      off.engine->submit(r);
+      on.engine->submit(r);
+    }
+    const auto want = off.engine->run(), got = on.engine->run();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i].tokens, want[i].tokens) << "request " << want[i].id;
+    for (int conv = 0; conv < 2; ++conv) {  // the next turn: this prompt, its answer, a question
+      const auto& answer = want[want.size() - 2 + conv].tokens;
+      history[conv].insert(history[conv].end(), answer.begin(), answer.end());
+      if (!answer.empty() && answer.back() == m.config.eos_token_id) history[conv].pop_back();
+      history[conv].insert(history[conv].end(), question.begin() + 1, question.end());  // without its BOS
+    }
+  }
+  EXPECT_LT(on.counter->prefill_positions, off.counter->prefill_positions)
+      << "later turns should find the earlier ones cached";
+  EXPECT_EQ(off.counter->prefill_positions - on.counter->prefill_positions, on.prefix->matched_tokens())
+      << "prefill positions saved = positions matched";
+}
+
+GRADED_TEST(Lesson05Engine, MatchesEndingOnABlockBoundaryAndOnePast, 2) {
+  // A prompt of exactly two blocks cached, then asked again: the last position is always
+  // computed, so one block is reused. Then a prompt one token longer: both blocks are reused.
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<int> p(16, 40);
+  p[0] = 1;
+  for (int i = 1; i < 16; ++i) p[i] = 40 + i;
+  GenerationRequest a{1, p, 3, {.temperature = 0.0f}, 0};
+  GenerationRequest b{2, p, 3, {.temperature = 0.0f}, 6};
+  std::vector<int> longer = p;
+  longer.push_back(77);
+  GenerationRequest c{3, longer, 3, {.temperature = 0.0f}, 12};
+  const Served r = serve({a, b, c}, 1, 16, 8, true);
+  ASSERT_EQ(r.prefills.size(), 3u);
+  EXPECT_EQ(r.prefills[1], 8) << "16 tokens on a block boundary: one block reused, the last 8 recomputed";
+  EXPECT_EQ(r.prefills[2], 1) << "17 tokens: both blocks reused, one token computed";
+  const Served off = serve({a, b, c}, 1, 16, 8, false);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.results[i].tokens, off.results[i].tokens);
+  (void)m;
+}
+
+GRADED_TEST(Lesson05Engine, APreemptedRequestThatHitsTheCacheKeepsItsTokens, 2) {
+  // A pool so small that sequences are preempted, with a shared prefix: every request, resumed
+  // or not, must produce what it produces with no cache and a large pool.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(request(i, kSystem.substr(0, 40) + std::string(1, static_cast<char>('a' + i)), 24, i / 3, 0.7f));
+  const Served tight = serve(reqs, 4, 18, 4, true), roomy = serve(reqs, 4, 256, 4, false);
+  int preempted = 0;
+  for (const auto& res : tight.results) preempted += res.preemptions;
+  EXPECT_GT(preempted, 0) << "the pool was meant to be too small: the test lost its point";
+  EXPECT_GT(tight.matched, 0) << "the shared prefix was meant to hit";
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(tight.results[i].tokens, roomy.results[i].tokens) << "request " << i;
+}
+
+GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
+  const ModelWeights& m = testing::bundled_model();
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { PrefixKVManager bad(m.config, 8, 4, -1); }, "cache_capacity"));
+  PrefixKVManager mem(m.config, 8, 4);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.open_for({}); }, "positions"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 0, 0); }, "block_size"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 4, -1); }, "capacity"));
+}
+
+}  // namespace
+}  // namespace infer
