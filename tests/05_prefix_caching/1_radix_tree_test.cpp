@@ -14,7 +14,7 @@ namespace {
 
 constexpr int B = 4;
 
-/// tokens 100, 101, ... of length n, then `tail` appended.
+/// `n` consecutive token ids starting at `first`.
 std::vector<int> run(int n, int first = 100) {
   std::vector<int> t(n);
   std::iota(t.begin(), t.end(), first);
@@ -31,6 +31,14 @@ std::vector<int> take(BlockAllocator& a, int tokens) {
 /// The caller lets go of its blocks (the cache keeps its own holds).
 void drop(BlockAllocator& a, const std::vector<int>& blocks) {
   for (int b : blocks) a.free(b);
+}
+
+/// Inserts `t` as a finished sequence would: fresh blocks, inserted, let go. Returns insert()'s count.
+int put(BlockAllocator& a, RadixCache& c, const std::vector<int>& t) {
+  const auto b = take(a, static_cast<int>(t.size()));
+  const int added = c.insert(t, b);
+  drop(a, b);
+  return added;
 }
 
 GRADED_TEST(Lesson05Tree, AnEmptyTreeMatchesNothing, 1) {
@@ -90,12 +98,7 @@ GRADED_TEST(Lesson05Tree, AMatchEndingInsideARunSplitsIt, 2) {
 GRADED_TEST(Lesson05Tree, DivergenceAtTheFirstBlockAndOnePrefixOfAnother, 2) {
   BlockAllocator a(32);
   RadixCache c(a, B, 32);
-  auto put = [&](const std::vector<int>& t) {
-    const auto b = take(a, static_cast<int>(t.size()));
-    const int added = c.insert(t, b);
-    drop(a, b);
-    return added;
-  };
+  auto put = [&](const std::vector<int>& t) { return infer::put(a, c, t); };
   EXPECT_EQ(put(run(8)), 8);
   std::vector<int> diverge = run(8);
   diverge[0] = 5;  // differs at the very first token
@@ -126,15 +129,9 @@ GRADED_TEST(Lesson05Evict, TheLeastRecentlyUsedLeafGoesFirst, 2) {
   BlockAllocator a(16);
   RadixCache c(a, B, 3);
   std::vector<std::vector<int>> seqs = {run(4, 100), run(4, 200), run(4, 300)};
-  for (const auto& s : seqs) {
-    const auto b = take(a, 4);
-    c.insert(s, b);
-    drop(a, b);
-  }
+  for (const auto& s : seqs) put(a, c, s);
   c.match(seqs[0]);  // 0 is now the most recent; 1 is the least
-  const auto b = take(a, 4);
-  c.insert(run(4, 400), b);  // over capacity: one must go
-  drop(a, b);
+  put(a, c, run(4, 400));  // over capacity: one must go
   EXPECT_EQ(c.cached_blocks(), 3);
   EXPECT_EQ(c.match(seqs[1]).tokens, 0) << "the least recently used run is evicted";
   EXPECT_EQ(c.match(seqs[0]).tokens, 4);
@@ -145,11 +142,7 @@ GRADED_TEST(Lesson05Evict, TheLeastRecentlyUsedLeafGoesFirst, 2) {
 GRADED_TEST(Lesson05Evict, LockedNodesAndTheirAncestorsAreNeverEvicted, 2) {
   BlockAllocator a(32);
   RadixCache c(a, B, 32);
-  auto put = [&](const std::vector<int>& t) {
-    const auto b = take(a, static_cast<int>(t.size()));
-    c.insert(t, b);
-    drop(a, b);
-  };
+  auto put = [&](const std::vector<int>& t) { infer::put(a, c, t); };
   put(run(8));
   std::vector<int> branch = run(4);
   branch.insert(branch.end(), {9, 9, 9, 9});

@@ -190,7 +190,6 @@ GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
 GRADED_TEST(Lesson05Engine, MatchesEndingOnABlockBoundaryAndOnePast, 2) {
   // A prompt of exactly two blocks cached, then asked again: the last position is always
   // computed, so one block is reused. Then a prompt one token longer: both blocks are reused.
-  const ModelWeights& m = testing::bundled_model();
   std::vector<int> p(16, 40);
   p[0] = 1;
   for (int i = 1; i < 16; ++i) p[i] = 40 + i;
@@ -205,7 +204,6 @@ GRADED_TEST(Lesson05Engine, MatchesEndingOnABlockBoundaryAndOnePast, 2) {
   EXPECT_EQ(r.prefills[2], 1) << "17 tokens: both blocks reused, one token computed";
   const Served off = serve({a, b, c}, 1, 16, 8, false);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.results[i].tokens, off.results[i].tokens);
-  (void)m;
 }
 
 GRADED_TEST(Lesson05Engine, APreemptedRequestThatHitsTheCacheKeepsItsTokens, 2) {
