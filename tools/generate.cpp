@@ -2,13 +2,16 @@
 //
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
-//            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]]
-//            [--device cuda [--weights f32|bf16]]
+//            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
+//            [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
 // prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
-// blocks of SIZE positions from a pool of COUNT blocks (lesson 04). --device cuda runs the model on
-// a GPU with lesson 07's kernels, its weights in float32 or bf16 (built where CUDA is).
+// blocks of SIZE positions from a pool of COUNT blocks (lesson 04). --prefix-cache runs the prompt
+// N times (default 2) through lesson 03's engine over lesson 05's prefix cache, one run after
+// another with seeds S, S + 1, ...: the first run is cold, the later ones find the prompt's full
+// blocks cached. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
+// float32 or bf16 (built where CUDA is).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
@@ -28,6 +31,7 @@
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -46,6 +50,9 @@ void usage(std::ostream& out) {
          "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n"
          "  --paged keeps them in blocks of SIZE positions (default 16) from a pool of COUNT blocks\n"
          "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n"
+         "  --prefix-cache (with --paged) runs the prompt N times (--repeat, default 2), one after another,\n"
+         "  with seeds S, S+1, ...; the runs after the first reuse its cached K/V blocks (lesson 05).\n"
+         "  With --stats, each run's cached positions and time to first token go to stderr.\n"
          "  --device cuda runs on a GPU with lesson 07's kernels (--weights f32 or bf16, default f32).\n";
 }
 
@@ -55,8 +62,9 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights"},
-                              {"--ids", "--stats", "--kv-cache", "--paged", "-h", "--help"});
+                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights",
+                               "--repeat"},
+                              {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
@@ -80,8 +88,11 @@ int main(int argc, char** argv) {
       throw infer::Error(infer::cat("generate: --kv-dtype must be f32 or int8, got '", kv_dtype, "'"));
     if (kv_dtype != "f32" && !kv_cache) throw infer::Error("generate: --kv-dtype needs --kv-cache");
     if (paged && kv_dtype != "f32") throw infer::Error("generate: --paged stores float32; drop --kv-dtype int8");
-    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks")))
-      throw infer::Error("generate: --block-size and --num-blocks need --paged");
+    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
+      throw infer::Error("generate: --block-size, --num-blocks and --prefix-cache need --paged");
+    const bool prefix_cache = opts.has("--prefix-cache");
+    const int repeat = static_cast<int>(opts.number("--repeat", 2, 1, 1000));
+    if (opts.has("--repeat") && !prefix_cache) throw infer::Error("generate: --repeat needs --prefix-cache");
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
@@ -106,8 +117,46 @@ int main(int argc, char** argv) {
       if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
     };
     std::vector<int> out;
+    bool print_ids_done = false;  // the engine's runs print their own ids
     std::unique_ptr<infer::PagedKVPool> pool;
-    if (device == "cuda") {
+    if (prefix_cache) {
+      // Lesson 03's engine, one request at a time, over lesson 05's cache: room for one sequence
+      // and the cached prompt, unless --num-blocks says otherwise.
+      const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
+      const int blocks = num_blocks > 0 ? num_blocks : 2 * infer::blocks_for(room, block_size);
+      auto memory = std::make_unique<infer::PrefixKVManager>(model.config, blocks, block_size);
+      const infer::PrefixKVManager& prefix = *memory;
+      infer::BatchEngine engine(std::make_unique<infer::CpuForward>(model), infer::Policy::Continuous, 1,
+                                std::move(memory));
+      for (int run = 0; run < repeat; ++run) {
+        infer::GenerationRequest r;
+        r.id = run;
+        r.prompt = prompt_ids;
+        r.max_new_tokens = max_new;
+        r.sampling = params;
+        r.sampling.seed = params.seed + static_cast<uint64_t>(run);
+        r.arrival_step = static_cast<int>(engine.log().size());
+        engine.submit(r);
+        infer::Stopwatch first;
+        engine.step();  // admits it: its prefill and first token
+        const double ttft = first.seconds();
+        engine.run();
+        const infer::GenerationResult& res = engine.results().back();
+        if (run > 0 && !print_ids) std::cout << "\n" << prompt;
+        for (int token : res.tokens) stream(token);
+        if (print_ids)
+          for (size_t i = 0; i < res.tokens.size(); ++i) std::cout << (i || run ? " " : "") << res.tokens[i];
+        if (stats)
+          std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, first token after %.2f ms]",
+                       run + 1, static_cast<unsigned long long>(r.sampling.seed), res.cached_tokens, prompt_ids.size(),
+                       1e3 * ttft);
+        out.insert(out.end(), res.tokens.begin(), res.tokens.end());
+      }
+      if (stats)
+        std::fprintf(stderr, "\n[prefix cache: %ld of %ld prompt positions found cached over %d runs; %d blocks cached]\n",
+                     prefix.matched_tokens(), prefix.requested_tokens(), repeat, prefix.cache().cached_blocks());
+      print_ids_done = true;
+    } else if (device == "cuda") {
 #if COURSE_HAVE_CUDA
       infer::gpu::CudaModel gpu(model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32,
                                 std::max<int>(1, static_cast<int>(prompt_ids.size()) + max_new));
@@ -133,12 +182,13 @@ int main(int argc, char** argv) {
     }
     const double seconds = clock.seconds();
 
-    if (print_ids) {
+    if (print_ids && !print_ids_done) {
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
     }
     std::cout << std::endl;  // flushed before the statistics go to stderr
     if (stats) {
       const std::string engine = device == "cuda" ? "CUDA, " + weights + " weights"
+                                 : prefix_cache   ? infer::cat("prefix cache, ", repeat, " runs")
                                  : paged          ? "paged KV cache"
                                  : kv_cache       ? "KV cache, " + kv_dtype
                                                   : "naive decoder";

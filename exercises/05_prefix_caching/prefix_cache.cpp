@@ -1,11 +1,12 @@
-// Lesson 05, your turn: a radix tree of KV blocks (match, insert, lock, LRU eviction), and the
-// hit rates of the source's exercise 4.
+// Lesson 05, your turn: a radix tree of KV blocks (match, insert, lock, LRU eviction), the hit
+// rates of the source's exercise 4, a time model in which prefills cost what they compute (and
+// TTFT with it), and the wiring of your tree into the engine's memory.
 //
 // Replace each `throw NotImplemented(...)`. The contract is
 // lessons/05_prefix_caching/prefix_cache.hpp; the lesson text is
 // lessons/05_prefix_caching/README.md. Check your work with `./course check 05`.
-// The workload generator and PrefixKVManager (your tree under lesson 03's engine) are written
-// for you in lessons/05_prefix_caching/given.cpp.
+// The workload generator, the simulator's step log and the rest of PrefixKVManager (your tree
+// under lesson 03's engine) are written for you in lessons/05_prefix_caching/given.cpp.
 // Stuck on a function? `./course hint 05 NAME` gives a hint, one tier at a time.
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 
@@ -76,6 +77,35 @@ HitRates prefix_hit_rates(std::span<const PrefixRequest> requests, int block_siz
   // Each request in turn: match, take blocks for the rest of its full blocks, insert, let go.
   (void)requests, (void)block_size, (void)capacity_blocks;
   throw NotImplemented("05", "prefix_hit_rates");
+}
+
+std::vector<double> step_end_ms(std::span<const EngineStepLog> log, StepCost cost) {
+  // The time at which each step ends: the running sum of fixed_ms + positions * per_position_ms.
+  // Refuses a log that is not steps 0, 1, 2, ... and a negative or non-finite cost.
+  (void)log, (void)cost;
+  throw NotImplemented("05", "step_end_ms");
+}
+
+double ttft_ms(const GenerationResult& result, std::span<const double> step_end) {
+  // From the start of the arrival step to the end of the first token's step.
+  (void)result, (void)step_end;
+  throw NotImplemented("05", "ttft_ms");
+}
+
+std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) {
+  // A store that starts with the cached prefix of all but the last token (in the cache's blocks,
+  // shared), room for every token, the match locked until release/close; nullptr (nothing locked
+  // or taken) when even evicting unused cached blocks leaves too few free. Counts matched and
+  // requested positions.
+  (void)tokens;
+  throw NotImplemented("05", "PrefixKVManager::open_for");
+}
+
+void PrefixKVManager::release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
+  // A finished sequence: its full blocks into the tree under their tokens, its lock let go, the
+  // store closed.
+  (void)store, (void)tokens;
+  throw NotImplemented("05", "PrefixKVManager::release");
 }
 
 }  // namespace infer

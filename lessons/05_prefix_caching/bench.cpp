@@ -9,6 +9,11 @@
 // cache is empty (or off). Warm: an earlier request with the same system prompt and another
 // question finished first, so its full blocks are cached. Median of N requests each.
 //
+// The same part puts the step-cost model to the test: it measures lone prefills of 1 to 224
+// positions, draws StepCost's line (fixed_ms, per_position_ms) through the shortest and the
+// longest, and predicts the cold and warm TTFT from an engine's step log with your
+// step_end_ms() and ttft_ms().
+//
 // Part 2, the source's exercise 4 (no model): 1,000 prompts of 48 + 16 tokens, 60% starting
 // with one of 5 common prefixes, blocks of 16, through caches of 1 to 512 blocks and an
 // unbounded one: request and token hit rates against capacity.
@@ -18,7 +23,7 @@
 // matched, and prefill positions computed with the cache and without it (the same tokens come
 // out: checked).
 //
-// Writes DIR/prefix_ttft.csv, DIR/prefix_capacity.csv and DIR/prefix_chat.csv for plot.py.
+// Writes DIR/prefix_ttft.csv, prefix_prefill.csv, prefix_capacity.csv and prefix_chat.csv for plot.py.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -42,7 +47,8 @@ const std::string kSystem =
     "little odd, and never a lie. Speak of ducks, of rain, of roads. ";
 
 /// The wall time of the step that admits a lone request: its prefill and first token.
-double ttft(BatchEngine& engine, const GenerationRequest& r) {
+double ttft(BatchEngine& engine, GenerationRequest r) {
+  r.arrival_step = static_cast<int>(engine.log().size());  // now: the engine's next step
   engine.submit(r);
   Stopwatch clock;
   engine.step();
@@ -93,18 +99,61 @@ int main(int argc, char** argv) {
       warm.push_back(ttft(engine, request(i + 1)));
       matched_warm = prefix->matched_tokens() - before;
     }
+    // The step-cost model: lone prefills of L positions (no cache) take fixed + L * per.
+    std::vector<double> lengths, times;
+    for (const int L : {1, 4, 16, 64, 128, 176, 224}) {
+      std::vector<double> t;
+      for (int i = 0; i < reps; ++i) {
+        BatchEngine plain(model, Policy::Continuous, 1, std::make_unique<PagedKVManager>(model.config, 64, B));
+        GenerationRequest r = request(i);
+        r.prompt.resize(L);
+        t.push_back(ttft(plain, r));
+      }
+      lengths.push_back(L);
+      times.push_back(1e3 * median(t));
+    }
+    // Two points fix the line: a one-position step (fixed_ms is nearly all of it) and the longest
+    // prefill. Between them the measured times bend upwards (attention grows with the context),
+    // which a cost per position cannot follow: the bench prints both so you can see by how much.
+    StepCost cost;
+    cost.per_position_ms = (times.back() - times.front()) / (lengths.back() - lengths.front());
+    cost.fixed_ms = times.front() - cost.per_position_ms * lengths.front();
+    // The model's prediction for the last cold and warm requests, from their engine's log.
+    double predicted_cold = 0, predicted_warm = 0;
+    {
+      auto memory = std::make_unique<PrefixKVManager>(model.config, 64, B);
+      BatchEngine engine(model, Policy::Continuous, 1, std::move(memory));
+      ttft(engine, request(0));
+      ttft(engine, request(1));
+      const std::vector<double> end = step_end_ms(engine.log(), cost);
+      predicted_cold = ttft_ms(engine.results()[0], end);
+      predicted_warm = ttft_ms(engine.results()[1], end);
+    }
     const int prompt_len = static_cast<int>(request(0).prompt.size());
     std::printf("TTFT, bundled model, prompt of %d tokens (system prompt of %zu), blocks of %d, median of %d:\n",
                 prompt_len, system.size(), B, reps);
     std::printf("  no cache   %8.2f ms\n  cold cache %8.2f ms\n  warm cache %8.2f ms  (%ld positions matched, %ld computed): %.1fx faster than cold\n",
                 1e3 * median(off), 1e3 * median(cold), 1e3 * median(warm), matched_warm, prompt_len - matched_warm,
                 median(cold) / median(warm));
+    std::printf("step-cost model, fitted to lone prefills of 1 and %.0f positions: fixed_ms %.3f, per_position_ms %.4f\n",
+                lengths.back(), cost.fixed_ms, cost.per_position_ms);
+    std::printf("%10s %12s %12s\n", "positions", "measured", "model");
+    std::ofstream pre(out_dir + "/prefix_prefill.csv");
+    pre << "positions,measured_ms,model_ms\n";
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const double model_ms = cost.fixed_ms + cost.per_position_ms * lengths[i];
+      std::printf("%10.0f %9.2f ms %9.2f ms\n", lengths[i], times[i], model_ms);
+      pre << lengths[i] << "," << times[i] << "," << model_ms << "\n";
+    }
+    std::printf("  from the engines' step logs, the model predicts TTFT cold %.2f ms (measured %.2f), warm %.2f ms "
+                "(measured %.2f): %.1fx\n",
+                predicted_cold, 1e3 * median(cold), predicted_warm, 1e3 * median(warm), predicted_cold / predicted_warm);
     {
       std::ofstream f(out_dir + "/prefix_ttft.csv");
-      f << "cache,ttft_ms,computed_positions\n";
-      f << "off," << 1e3 * median(off) << "," << prompt_len << "\n";
-      f << "cold," << 1e3 * median(cold) << "," << prompt_len << "\n";
-      f << "warm," << 1e3 * median(warm) << "," << prompt_len - matched_warm << "\n";
+      f << "cache,ttft_ms,computed_positions,predicted_ms\n";
+      f << "off," << 1e3 * median(off) << "," << prompt_len << "," << predicted_cold << "\n";
+      f << "cold," << 1e3 * median(cold) << "," << prompt_len << "," << predicted_cold << "\n";
+      f << "warm," << 1e3 * median(warm) << "," << prompt_len - matched_warm << "," << predicted_warm << "\n";
     }
 
     // --------------------------------------------------- part 2: hit rate / capacity --
@@ -182,7 +231,7 @@ int main(int argc, char** argv) {
     }
     std::printf("over the chat: %ld of %ld prefill positions saved (%.1f%%), %ld matched by the cache\n",
                 all_off - all_on, all_off, 100.0 * (all_off - all_on) / all_off, with.prefix->matched_tokens());
-    std::printf("\nwrote %s/prefix_ttft.csv, prefix_capacity.csv, prefix_chat.csv\n", out_dir.c_str());
+    std::printf("\nwrote %s/prefix_ttft.csv, prefix_prefill.csv, prefix_capacity.csv, prefix_chat.csv\n", out_dir.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

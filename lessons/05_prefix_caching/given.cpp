@@ -34,6 +34,32 @@ std::vector<PrefixRequest> prefix_workload(int n, double shared_fraction, int nu
   return out;
 }
 
+// ------------------------------------------------ the simulator, with costs --
+
+std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> requests, const SimRun& run) {
+  require(run.outcomes.size() == requests.size(), "simulated_step_log: ", run.outcomes.size(), " outcomes for ",
+          requests.size(), " requests");
+  std::vector<EngineStepLog> log(run.busy_slots.size());
+  for (size_t s = 0; s < log.size(); ++s) {
+    log[s].step = static_cast<int>(s);
+    log[s].decodes = run.busy_slots[s];  // less the prefills, below
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SimOutcome& o = run.outcomes[i];
+    require(o.id == requests[i].id, "simulated_step_log: outcome ", i, " is request ", o.id, ", expected ",
+            requests[i].id);
+    require(o.start_step >= 0 && o.start_step < static_cast<int>(log.size()), "simulated_step_log: request ", o.id,
+            " starts at step ", o.start_step, ", outside the run's ", log.size(), " steps");
+    EngineStepLog& e = log[o.start_step];
+    e.prefills += 1;
+    e.decodes -= 1;  // its prefill, not a decode, produced its first token
+    e.prefill_tokens += requests[i].prompt_tokens;
+  }
+  for (const EngineStepLog& e : log)
+    require(e.decodes >= 0, "simulated_step_log: step ", e.step, " has more prefills than busy slots");
+  return log;
+}
+
 // ----------------------------------------------------------- engine memory --
 
 PrefixKVManager::PrefixKVManager(const ModelConfig& config, int num_blocks, int block_size, int cache_capacity_blocks)
@@ -50,30 +76,6 @@ std::unique_ptr<KVStore> PrefixKVManager::open(int tokens) {
   return paged_.open(tokens);  // no tokens, no match: lesson 04's memory as it is
 }
 
-std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) {
-  const int n = static_cast<int>(tokens.size());
-  require(n >= 1 && n <= capacity_tokens(), "PrefixKVManager::open_for: ", n, " positions, a sequence can hold 1 to ",
-          capacity_tokens());
-  PagedKVPool& pool = paged_.pool();
-  const int B = pool.block_size();
-  // The last position is computed whatever the cache holds: its logits give the next token.
-  const RadixCache::Match m = cache_->match(tokens.first(n - 1));
-  cache_->lock(m.node);  // nothing on the match's path may be evicted while we make room
-  const int need = blocks_for(n, B) - static_cast<int>(m.blocks.size());
-  const int short_by = need - pool.allocator().num_free();
-  if (short_by > 0) cache_->evict_to(cache_->cached_blocks() - short_by);
-  if (need > pool.allocator().num_free()) {
-    cache_->unlock(m.node);
-    return nullptr;
-  }
-  auto store = std::make_unique<PagedKVCache>(pool, pool.context(), m.blocks, m.tokens);
-  store->reserve(n);
-  locks_[store.get()] = m.node;
-  matched_ += m.tokens;
-  requested_ += n;
-  return store;
-}
-
 void PrefixKVManager::unlock(const KVStore* store) {
   const auto it = locks_.find(store);
   if (it == locks_.end()) return;  // opened by open(): nothing locked
@@ -84,19 +86,6 @@ void PrefixKVManager::unlock(const KVStore* store) {
 void PrefixKVManager::close(std::unique_ptr<KVStore> store) {
   require(store != nullptr, "PrefixKVManager::close: no store");
   unlock(store.get());
-  paged_.close(std::move(store));
-}
-
-void PrefixKVManager::release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
-  require(store != nullptr, "PrefixKVManager::release: no store");
-  const auto* paged = dynamic_cast<const PagedKVCache*>(store.get());
-  require(paged != nullptr, "PrefixKVManager::release: not a store this manager opened");
-  require(tokens.size() >= static_cast<size_t>(store->length()), "PrefixKVManager::release: ", tokens.size(),
-          " tokens for a store of ", store->length(), " positions");
-  // Its full blocks, under the tokens they hold. Unlock first: the insert may evict.
-  const int full = store->length() / paged->pool().block_size();
-  unlock(store.get());
-  cache_->insert(tokens, std::span(paged->block_table()).first(full));
   paged_.close(std::move(store));
 }
 

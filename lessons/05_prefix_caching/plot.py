@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Plot lesson 05's bench: TTFT cold and warm, hit rate against cache capacity, a chat's prefill.
+"""Plot lesson 05's bench: TTFT cold and warm, a prefill's cost against its length, hit rate
+against cache capacity, a chat's prefill.
 
     lessons/05_prefix_caching/plot.py DIR
-    (reads DIR/prefix_ttft.csv, prefix_capacity.csv, prefix_chat.csv; writes DIR/prefix.png)
+    (reads DIR/prefix_ttft.csv, prefix_prefill.csv, prefix_capacity.csv, prefix_chat.csv;
+     writes DIR/prefix.png)
 """
 import csv
 import os
@@ -22,7 +24,8 @@ def read(name):
 
 
 ttft, capacity, chat = read("prefix_ttft.csv"), read("prefix_capacity.csv"), read("prefix_chat.csv")
-fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.4))
+prefill = read("prefix_prefill.csv")
+fig, ((a, d), (b, c)) = plt.subplots(2, 2, figsize=(12, 8.4))
 
 # 1. Time to first token of a long shared prompt.
 names = [r["cache"] for r in ttft]
@@ -31,10 +34,25 @@ bars = a.bar(names, values, color=["#999999", "#d62728", "#2ca02c"][: len(names)
 for bar, r in zip(bars, ttft):
     a.annotate(f"{float(r['ttft_ms']):.1f} ms\n{r['computed_positions']} computed",
                (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+if "predicted_ms" in ttft[0]:
+    a.scatter(names, [float(r["predicted_ms"]) for r in ttft], marker="_", s=900, color="black", zorder=3,
+              label="step-cost model's prediction")
+    a.legend(fontsize=8, loc="upper right")
+a.set_ylim(0, 1.3 * max(values))
 a.set_ylabel("time to first token (ms)")
 a.set_title("TTFT with a shared system prompt")
 
-# 2. Hit rate against capacity (the unbounded cache as a line).
+# 2. A lone prefill's time against its length, and the step-cost model's line.
+xs = [float(r["positions"]) for r in prefill]
+d.plot(xs, [float(r["measured_ms"]) for r in prefill], "o-", label="measured")
+d.plot(xs, [float(r["model_ms"]) for r in prefill], "--", color="black", lw=1,
+       label="model: fixed + positions x per position")
+d.set_xlabel("prompt positions computed")
+d.set_ylabel("step time (ms)")
+d.set_title("What a prefill costs")
+d.legend(fontsize=8)
+
+# 3. Hit rate against capacity (the unbounded cache as a line).
 bounded = [r for r in capacity if int(r["capacity_blocks"]) > 0]
 unbounded = [r for r in capacity if int(r["capacity_blocks"]) == 0]
 xs = [int(r["capacity_blocks"]) for r in bounded]
@@ -50,7 +68,7 @@ b.set_ylabel("%")
 b.set_title("Exercise 4: LRU hit rate against capacity")
 b.legend(fontsize=8)
 
-# 3. A multi-turn chat: prefill positions computed per turn.
+# 4. A multi-turn chat: prefill positions computed per turn.
 turns = [int(r["turn"]) for r in chat]
 width = 0.4
 c.bar([t - width / 2 for t in turns], [int(r["computed_without"]) for r in chat], width, label="cache off")

@@ -3,7 +3,8 @@
 /// that requests sharing a prefix (a system prompt, few-shot examples, the earlier turns of a
 /// chat) skip the prefill of what is already cached.
 ///
-/// You implement RadixCache and prefix_hit_rates() in `exercises/05_prefix_caching/prefix_cache.cpp`.
+/// You implement RadixCache, prefix_hit_rates(), step_end_ms(), ttft_ms() and PrefixKVManager's
+/// open_for() and release() in `exercises/05_prefix_caching/prefix_cache.cpp`. The rest of
 /// PrefixKVManager (given) puts your tree under lesson 03's engine, over lesson 04's pool.
 ///
 /// The tree caches whole blocks only. Every edge holds a run of tokens whose length is a multiple
@@ -144,16 +145,58 @@ struct HitRates {
 /// Throws infer::Error for block_size below 1 or a negative capacity.
 HitRates prefix_hit_rates(std::span<const PrefixRequest> requests, int block_size, int capacity_blocks);
 
+// ==================================================== time to first token ==
+
+/// What one engine step costs, in milliseconds, in a model where time follows the work: a fixed
+/// part (a step reads every weight once, whatever it computes) and a part per position computed
+/// (each prompt position a prefill computes and each token a decode feeds is one row through the
+/// model). Lessons 03 and 04 counted steps, which made a prefill of 200 tokens cost what one
+/// decoded token costs; this model is what lets a prefix cache's savings show up as time.
+struct StepCost {
+  double fixed_ms = 0;         ///< per step, whatever it computes (idle steps included)
+  double per_position_ms = 0;  ///< per position computed in the step
+};
+
+/// When each step of an engine's log ends, in milliseconds from the start of step 0: step s costs
+/// fixed_ms + (log[s].prefill_tokens + log[s].decodes) * per_position_ms, and ends when the steps
+/// before it and itself are done. Throws infer::Error for a log whose entries are not steps 0, 1,
+/// 2, ... in order, or for a cost that is negative or not finite.
+std::vector<double> step_end_ms(std::span<const EngineStepLog> log, StepCost cost);
+
+/// Time to first token (TTFT), in milliseconds: from the start of the request's arrival step to
+/// the end of the step whose prefill produced its first token (first_token_step). Throws
+/// infer::Error when first_token_step is before arrival_step or is not a step of `step_end`.
+double ttft_ms(const GenerationResult& result, std::span<const double> step_end);
+
+/// Lesson 03's simulator with prefills charged (given): the step log that simulate() implies for
+/// `requests`, where each request's prefill (at its start step) computes its prompt_tokens
+/// positions and every busy slot of a later step decodes one token. Pair it with step_end_ms().
+/// Throws infer::Error when `run` is not a run of `requests` (ids or counts differ).
+std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> requests, const SimRun& run);
+
 // =============================================================== engine ==
 
 /// Lesson 04's paged memory with a prefix cache (given): the engine's KVManager over a pool
 /// whose cached blocks outlive the sequences that computed them.
 ///
-/// - open_for(tokens): matches tokens' first tokens.size() - 1 (the last position is always
-///   computed: its logits give the first token), evicts cached blocks nobody uses if the free
-///   blocks cannot hold the rest, and opens a PagedKVCache that starts with the matched blocks.
-///   The matched node stays locked until the store is released.
-/// - release(store, tokens): caches the store's full blocks under their tokens, unlocks, closes.
+/// You write open_for() and release(), the wiring between your tree and the engine; the rest is
+/// given.
+///
+/// - open_for(tokens) opens the store of a sequence about to be prefilled over `tokens` (a
+///   prompt, or a preempted sequence's prompt and output so far). The longest cached prefix of
+///   tokens' first tokens.size() - 1 becomes the store's first positions, in the cache's own
+///   blocks, held once more by the store (the last position is always computed: its logits give
+///   the next token); the store has room reserved for all tokens.size() positions. The matched
+///   node stays locked until the store is released or closed, so nothing the store reads is
+///   evicted under it. When the free blocks cannot hold the rest, cached blocks nobody uses are
+///   evicted first; if that is still not enough it returns nullptr (the engine tries again
+///   later), having locked and taken nothing. It adds to matched_tokens() and requested_tokens().
+///   Throws infer::Error for an empty `tokens` or more than a sequence can hold.
+/// - release(store, tokens): a finished sequence. Its full blocks go into the tree under the
+///   tokens they hold (tokens holds at least store->length() ids), its lock is let go, and the
+///   store is closed. Throws infer::Error for a null store or one this manager did not open, or
+///   for too few tokens.
+/// - close(store): a preempted sequence: unlocked and closed, nothing cached.
 /// - make_room(running): evicts unused cached blocks until each running sequence could get one
 ///   block, then asks lesson 04's PagedKVManager how many must be preempted.
 class PrefixKVManager final : public KVManager {
@@ -181,11 +224,13 @@ class PrefixKVManager final : public KVManager {
   long requested_tokens() const { return requested_; }
 
  private:
+  /// Unlocks the node locked for `store` by open_for() and forgets it (given; nothing for a store
+  /// that open() opened).
   void unlock(const KVStore* store);
-  PagedKVManager paged_;
-  std::unique_ptr<RadixCache> cache_;
+  PagedKVManager paged_;                ///< lesson 04's memory: the pool, its blocks, its stores
+  std::unique_ptr<RadixCache> cache_;   ///< your tree, over paged_'s pool
   std::unordered_map<const KVStore*, RadixCache::NodeId> locks_;  ///< each open store's matched node
-  long matched_ = 0, requested_ = 0;
+  long matched_ = 0, requested_ = 0;    ///< what matched_tokens() and requested_tokens() report
 };
 
 }  // namespace infer

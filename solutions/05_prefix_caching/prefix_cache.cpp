@@ -2,6 +2,7 @@
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace infer {
@@ -191,6 +192,71 @@ HitRates prefix_hit_rates(std::span<const PrefixRequest> requests, int block_siz
   if (!requests.empty()) h.request_hit_rate = static_cast<double>(hits) / static_cast<double>(requests.size());
   if (h.prompt_tokens > 0) h.token_hit_rate = static_cast<double>(h.matched_tokens) / static_cast<double>(h.prompt_tokens);
   return h;
+}
+
+// ----------------------------------------------------- time to first token --
+
+std::vector<double> step_end_ms(std::span<const EngineStepLog> log, StepCost cost) {
+  require(std::isfinite(cost.fixed_ms) && std::isfinite(cost.per_position_ms) && cost.fixed_ms >= 0 &&
+              cost.per_position_ms >= 0,
+          "step_end_ms: costs must be finite and >= 0, got fixed_ms ", cost.fixed_ms, ", per_position_ms ",
+          cost.per_position_ms);
+  std::vector<double> end(log.size());
+  double t = 0;
+  for (size_t s = 0; s < log.size(); ++s) {
+    require(log[s].step == static_cast<int>(s), "step_end_ms: entry ", s, " of the log is step ", log[s].step,
+            ", expected step ", s);
+    t += cost.fixed_ms + static_cast<double>(log[s].prefill_tokens + log[s].decodes) * cost.per_position_ms;
+    end[s] = t;
+  }
+  return end;
+}
+
+double ttft_ms(const GenerationResult& result, std::span<const double> step_end) {
+  const int a = result.arrival_step, f = result.first_token_step;
+  require(a >= 0 && a <= f && f < static_cast<int>(step_end.size()), "ttft_ms: request ", result.id,
+          " arrives at step ", a, " and has its first token at step ", f, ", expected 0 <= arrival <= first token < ",
+          step_end.size(), " (the timeline's steps)");
+  return step_end[f] - (a > 0 ? step_end[a - 1] : 0.0);
+}
+
+// ------------------------------------------------------- the engine wiring --
+
+std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) {
+  const int n = static_cast<int>(tokens.size());
+  require(n >= 1 && n <= capacity_tokens(), "PrefixKVManager::open_for: ", n, " positions, a sequence can hold 1 to ",
+          capacity_tokens());
+  PagedKVPool& pool = paged_.pool();
+  const int B = pool.block_size();
+  // The last position is computed whatever the cache holds: its logits give the next token.
+  const RadixCache::Match m = cache_->match(tokens.first(n - 1));
+  cache_->lock(m.node);  // nothing on the match's path may be evicted while we make room
+  const int need = blocks_for(n, B) - static_cast<int>(m.blocks.size());
+  const int short_by = need - pool.allocator().num_free();
+  if (short_by > 0) cache_->evict_to(cache_->cached_blocks() - short_by);
+  if (need > pool.allocator().num_free()) {
+    cache_->unlock(m.node);
+    return nullptr;
+  }
+  auto store = std::make_unique<PagedKVCache>(pool, pool.context(), m.blocks, m.tokens);
+  store->reserve(n);
+  locks_[store.get()] = m.node;
+  matched_ += m.tokens;
+  requested_ += n;
+  return store;
+}
+
+void PrefixKVManager::release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
+  require(store != nullptr, "PrefixKVManager::release: no store");
+  const auto* paged = dynamic_cast<const PagedKVCache*>(store.get());
+  require(paged != nullptr, "PrefixKVManager::release: not a store this manager opened");
+  require(tokens.size() >= static_cast<size_t>(store->length()), "PrefixKVManager::release: ", tokens.size(),
+          " tokens for a store of ", store->length(), " positions");
+  // Its full blocks, under the tokens they hold. Unlock first: the insert may evict.
+  const int full = store->length() / paged->pool().block_size();
+  unlock(store.get());
+  cache_->insert(tokens, std::span(paged->block_table()).first(full));
+  paged_.close(std::move(store));
 }
 
 }  // namespace infer

@@ -40,6 +40,7 @@ struct Served {
   long computed = 0;
   std::vector<int> prefills;
   long matched = 0;
+  int locked_blocks = 0;  ///< cached blocks still locked after the run (none, if every lock was let go)
 };
 
 /// Runs `reqs` through the engine over a pool of `blocks` blocks of `block`, with a prefix
@@ -64,7 +65,10 @@ Served serve(const std::vector<GenerationRequest>& reqs, int max_batch, int bloc
   out.log = engine.log();
   out.computed = counter->prefill_positions;
   out.prefills = counter->prefills;
-  if (prefix) out.matched = prefix->matched_tokens();
+  if (prefix) {
+    out.matched = prefix->matched_tokens();
+    out.locked_blocks = prefix->cache().cached_blocks() - prefix->cache().evictable_blocks();
+  }
   return out;
 }
 
@@ -130,6 +134,7 @@ GRADED_TEST(Lesson05Engine, OnlyTheUnmatchedSuffixIsComputed, 3) {
   long logged = 0;
   for (const auto& e : r.log) logged += e.prefill_tokens;
   EXPECT_EQ(logged, r.computed) << "the step log's prefill_tokens count what was computed";
+  EXPECT_EQ(r.locked_blocks, 0) << "every request is done: none of its locks may outlive it";
 }
 
 GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
@@ -218,6 +223,46 @@ GRADED_TEST(Lesson05Engine, APreemptedRequestThatHitsTheCacheKeepsItsTokens, 2) 
   EXPECT_GT(preempted, 0) << "the pool was meant to be too small: the test lost its point";
   EXPECT_GT(tight.matched, 0) << "the shared prefix was meant to hit";
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(tight.results[i].tokens, roomy.results[i].tokens) << "request " << i;
+  EXPECT_EQ(tight.locked_blocks, 0) << "finished and preempted sequences alike must let go of their locks";
+}
+
+GRADED_TEST(Lesson05Engine, BlocksInUseAreNeverTheOnesEvicted, 2) {
+  // The manager on its own, over 8 blocks of 4. Prompt P is cached, then a running sequence A
+  // matches it; prompt Q is cached after that, so P is the least recently used entry. A new
+  // sequence needing 4 blocks finds 3 free: evicting P would free nothing (A still holds its
+  // blocks), so the cache must give up Q instead, and P stays cached for the next request.
+  const ModelWeights& m = testing::bundled_model();
+  CpuForward forward(m);
+  PrefixKVManager mem(m.config, 8, 4);
+  auto fill = [&](KVStore& store, const std::vector<int>& tokens) {
+    forward.prefill(std::span(tokens).subspan(static_cast<size_t>(store.length())), store);
+  };
+  const std::vector<int> P = {1, 50, 51, 52, 53, 54, 55, 56, 57}, Q = {1, 70, 71, 72, 73, 74, 75, 76, 77};
+  auto s1 = mem.open_for(P);
+  ASSERT_NE(s1, nullptr);
+  fill(*s1, P);
+  mem.release(std::move(s1), P);
+  std::vector<int> a = P;
+  a.push_back(60);
+  auto running = mem.open_for(a);
+  ASSERT_NE(running, nullptr);
+  ASSERT_EQ(running->length(), 8) << "A reuses P's two full blocks";
+  fill(*running, a);
+  auto s2 = mem.open_for(Q);
+  ASSERT_NE(s2, nullptr);
+  fill(*s2, Q);
+  mem.release(std::move(s2), Q);
+  const std::vector<int> big = {1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104};
+  auto b = mem.open_for(big);
+  ASSERT_NE(b, nullptr) << "evicting the unused entry Q makes room; evicting P (in use) frees nothing";
+  std::vector<int> c = P;
+  c.push_back(61);
+  mem.close(std::move(b));
+  auto again = mem.open_for(c);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->length(), 8) << "P, in use when memory ran short, must still be cached";
+  mem.close(std::move(again));
+  mem.close(std::move(running));
 }
 
 GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
@@ -225,6 +270,9 @@ GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { PrefixKVManager bad(m.config, 8, 4, -1); }, "cache_capacity"));
   PrefixKVManager mem(m.config, 8, 4);
   EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.open_for({}); }, "positions"));
+  const std::vector<int> too_long(static_cast<size_t>(mem.capacity_tokens()) + 1, 5);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.open_for(too_long); }, "positions"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.release(nullptr, {}); }, "store"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 0, 0); }, "block_size"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 4, -1); }, "capacity"));
 }

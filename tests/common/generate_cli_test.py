@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The generate program end to end: --ids at temperature 0 prints the golden greedy ids (naive,
-cached, INT8-cached and paged),
-and bad options are refused with a message and a non-zero exit status.
+cached, INT8-cached, paged, and each run through the prefix cache), and bad options are refused
+with a message and a non-zero exit status.
 
     generate_cli_test.py GENERATE_BINARY REPOSITORY_ROOT
 """
@@ -27,6 +27,20 @@ for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"], ["--page
         sys.exit(f"generate --ids {' '.join(extra)} printed\n  {got}\nexpected the golden greedy ids\n  {want}")
     print(f"generate --ids {' '.join(extra)}: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
 
+# Three greedy runs through lesson 05's prefix cache: each prints the golden ids, the later ones
+# with the prompt's full blocks cached.
+run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                      "--temperature", "0", "--ids", "--paged", "--block-size", "4", "--prefix-cache", "--repeat", "3",
+                      "--stats"], capture_output=True, text=True, check=False)
+if run.returncode != 0:
+    sys.exit(f"generate --prefix-cache failed ({run.returncode}): {run.stderr}")
+got = [int(x) for x in run.stdout.split()]
+if got != want * 3:
+    sys.exit(f"generate --prefix-cache --repeat 3 printed\n  {got}\nexpected the golden greedy ids three times")
+if "run 1, seed 0: 0 of" not in run.stderr or "run 2, seed 1: 0 of" in run.stderr:
+    sys.exit(f"generate --prefix-cache --stats: expected a cold first run and a warm second one, got {run.stderr!r}")
+print("generate --prefix-cache --repeat 3: each run prints the golden ids; the later runs hit the cache")
+
 for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
                       (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
@@ -35,6 +49,8 @@ for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"
                       (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
                       (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8"),
                       (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),
+                      (["--prefix-cache"], "need --paged"), (["--paged", "--repeat", "2"], "--repeat needs --prefix-cache"),
+                      (["--paged", "--prefix-cache", "--repeat", "0"], "--repeat expects an integer"),
                       (["--paged", "--block-size", "2", "--num-blocks", "2"], "out of KV blocks")]:
     args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
