@@ -4,18 +4,22 @@
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]
+//            [--speculative draft|ngram [--num-speculative-tokens K] [--draft DIR]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
 // prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
 // blocks of SIZE positions from a pool of COUNT blocks (lesson 04). --prefix-cache runs the prompt
 // N times (default 2) through lesson 03's engine over lesson 05's prefix cache, one run after
 // another with seeds S, S + 1, ...: the first run is cold, the later ones find the prompt's full
-// blocks cached. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
+// blocks cached. --speculative decodes with lesson 06's speculative loop: a draft model (DIR,
+// by default the model's directory with -draft appended) or prompt lookup proposes K tokens a
+// round (default 4), and the target verifies them in one forward. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
 // float32 or bf16 (built where CUDA is).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -32,6 +36,7 @@
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -53,6 +58,9 @@ void usage(std::ostream& out) {
          "  --prefix-cache (with --paged) runs the prompt N times (--repeat, default 2), one after another,\n"
          "  with seeds S, S+1, ...; the runs after the first reuse its cached K/V blocks (lesson 05).\n"
          "  With --stats, each run's cached positions and time to first token go to stderr.\n"
+         "  --speculative draft|ngram decodes speculatively (lesson 06): the draft model (--draft DIR,\n"
+         "  default MODEL-draft) or prompt lookup guesses K tokens a round (--num-speculative-tokens,\n"
+         "  default 4), the model verifies them in one forward; --stats adds acceptance and tokens per round.\n"
          "  --device cuda runs on a GPU with lesson 07's kernels (--weights f32 or bf16, default f32).\n";
 }
 
@@ -63,7 +71,7 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
                                "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights",
-                               "--repeat"},
+                               "--repeat", "--speculative", "--num-speculative-tokens", "--draft"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
@@ -93,6 +101,16 @@ int main(int argc, char** argv) {
     const bool prefix_cache = opts.has("--prefix-cache");
     const int repeat = static_cast<int>(opts.number("--repeat", 2, 1, 1000));
     if (opts.has("--repeat") && !prefix_cache) throw infer::Error("generate: --repeat needs --prefix-cache");
+    const std::string speculative = opts.text("--speculative", "");
+    const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 0, 64));
+    if (!speculative.empty() && speculative != "draft" && speculative != "ngram")
+      throw infer::Error(infer::cat("generate: --speculative must be draft or ngram, got '", speculative, "'"));
+    if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
+      throw infer::Error("generate: --num-speculative-tokens and --draft need --speculative");
+    if (speculative == "ngram" && opts.has("--draft")) throw infer::Error("generate: --draft needs --speculative draft");
+    if (!speculative.empty() && (paged || opts.has("--kv-cache") || opts.has("--kv-dtype") || opts.text("--device", "cpu") != "cpu"))
+      throw infer::Error("generate: --speculative keeps its own float32 KV caches on the CPU; drop --kv-cache, --paged, "
+                         "--kv-dtype and --device");
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
@@ -119,7 +137,25 @@ int main(int argc, char** argv) {
     std::vector<int> out;
     bool print_ids_done = false;  // the engine's runs print their own ids
     std::unique_ptr<infer::PagedKVPool> pool;
-    if (prefix_cache) {
+    infer::SpecStats spec;
+    if (!speculative.empty()) {
+      const int room = std::max(static_cast<int>(prompt_ids.size()) + max_new, 1);
+      infer::CpuTarget target(model);
+      infer::KVCache cache(model.config, room);
+      std::unique_ptr<infer::Proposer> proposer;
+      infer::ModelWeights draft;
+      if (speculative == "draft") {
+        draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
+        if (draft.config.vocab_size != model.config.vocab_size)
+          throw infer::Error(infer::cat("generate: the draft's vocabulary has ", draft.config.vocab_size,
+                                        " tokens, the model's ", model.config.vocab_size));
+        proposer = std::make_unique<infer::DraftProposer>(draft, params, room);
+      } else {
+        proposer = std::make_unique<infer::NgramProposer>(3, 1);
+      }
+      out = infer::generate_speculative(target, *proposer, prompt_ids, max_new, num_spec, params, cache, &spec);
+      for (int token : out) stream(token);
+    } else if (prefix_cache) {
       // Lesson 03's engine, one request at a time, over lesson 05's cache: room for one sequence
       // and the cached prompt, unless --num-blocks says otherwise.
       const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
@@ -188,6 +224,10 @@ int main(int argc, char** argv) {
     std::cout << std::endl;  // flushed before the statistics go to stderr
     if (stats) {
       const std::string engine = device == "cuda" ? "CUDA, " + weights + " weights"
+                                 : !speculative.empty()
+                                     ? infer::cat("speculative, ", speculative, ", k = ", num_spec, ": ", spec.rounds,
+                                                  " target rounds, ", static_cast<int>(100 * spec.acceptance() + 0.5),
+                                                  "% of guesses kept, ", std::round(100 * spec.tokens_per_round()) / 100, " tokens per round")
                                  : prefix_cache   ? infer::cat("prefix cache, ", repeat, " runs")
                                  : paged          ? "paged KV cache"
                                  : kv_cache       ? "KV cache, " + kv_dtype

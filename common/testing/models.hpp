@@ -12,6 +12,12 @@ inline const ModelWeights& bundled_model() {
   return m;
 }
 
+/// The bundled draft model, models/tiny-fortunes-draft (lesson 06).
+inline const ModelWeights& bundled_draft() {
+  static const ModelWeights m = load_model(bundled_model_dir("tiny-fortunes-draft"));
+  return m;
+}
+
 /// A random model small enough for hundreds of engine requests in a test: 2 layers, 4 query
 /// heads sharing 2 K/V heads of 8, a vocabulary of 40 with EOS = 2, a context of 64.
 inline const ModelWeights& small_model() {

@@ -1,11 +1,33 @@
 // Lesson 02: the plumbing given to students (constructors and accessors), compiled with your
 // exercises/ and with the reference.
+#include <algorithm>
+#include <vector>
+
 #include "lessons/02_kv_cache/kv_cache.hpp"
 
 namespace infer {
 
 Matrix KVStore::attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const {
   return causal_attention(q, keys(layer), values(layer), num_heads, num_kv_heads, head_dim);
+}
+
+void KVStore::truncate(int length) {
+  require(length >= 0 && length <= this->length(), "KVStore::truncate: keep ", length, " positions of a store holding ",
+          this->length());
+  std::vector<Matrix> k(num_layers()), v(num_layers());
+  for (int l = 0; l < num_layers(); ++l) {
+    k[l] = keys(l).topRows(length);
+    v[l] = values(l).topRows(length);
+  }
+  reset();
+  for (int l = 0; l < num_layers(); ++l)
+    if (length > 0) append(l, k[l], v[l]);
+}
+
+void KVCache::truncate(int length) {
+  require(length >= 0 && length <= this->length(), "KVCache::truncate: keep ", length, " positions of a cache holding ",
+          this->length());
+  for (int& n : length_) n = std::min(n, length);
 }
 
 KVCache::KVCache(const ModelConfig& config, int max_tokens)

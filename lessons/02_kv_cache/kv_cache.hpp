@@ -50,6 +50,11 @@ class KVStore {
   virtual ConstMatrixRef values(int layer) const = 0;
   /// Forgets every position (the memory stays reserved).
   virtual void reset() = 0;
+  /// Keeps the first `length` positions of every layer and forgets the rest: speculative
+  /// decoding's rollback (lesson 06). Given: copies the kept rows out, reset(), appends them
+  /// back; a store that can simply move its end (KVCache) overrides it. Throws infer::Error
+  /// unless 0 <= length <= length().
+  virtual void truncate(int length);
 
   /// Causal attention of the newest `q.rows()` positions' queries (q: [T, num_heads * head_dim],
   /// already rotated) over every position stored in `layer`, the T newest included: row i is
@@ -84,6 +89,7 @@ class KVCache final : public KVStore {
   ConstMatrixRef keys(int layer) const override;
   ConstMatrixRef values(int layer) const override;
   void reset() override;
+  void truncate(int length) override;  ///< given: moves the end, copies nothing
   size_t bytes_used() const override;
   size_t bytes_reserved() const override;
 

@@ -160,12 +160,15 @@ struct StepCost {
 /// When each step of an engine's log ends, in milliseconds from the start of step 0: step s costs
 /// fixed_ms + (log[s].prefill_tokens + log[s].decodes) * per_position_ms, and ends when the steps
 /// before it and itself are done. Throws infer::Error for a log whose entries are not steps 0, 1,
-/// 2, ... in order, or for a cost that is negative or not finite.
+/// 2, ... in order (the message names the step), or for a cost that is negative or not finite
+/// (the message names fixed_ms or per_position_ms).
 std::vector<double> step_end_ms(std::span<const EngineStepLog> log, StepCost cost);
 
 /// Time to first token (TTFT), in milliseconds: from the start of the request's arrival step to
 /// the end of the step whose prefill produced its first token (first_token_step). Throws
-/// infer::Error when first_token_step is before arrival_step or is not a step of `step_end`.
+/// infer::Error when arrival_step is negative or after first_token_step (the message says when
+/// the request "arrives"), or when first_token_step is not a step of `step_end` (the message
+/// names the "first token").
 double ttft_ms(const GenerationResult& result, std::span<const double> step_end);
 
 /// Lesson 03's simulator with prefills charged (given): the step log that simulate() implies for
@@ -186,16 +189,19 @@ std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> reques
 ///   prompt, or a preempted sequence's prompt and output so far). The longest cached prefix of
 ///   tokens' first tokens.size() - 1 becomes the store's first positions, in the cache's own
 ///   blocks, held once more by the store (the last position is always computed: its logits give
-///   the next token); the store has room reserved for all tokens.size() positions. The matched
+///   the next token). The store may grow to the model's context (pool.context()), like lesson
+///   04's, and has blocks reserved for all tokens.size() positions. The matched
 ///   node stays locked until the store is released or closed, so nothing the store reads is
 ///   evicted under it. When the free blocks cannot hold the rest, cached blocks nobody uses are
-///   evicted first; if that is still not enough it returns nullptr (the engine tries again
-///   later), having locked and taken nothing. It adds to matched_tokens() and requested_tokens().
-///   Throws infer::Error for an empty `tokens` or more than a sequence can hold.
+///   evicted first (one evict_to() down by the shortfall: an unlocked node's blocks are held by
+///   the tree alone, so evicting them frees them); if that is still not enough it returns
+///   nullptr (the engine tries again later), having locked and taken nothing. It adds to
+///   matched_tokens() and requested_tokens(). Throws infer::Error, with a message that names the
+///   "positions", for an empty `tokens` or more than a sequence can hold.
 /// - release(store, tokens): a finished sequence. Its full blocks go into the tree under the
 ///   tokens they hold (tokens holds at least store->length() ids), its lock is let go, and the
-///   store is closed. Throws infer::Error for a null store or one this manager did not open, or
-///   for too few tokens.
+///   store is closed. Throws infer::Error for a null store ("no store") or one this manager did
+///   not open ("not a store this manager opened"), or for too few tokens.
 /// - close(store): a preempted sequence: unlocked and closed, nothing cached.
 /// - make_room(running): evicts unused cached blocks until each running sequence could get one
 ///   block, then asks lesson 04's PagedKVManager how many must be preempted.
@@ -218,7 +224,7 @@ class PrefixKVManager final : public KVManager {
   const RadixCache& cache() const { return *cache_; }
   /// The pool.
   const PagedKVPool& pool() const { return paged_.pool(); }
-  /// Prompt positions found in the cache by open_for(), and positions asked for, so far.
+  /// Prompt positions found in the cache by open_for(), so far.
   long matched_tokens() const { return matched_; }
   /// Positions open_for() was asked for, so far.
   long requested_tokens() const { return requested_; }

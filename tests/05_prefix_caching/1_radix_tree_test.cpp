@@ -158,6 +158,23 @@ GRADED_TEST(Lesson05Evict, LockedNodesAndTheirAncestorsAreNeverEvicted, 2) {
   EXPECT_EQ(c.cached_blocks(), 0);
   EXPECT_EQ(a.num_free(), 32) << "every block back, once each";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { c.unlock(0); }, "not locked"));
+  put(run(8));
+  const auto leaf = c.match(run(8));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { c.unlock(leaf.node); }, "not locked"))
+      << "a leaf nobody locked";
+}
+
+GRADED_TEST(Lesson05Evict, TheDestructorGivesEveryBlockBack, 1) {
+  BlockAllocator a(16);
+  {
+    RadixCache c(a, B, 16);
+    put(a, c, run(8));
+    std::vector<int> other = run(4);
+    other.insert(other.end(), {7, 7, 7, 7, 7, 7, 7, 7});
+    put(a, c, other);
+    EXPECT_EQ(a.num_free(), 16 - c.cached_blocks());
+  }
+  EXPECT_EQ(a.num_free(), 16) << "a destroyed cache holds nothing";
 }
 
 GRADED_TEST(Lesson05Evict, CapacityAndOwnershipHoldAfterEveryOperation, 3) {

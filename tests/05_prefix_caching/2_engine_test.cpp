@@ -273,6 +273,8 @@ GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
   const std::vector<int> too_long(static_cast<size_t>(mem.capacity_tokens()) + 1, 5);
   EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.open_for(too_long); }, "positions"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.release(nullptr, {}); }, "store"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { mem.release(std::make_unique<KVCache>(m.config, 4), {}); }, "not a store this manager opened"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 0, 0); }, "block_size"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 4, -1); }, "capacity"));
 }

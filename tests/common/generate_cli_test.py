@@ -41,6 +41,17 @@ if "run 1, seed 0: 0 of" not in run.stderr or "run 2, seed 1: 0 of" in run.stder
     sys.exit(f"generate --prefix-cache --stats: expected a cold first run and a warm second one, got {run.stderr!r}")
 print("generate --prefix-cache --repeat 3: each run prints the golden ids; the later runs hit the cache")
 
+# Greedy speculative decoding (lesson 06) prints the golden ids too, with either proposer.
+for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
+              ["--speculative", "draft", "--num-speculative-tokens", "3"]):
+    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                          "--temperature", "0", "--ids"] + extra, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        sys.exit(f"generate {' '.join(extra)} failed ({run.returncode}): {run.stderr}")
+    if [int(x) for x in run.stdout.split()] != want:
+        sys.exit(f"generate --ids {' '.join(extra)} printed {run.stdout!r}, expected the golden greedy ids")
+    print(f"generate --ids {' '.join(extra)}: the golden greedy ids")
+
 for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
                       (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
@@ -51,6 +62,9 @@ for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"
                       (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),
                       (["--prefix-cache"], "need --paged"), (["--paged", "--repeat", "2"], "--repeat needs --prefix-cache"),
                       (["--paged", "--prefix-cache", "--repeat", "0"], "--repeat expects an integer"),
+                      (["--speculative", "tree"], "draft or ngram"), (["--num-speculative-tokens", "2"], "need --speculative"),
+                      (["--speculative", "ngram", "--paged"], "drop --kv-cache"),
+                      (["--speculative", "draft", "--draft", "/nonexistent"], "nonexistent"),
                       (["--paged", "--block-size", "2", "--num-blocks", "2"], "out of KV blocks")]:
     args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Plot lesson 06's bench: what a verification costs, speedup against k (measured and
+predicted), tokens per round, and prompt lookup on ordinary against repetitive text.
+
+    lessons/06_speculative_decoding/plot.py DIR
+    (reads DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv;
+     writes DIR/speculative.png)
+"""
+import csv
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+out = sys.argv[1] if len(sys.argv) > 1 else "."
+
+
+def read(name):
+    with open(os.path.join(out, name)) as f:
+        return list(csv.DictReader(f))
+
+
+costs, speed, lookup = read("spec_costs.csv"), read("spec_speedup.csv"), read("spec_lookup.csv")
+big = read("spec_costs_big.csv")
+fig, ((a, b), (c, d)) = plt.subplots(2, 2, figsize=(12, 8.4))
+
+# 1. A forward over m new tokens, in target steps: flat would be the memory-bound ideal.
+m = [int(r["new_tokens"]) for r in costs]
+t1 = float(costs[0]["target_ms"])
+a.plot(m, [float(r["target_ms"]) / t1 for r in costs], "o-", label="target forward over m tokens")
+a.plot(m, [float(r["draft_ms"]) / t1 for r in costs], "s-", label="draft forward over m tokens")
+b1 = float(big[0]["big_ms"])
+a.plot([int(r["new_tokens"]) for r in big], [float(r["big_ms"]) / b1 for r in big], "^-",
+       label="a 100M-parameter target (its own steps)")
+a.axhline(1, ls=":", color="gray", lw=0.8, label="one target step (the formula's assumption)")
+a.set_xlabel("new tokens in the forward (m)")
+a.set_ylabel("time, in target steps")
+a.set_title("What verifying k + 1 tokens costs on this machine")
+a.legend(fontsize=8)
+
+# 2. Speedup against k: measured, and the two predictions.
+k = [int(r["k"]) for r in speed]
+b.plot(k, [float(r["draft_speedup"]) for r in speed], "o-", label="draft: measured")
+b.plot(k, [float(r["formula_speedup"]) for r in speed], "--", label="draft: formula (verify = 1 step)")
+b.plot(k, [float(r["cost_model_speedup"]) for r in speed], ":", marker="x", label="draft: formula with measured t_v")
+b.plot(k, [float(r["lookup_speedup"]) for r in speed], "s-", label="prompt lookup: measured")
+b.axhline(1, color="gray", lw=0.8)
+b.set_xlabel("guesses per round (k)")
+b.set_ylabel("speedup over plain cached decoding")
+b.set_title("Greedy decoding: speedup against k")
+b.legend(fontsize=8)
+
+# 3. Tokens per round.
+c.plot(k, [float(r["draft_tokens_per_round"]) for r in speed], "o-", label="draft model")
+c.plot(k, [float(r["lookup_tokens_per_round"]) for r in speed], "s-", label="prompt lookup")
+c.plot(k, [kk + 1 for kk in k], ":", color="gray", label="k + 1 (every guess kept)")
+c.set_xlabel("guesses per round (k)")
+c.set_ylabel("tokens per target forward")
+c.set_title("Tokens per round")
+c.legend(fontsize=8)
+
+# 4. Prompt lookup: ordinary against repetitive text.
+names = [r["text"] for r in lookup]
+bars = d.bar(names, [float(r["speedup"]) for r in lookup], color=["#999999", "#2ca02c"][: len(names)])
+for bar, r in zip(bars, lookup):
+    d.annotate(f"{float(r['speedup']):.2f}x\n{100 * float(r['acceptance']):.0f}% kept",
+               (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+d.axhline(1, color="gray", lw=0.8)
+d.set_ylabel("speedup over plain decoding (k = 4)")
+d.set_title("Prompt lookup needs text that repeats")
+d.set_ylim(0, 1.3 * max(float(r["speedup"]) for r in lookup))
+
+fig.tight_layout()
+fig.savefig(os.path.join(out, "speculative.png"), dpi=110)
+print(f"wrote {os.path.join(out, 'speculative.png')}")

@@ -1,0 +1,192 @@
+// Lesson 06, part B: the draft-target loop on the bundled models. Greedy speculation gives the
+// target's greedy tokens exactly, with the draft and with prompt lookup; a counting seam at the
+// target shows k + 1 tokens per forward with a proposer that is always right and one with a
+// proposer that is always wrong; after a rejection both caches hold exactly the kept tokens.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
+
+namespace infer {
+namespace {
+
+/// The CPU target, counting its forwards and the positions they compute.
+class CountingTarget final : public TargetModel {
+ public:
+  explicit CountingTarget(const ModelWeights& m) : inner_(m) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  Matrix forward(std::span<const int> tokens, KVStore& cache) override {
+    ++forwards;
+    positions += static_cast<long>(tokens.size());
+    return inner_.forward(tokens, cache);
+  }
+  long forwards = 0, positions = 0;
+
+ private:
+  CpuTarget inner_;
+};
+
+/// Proposes the target's own greedy continuation (known in advance), or, when `wrong`, a token
+/// that is never it.
+class Oracle final : public Proposer {
+ public:
+  Oracle(std::vector<int> prompt, std::vector<int> greedy, bool wrong, int vocab)
+      : prompt_(std::move(prompt)), greedy_(std::move(greedy)), wrong_(wrong), vocab_(vocab) {}
+  Proposal propose(std::span<const int> context, int k) override {
+    Proposal p;
+    const size_t done = context.size() - prompt_.size();
+    for (size_t i = done; i < greedy_.size() && static_cast<int>(p.tokens.size()) < k; ++i)
+      p.tokens.push_back(wrong_ ? (greedy_[i] + 1) % vocab_ : greedy_[i]);
+    return p;
+  }
+
+ private:
+  std::vector<int> prompt_, greedy_;
+  bool wrong_;
+  int vocab_;
+};
+
+std::vector<int> greedy_reference(const std::vector<int>& prompt, int n) {
+  const ModelWeights& m = testing::bundled_model();
+  Sampler greedy({.temperature = 0.0f});
+  KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+  return generate_cached(m, prompt, n, greedy, cache);
+}
+
+const SamplingParams kGreedy{.temperature = 0.0f};
+
+GRADED_TEST(Lesson06Loop, GreedyWithTheDraftGivesTheTargetsTokensForEveryK, 3) {
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("The fortune you seek ");
+  const int n = 40;
+  const std::vector<int> want = greedy_reference(prompt, n);
+  for (int k = 1; k <= 8; ++k) {
+    CpuTarget target(m);
+    DraftProposer draft(testing::bundled_draft(), kGreedy, m.config.max_position_embeddings);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    SpecStats st;
+    const std::vector<int> got = generate_speculative(target, draft, prompt, n, k, kGreedy, cache, &st);
+    EXPECT_EQ(got, want) << "k = " << k;
+    EXPECT_GT(st.accepted, 0) << "k = " << k << ": the draft agrees with the target often; none kept is a bug";
+    EXPECT_LT(st.rounds, n) << "k = " << k << ": fewer rounds than tokens, or nothing was gained";
+  }
+}
+
+GRADED_TEST(Lesson06Loop, GreedyWithPromptLookupGivesTheTargetsTokensForEveryK, 2) {
+  // The bundled model's greedy text loops, which is what prompt lookup feeds on.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("The ");
+  const int n = 64;
+  const std::vector<int> want = greedy_reference(prompt, n);
+  for (int k = 1; k <= 8; ++k) {
+    CpuTarget target(m);
+    NgramProposer lookup(3, 1);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    SpecStats st;
+    EXPECT_EQ(generate_speculative(target, lookup, prompt, n, k, kGreedy, cache, &st), want) << "k = " << k;
+    EXPECT_GT(st.accepted, 0) << "k = " << k;
+  }
+}
+
+GRADED_TEST(Lesson06Loop, OneTargetForwardPerRound, 3) {
+  // Always right: each round yields k + 1 tokens from ONE target forward. Always wrong: one token
+  // per forward, no more (and no fewer). A loop that runs the target once per token fails.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("A friend ");
+  const int n = 30, k = 4;
+  const std::vector<int> want = greedy_reference(prompt, n);
+  ASSERT_EQ(static_cast<int>(want.size()), n) << "the test needs a continuation without EOS";
+  for (const bool wrong : {false, true}) {
+    CountingTarget target(m);
+    Oracle oracle(prompt, want, wrong, m.config.vocab_size);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    SpecStats st;
+    EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache, &st), want);
+    const long rounds = wrong ? n : (n + k) / (k + 1);  // 30 tokens in rounds of 5: 6 rounds
+    EXPECT_EQ(target.forwards, 1 + rounds) << (wrong ? "always wrong" : "always right") << ": the prefill, then one forward per round";
+    EXPECT_EQ(st.rounds, rounds);
+    EXPECT_EQ(st.target_forwards, target.forwards);
+    EXPECT_EQ(st.accepted, wrong ? 0 : n - rounds);
+    EXPECT_EQ(st.generated, n);
+  }
+}
+
+GRADED_TEST(Lesson06Loop, AfterARejectionBothCachesHoldExactlyTheKeptTokens, 3) {
+  // Sampled speculation with the draft: after the run, the target's cache holds the context but
+  // its last token, and the draft's a prefix of it, with the K/V a fresh prefill computes; so
+  // the next step's logits are a fresh run's.
+  const ModelWeights& m = testing::bundled_model();
+  const ModelWeights& d = testing::bundled_draft();
+  const std::vector<int> prompt = ByteTokenizer::encode("Q: Will it rain? A:");
+  const SamplingParams params{.temperature = 1.0f, .seed = 3};
+  const int n = 25;
+  CpuTarget target(m);
+  DraftProposer draft(d, params, m.config.max_position_embeddings);
+  KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+  SpecStats st;
+  const std::vector<int> out = generate_speculative(target, draft, prompt, n, 5, params, cache, &st);
+  ASSERT_LT(st.accepted, st.proposed) << "the test needs a rejection";
+  std::vector<int> context = prompt;
+  context.insert(context.end(), out.begin(), out.end());
+  ASSERT_EQ(cache.length(), static_cast<int>(context.size()) - 1);
+  KVCache fresh(m.config, static_cast<int>(context.size()));
+  forward_cached(m, std::span(context).first(context.size() - 1), fresh);
+  for (int l = 0; l < m.config.num_hidden_layers; ++l)
+    EXPECT_LT((cache.keys(l) - fresh.keys(l)).cwiseAbs().maxCoeff(), 1e-4f) << "target layer " << l;
+  const Matrix next = forward_cached(m, std::span(context).last(1), cache);
+  const Matrix full = forward(m, context);
+  EXPECT_LT((next.row(0) - full.row(full.rows() - 1)).cwiseAbs().maxCoeff(), 1e-3f);
+  // The draft: a prefix of the context, and the K/V of that prefix.
+  const auto& cached = draft.cached_tokens();
+  ASSERT_LE(cached.size(), context.size());
+  EXPECT_TRUE(std::equal(cached.begin(), cached.end(), context.begin())) << "the draft cached tokens that were rejected";
+  ASSERT_EQ(draft.cache().length(), static_cast<int>(cached.size()));
+  KVCache dfresh(d.config, static_cast<int>(context.size()));
+  forward_cached(d, cached, dfresh);
+  for (int l = 0; l < d.config.num_hidden_layers; ++l)
+    EXPECT_LT((draft.cache().keys(l) - dfresh.keys(l)).cwiseAbs().maxCoeff(), 1e-4f) << "draft layer " << l;
+}
+
+GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) {
+  NgramProposer lookup(3, 1);
+  // ... 5 6 7 8 ... 5 6 7 9 ... 6 7: the last 3 (x 6 7) never occurred, the last 2 (6 7) did,
+  // most recently followed by 9.
+  const std::vector<int> ctx = {5, 6, 7, 8, 4, 5, 6, 7, 9, 3, 6, 7};
+  Proposal p = lookup.propose(ctx, 3);
+  EXPECT_EQ(p.tokens, (std::vector<int>{9, 3, 6})) << "the most recent earlier occurrence of (6 7)";
+  EXPECT_EQ(p.q.rows(), 0) << "certain guesses carry no distribution";
+  EXPECT_EQ(lookup.propose(ctx, 1).tokens, std::vector<int>{9});
+  const std::vector<int> tail = {1, 2, 3, 4, 1, 2};
+  EXPECT_EQ(lookup.propose(tail, 8).tokens, (std::vector<int>{3, 4, 1, 2})) << "up to the context's end";
+  EXPECT_TRUE(lookup.propose(std::vector<int>{1, 2, 3}, 4).tokens.empty()) << "nothing repeats";
+  NgramProposer two(2, 2);
+  EXPECT_TRUE(two.propose(std::vector<int>{4, 1, 5, 1}, 3).tokens.empty()) << "min_n 2: a one-token match is not enough";
+  EXPECT_TRUE(testing::throws_error_mentioning([] { NgramProposer bad(1, 2); }, "min_n"));
+}
+
+GRADED_TEST(Lesson06Loop, BadArgumentsAreRefused, 1) {
+  const ModelWeights& m = testing::bundled_model();
+  CpuTarget target(m);
+  NgramProposer lookup;
+  const std::vector<int> prompt = ByteTokenizer::encode("Hi");
+  KVCache cache(m.config, 16);
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { generate_speculative(target, lookup, prompt, 4, -1, kGreedy, cache); }, "k must be"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { generate_speculative(target, lookup, prompt, 40, 2, kGreedy, cache); }, "cache holds"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { generate_speculative(target, lookup, std::vector<int>{}, 4, 2, kGreedy, cache); }, "empty"));
+  class TooMany final : public Proposer {
+    Proposal propose(std::span<const int>, int k) override { return {std::vector<int>(static_cast<size_t>(k) + 1, 5), {}}; }
+  } too_many;
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { generate_speculative(target, too_many, prompt, 8, 2, kGreedy, cache); }, "at most"));
+}
+
+}  // namespace
+}  // namespace infer
