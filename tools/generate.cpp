@@ -135,7 +135,6 @@ int main(int argc, char** argv) {
       if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
     };
     std::vector<int> out;
-    bool print_ids_done = false;  // the engine's runs print their own ids
     std::unique_ptr<infer::PagedKVPool> pool;
     infer::SpecStats spec;
     if (!speculative.empty()) {
@@ -191,7 +190,6 @@ int main(int argc, char** argv) {
       if (stats)
         std::fprintf(stderr, "\n[prefix cache: %ld of %ld prompt positions found cached over %d runs; %d blocks cached]\n",
                      prefix.matched_tokens(), prefix.requested_tokens(), repeat, prefix.cache().cached_blocks());
-      print_ids_done = true;
     } else if (device == "cuda") {
 #if COURSE_HAVE_CUDA
       infer::gpu::CudaModel gpu(model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32,
@@ -218,7 +216,7 @@ int main(int argc, char** argv) {
     }
     const double seconds = clock.seconds();
 
-    if (print_ids && !print_ids_done) {
+    if (print_ids && !prefix_cache) {  // the prefix cache's runs printed their own ids
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
     }
     std::cout << std::endl;  // flushed before the statistics go to stderr

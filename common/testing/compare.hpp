@@ -6,12 +6,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
 #include "common/tensor.hpp"
 
 namespace infer::testing {
+
+/// A Vector from a list of values (logits, probabilities) written out in a test.
+inline Vector vec(std::initializer_list<float> values) {
+  Vector v(static_cast<Eigen::Index>(values.size()));
+  Eigen::Index i = 0;
+  for (float x : values) v[i++] = x;
+  return v;
+}
 
 /// Element-wise closeness of two Eigen matrices or vectors of the same shape.
 /// Use it as `EXPECT_TRUE(all_close(ref, got, 1e-5, 1e-4, "rms_norm output"))`.

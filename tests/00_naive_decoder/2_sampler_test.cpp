@@ -11,13 +11,7 @@
 namespace infer {
 namespace {
 
-/// A Vector from a list: logits or probabilities.
-Vector vec(std::initializer_list<float> v) {
-  Vector l(static_cast<Eigen::Index>(v.size()));
-  Eigen::Index i = 0;
-  for (float x : v) l[i++] = x;
-  return l;
-}
+using testing::vec;
 
 GRADED_TEST(Lesson00Sampler, ArgmaxPicksTheFirstOfEqualMaxima, 1) {
   EXPECT_EQ(argmax(vec({0.5f, 2.0f, -1.0f, 2.0f})), 1);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
@@ -11,12 +12,7 @@
 namespace infer {
 namespace {
 
-Vector vec(std::initializer_list<float> xs) {
-  Vector v(static_cast<Eigen::Index>(xs.size()));
-  Eigen::Index i = 0;
-  for (float x : xs) v[i++] = x;
-  return v;
-}
+using testing::vec;
 
 Matrix rows(std::initializer_list<Vector> vs) {
   Matrix m(static_cast<Eigen::Index>(vs.size()), vs.begin()->size());

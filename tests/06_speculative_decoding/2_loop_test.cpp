@@ -2,6 +2,7 @@
 // target's greedy tokens exactly, with the draft and with prompt lookup; a counting seam at the
 // target shows k + 1 tokens per forward with a proposer that is always right and one with a
 // proposer that is always wrong; after a rejection both caches hold exactly the kept tokens.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
