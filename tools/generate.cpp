@@ -4,7 +4,7 @@
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]
-//            [--speculative draft|ngram [--num-speculative-tokens K] [--draft DIR]]
+//            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
 // prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
@@ -13,7 +13,8 @@
 // another with seeds S, S + 1, ...: the first run is cold, the later ones find the prompt's full
 // blocks cached. --speculative decodes with lesson 06's speculative loop: a draft model (DIR,
 // by default the model's directory with -draft appended) or prompt lookup proposes K tokens a
-// round (default 4), and the target verifies them in one forward. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
+// round (default 4), and the target verifies them in one forward; tree (greedy only): the draft
+// proposes a tree of B branches per node (default 2), K levels deep. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
 // float32 or bf16 (built where CUDA is).
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
@@ -61,6 +62,8 @@ void usage(std::ostream& out) {
          "  --speculative draft|ngram decodes speculatively (lesson 06): the draft model (--draft DIR,\n"
          "  default MODEL-draft) or prompt lookup guesses K tokens a round (--num-speculative-tokens,\n"
          "  default 4), the model verifies them in one forward; --stats adds acceptance and tokens per round.\n"
+         "  --speculative tree (temperature 0 only): the draft's tree of --tree-branches B (default 2)\n"
+         "  children per node, K levels deep, verified in one forward with a tree attention mask.\n"
          "  --device cuda runs on a GPU with lesson 07's kernels (--weights f32 or bf16, default f32).\n";
 }
 
@@ -71,7 +74,7 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
                                "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights",
-                               "--repeat", "--speculative", "--num-speculative-tokens", "--draft"},
+                               "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
@@ -103,8 +106,15 @@ int main(int argc, char** argv) {
     if (opts.has("--repeat") && !prefix_cache) throw infer::Error("generate: --repeat needs --prefix-cache");
     const std::string speculative = opts.text("--speculative", "");
     const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 0, 64));
-    if (!speculative.empty() && speculative != "draft" && speculative != "ngram")
-      throw infer::Error(infer::cat("generate: --speculative must be draft or ngram, got '", speculative, "'"));
+    const int branches = static_cast<int>(opts.number("--tree-branches", 2, 1, 16));
+    if (!speculative.empty() && speculative != "draft" && speculative != "ngram" && speculative != "tree")
+      throw infer::Error(infer::cat("generate: --speculative must be draft, ngram or tree, got '", speculative, "'"));
+    if (opts.has("--tree-branches") && speculative != "tree")
+      throw infer::Error("generate: --tree-branches needs --speculative tree");
+    if (speculative == "tree" && params.temperature != 0.0f)
+      throw infer::Error("generate: --speculative tree verifies greedily; it needs --temperature 0");
+    if (speculative == "tree" && num_spec < 1)
+      throw infer::Error("generate: --speculative tree needs --num-speculative-tokens (its depth) of at least 1");
     if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
       throw infer::Error("generate: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw infer::Error("generate: --draft needs --speculative draft");
@@ -138,21 +148,24 @@ int main(int argc, char** argv) {
     std::unique_ptr<infer::PagedKVPool> pool;
     infer::SpecStats spec;
     if (!speculative.empty()) {
-      const int room = std::max(static_cast<int>(prompt_ids.size()) + max_new, 1);
       infer::CpuTarget target(model);
-      infer::KVCache cache(model.config, room);
+      infer::KVCache cache(model.config, model.config.max_position_embeddings);  // room for a tree's nodes too
       std::unique_ptr<infer::Proposer> proposer;
       infer::ModelWeights draft;
-      if (speculative == "draft") {
+      if (speculative != "ngram") {
         draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
         if (draft.config.vocab_size != model.config.vocab_size)
           throw infer::Error(infer::cat("generate: the draft's vocabulary has ", draft.config.vocab_size,
                                         " tokens, the model's ", model.config.vocab_size));
-        proposer = std::make_unique<infer::DraftProposer>(draft, params, room);
+        proposer = std::make_unique<infer::DraftProposer>(draft, params, model.config.max_position_embeddings);
       } else {
         proposer = std::make_unique<infer::NgramProposer>(3, 1);
       }
-      out = infer::generate_speculative(target, *proposer, prompt_ids, max_new, num_spec, params, cache, &spec);
+      if (speculative == "tree")
+        out = infer::generate_tree(target, static_cast<infer::DraftProposer&>(*proposer), prompt_ids, max_new, branches,
+                                   num_spec, cache, &spec);
+      else
+        out = infer::generate_speculative(target, *proposer, prompt_ids, max_new, num_spec, params, cache, &spec);
       for (int token : out) stream(token);
     } else if (prefix_cache) {
       // Lesson 03's engine, one request at a time, over lesson 05's cache: room for one sequence

@@ -1,11 +1,11 @@
 // Lesson 06, your turn: exact speculative sampling, two proposers (prompt lookup and a draft
-// model), and the draft-target loop with its rollback.
+// model), the draft-target loop with its rollback, and tree speculation.
 //
 // Replace each `throw NotImplemented(...)`. The contract is
 // lessons/06_speculative_decoding/speculative.hpp; the lesson text is
 // lessons/06_speculative_decoding/README.md. Check your work with `./course check 06`.
-// The constructors, CpuTarget and KVStore::truncate() are written for you (given.cpp, and
-// lesson 02's given.cpp).
+// The constructors, CpuTarget, forward_tree(), keep_tree_path() and KVStore::truncate() are
+// written for you (given.cpp, and lesson 02's given.cpp).
 // Stuck on a function? `./course hint 06 NAME` gives a hint, one tier at a time.
 #include "lessons/06_speculative_decoding/speculative.hpp"
 
@@ -43,9 +43,16 @@ Proposal NgramProposer::propose(std::span<const int> context, int k) {
   throw NotImplemented("06", "NgramProposer::propose");
 }
 
+void DraftProposer::catch_up(std::span<const int> context) {
+  // Make the cache (and cached_) hold exactly the context but its last token: keep what agrees,
+  // drop the rest, run what is missing.
+  (void)context;
+  throw NotImplemented("06", "DraftProposer::catch_up");
+}
+
 Proposal DraftProposer::propose(std::span<const int> context, int k) {
-  // Bring the draft's cache to the context (all but its last token cached before the forward),
-  // then draw up to k guesses one at a time, recording each one's distribution in q.
+  // Catch up, run the context's last token, then draw up to k guesses one at a time, recording
+  // each one's distribution in q.
   (void)context, (void)k;
   throw NotImplemented("06", "DraftProposer::propose");
 }
@@ -64,6 +71,37 @@ std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, s
   (void)target, (void)proposer, (void)prompt, (void)max_new_tokens, (void)k, (void)params, (void)target_cache,
       (void)stats;
   throw NotImplemented("06", "generate_speculative");
+}
+
+TreeMask tree_mask(const TokenTree& tree) {
+  // True where j is i or an ancestor of i. Refuses malformed trees.
+  (void)tree;
+  throw NotImplemented("06", "tree_mask");
+}
+
+TokenTree DraftProposer::propose_tree(std::span<const int> context, int branches, int depth) {
+  // Catch up; the root is the context's last token; level by level, one forward_tree() of the
+  // draft over the tree so far, `branches` most likely children for each node of the deepest
+  // level. The cache ends as it started: the context but its last token.
+  (void)context, (void)branches, (void)depth;
+  throw NotImplemented("06", "DraftProposer::propose_tree");
+}
+
+TreeVerdict verify_tree_greedy(ConstMatrixRef target_logits, const TokenTree& tree) {
+  // From the root, descend to the child whose token is the target's argmax at the current node;
+  // the argmax where that fails is the next token.
+  (void)target_logits, (void)tree;
+  throw NotImplemented("06", "verify_tree_greedy");
+}
+
+std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::span<const int> prompt,
+                               int max_new_tokens, int branches, int depth, KVStore& target_cache,
+                               SpecStats* stats) {
+  // generate_speculative()'s loop with a tree: one target forward_tree() per round, then
+  // keep_tree_path() for the root and the accepted path.
+  (void)target, (void)draft, (void)prompt, (void)max_new_tokens, (void)branches, (void)depth, (void)target_cache,
+      (void)stats;
+  throw NotImplemented("06", "generate_tree");
 }
 
 }  // namespace infer

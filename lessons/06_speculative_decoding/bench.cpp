@@ -25,13 +25,17 @@
 // (the model's own greedy loops), measured, and predicted for a target with the 100M model's
 // costs: tokens per round x t_1 / t_v(5) (lookup itself costs next to nothing).
 //
-// Writes DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv and spec_lookup.csv for plot.py.
+// Part 5, chain against tree (greedy, the draft): tokens per round and wall time for the chain
+// of k = 3 and for trees of 2 x 3, 3 x 2 and 2 x 4 (branches x levels).
+//
+// Writes DIR/spec_tree.csv, DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv and spec_lookup.csv for plot.py.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -54,29 +58,10 @@ struct Run {
   std::vector<std::vector<int>> outputs;
 };
 
-/// Plain cached decoding of every prompt, the baseline.
-Run plain(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, const SamplingParams& params,
-          int reps) {
-  Run r;
-  std::vector<double> ms;
-  for (int rep = 0; rep < reps; ++rep) {
-    r.outputs.clear();
-    Stopwatch clock;
-    for (const auto& p : prompts) {
-      Sampler sampler(params);
-      KVCache cache(m.config, static_cast<int>(p.size()) + n);
-      r.outputs.push_back(generate_cached(m, p, n, sampler, cache));
-    }
-    ms.push_back(clock.millis());
-  }
-  r.ms = median(ms);
-  return r;
-}
-
-/// Speculative decoding of every prompt with a fresh proposer from `make`.
-template <class Make>
-Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, int k,
-                const SamplingParams& params, int reps, Make make) {
+/// Runs `one(prompt, stats)` over every prompt, `reps` times: the median wall time of a whole
+/// pass, the outputs and the statistics summed over the prompts (of the last pass).
+template <class One>
+Run timed(const std::vector<std::vector<int>>& prompts, int reps, One one) {
   Run r;
   std::vector<double> ms;
   for (int rep = 0; rep < reps; ++rep) {
@@ -84,11 +69,8 @@ Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prom
     r.total = SpecStats{};
     Stopwatch clock;
     for (const auto& p : prompts) {
-      CpuTarget target(m);
-      auto proposer = make();
-      KVCache cache(m.config, static_cast<int>(p.size()) + n);
       SpecStats st;
-      r.outputs.push_back(generate_speculative(target, *proposer, p, n, k, params, cache, &st));
+      r.outputs.push_back(one(p, st));
       r.total.rounds += st.rounds, r.total.proposed += st.proposed, r.total.accepted += st.accepted;
       r.total.generated += st.generated, r.total.target_forwards += st.target_forwards;
     }
@@ -96,6 +78,28 @@ Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prom
   }
   r.ms = median(ms);
   return r;
+}
+
+/// Plain cached decoding of every prompt, the baseline.
+Run plain(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, const SamplingParams& params,
+          int reps) {
+  return timed(prompts, reps, [&](const std::vector<int>& p, SpecStats&) {
+    Sampler sampler(params);
+    KVCache cache(m.config, static_cast<int>(p.size()) + n);
+    return generate_cached(m, p, n, sampler, cache);
+  });
+}
+
+/// Speculative decoding of every prompt with a fresh proposer from `make`.
+template <class Make>
+Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, int k,
+                const SamplingParams& params, int reps, Make make) {
+  return timed(prompts, reps, [&](const std::vector<int>& p, SpecStats& st) {
+    CpuTarget target(m);
+    auto proposer = make();
+    KVCache cache(m.config, static_cast<int>(p.size()) + n);
+    return generate_speculative(target, *proposer, p, n, k, params, cache, &st);
+  });
 }
 
 /// Median ms of a forward over `m` new tokens after `context` cached positions.
@@ -227,7 +231,34 @@ int main(int argc, char** argv) {
       lk << name << "," << l.total.acceptance() << "," << l.total.tokens_per_round() << "," << p.ms << "," << l.ms << ","
          << p.ms / l.ms << "\n";
     }
-    std::printf("\nwrote %s/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv\n", out_dir.c_str());
+    // ------------------------------------------------------ part 5: chain against tree --
+    std::printf("\nchain against tree, greedy with the draft, %zu prompts x %d tokens (plain %.1f ms):\n", prompts.size(), n,
+                base.ms);
+    std::printf("%-14s %8s %10s %12s %10s %9s\n", "shape", "guesses", "tok/round", "rounds", "ms", "speedup");
+    std::ofstream tr(out_dir + "/spec_tree.csv");
+    tr << "shape,guesses_per_round,tokens_per_round,rounds,ms,speedup\n";
+    auto report = [&](const std::string& shape, long guesses, const Run& r) {
+      std::printf("%-14s %8ld %10.2f %12d %10.1f %8.2fx\n", shape.c_str(), guesses, r.total.tokens_per_round(),
+                  r.total.rounds, r.ms, base.ms / r.ms);
+      tr << shape << "," << guesses << "," << r.total.tokens_per_round() << "," << r.total.rounds << "," << r.ms << ","
+         << base.ms / r.ms << "\n";
+      require(r.outputs == base.outputs, "lesson06_bench: ", shape, " changed the greedy tokens");
+    };
+    report("chain k=3", 3, speculative(target, prompts, n, 3, greedy, reps,
+                                        [&] { return std::make_unique<DraftProposer>(draft, greedy, 256); }));
+    for (const auto& [b, d] : std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {2, 4}}) {
+      const Run r = timed(prompts, reps, [&](const std::vector<int>& p, SpecStats& st) {
+        CpuTarget t(target);
+        DraftProposer dp(draft, greedy, 256);
+        KVCache cache(target.config, 256);  // the tree's nodes sit after the context for a round
+        return generate_tree(t, dp, p, n, b, d, cache, &st);
+      });
+      long guesses = 0, level = 1;
+      for (int i = 0; i < d; ++i) guesses += level *= b;
+      report(cat("tree ", b, "x", d), guesses, r);
+    }
+
+    std::printf("\nwrote %s/spec_tree.csv, spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv\n", out_dir.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,6 +1,10 @@
 // Lesson 06, given: constructors, the CPU target, and the statistics' ratios.
 #include "lessons/06_speculative_decoding/speculative.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 namespace infer {
 
 NgramProposer::NgramProposer(int max_n, int min_n) : max_n_(max_n), min_n_(min_n) {
@@ -14,6 +18,93 @@ DraftProposer::DraftProposer(const ModelWeights& draft, const SamplingParams& pa
 }
 
 Matrix CpuTarget::forward(std::span<const int> tokens, KVStore& cache) { return forward_cached(*model_, tokens, cache); }
+
+Matrix CpuTarget::forward_tree(const TokenTree& tree, KVStore& cache) { return infer::forward_tree(*model_, tree, cache); }
+
+// ------------------------------------------------------------- the tree forward --
+
+namespace {
+
+/// Attention of the tree's queries q ([N, heads * head_dim], rotated) over the cache's first
+/// `start` positions and the tree's own rows start .. start + N - 1, as `mask` allows.
+Matrix tree_attention(ConstMatrixRef q, ConstMatrixRef keys, ConstMatrixRef values, int start, const TreeMask& mask,
+                      const ModelConfig& c) {
+  const int N = static_cast<int>(q.rows()), d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Matrix out = Matrix::Zero(N, q.cols());
+  std::vector<float> score(static_cast<size_t>(start + N));
+  for (int i = 0; i < N; ++i) {
+    for (int h = 0; h < c.num_attention_heads; ++h) {
+      const int kv = h / group;
+      const auto qi = q.row(i).segment(h * d, d);
+      float best = -INFINITY;
+      for (int j = 0; j < start + N; ++j) {
+        const bool visible = j < start || mask(i, j - start);
+        score[j] = visible ? scale * qi.dot(keys.row(j).segment(kv * d, d)) : -INFINITY;
+        best = std::max(best, score[j]);
+      }
+      float total = 0;
+      for (int j = 0; j < start + N; ++j) total += score[j] = score[j] == -INFINITY ? 0.0f : std::exp(score[j] - best);
+      for (int j = 0; j < start + N; ++j)
+        if (score[j] > 0) out.row(i).segment(h * d, d) += (score[j] / total) * values.row(j).segment(kv * d, d);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Matrix forward_tree(const ModelWeights& model, const TokenTree& tree, KVStore& cache) {
+  const ModelConfig& c = model.config;
+  const TreeMask mask = tree_mask(tree);  // validates the tree
+  const int N = static_cast<int>(tree.tokens.size()), start = cache.length();
+  check_tokens(c, tree.tokens, "forward_tree");
+  std::vector<int> depth(static_cast<size_t>(N), 0);
+  for (int i = 1; i < N; ++i) depth[i] = depth[tree.parent[i]] + 1;
+  const int deepest = *std::max_element(depth.begin(), depth.end());
+  require(start + N <= cache.max_tokens() && start + deepest < c.max_position_embeddings, "forward_tree: ", N,
+          " nodes after ", start, " cached positions exceed the cache's ", cache.max_tokens(),
+          " or the model's context of ", c.max_position_embeddings, " positions");
+  Matrix x(N, c.hidden_size);
+  for (int i = 0; i < N; ++i) x.row(i) = model.embed_tokens.row(tree.tokens[i]);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& layer = model.layers[l];
+    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+    Matrix q = h * layer.q_proj.transpose(), k = h * layer.k_proj.transpose();
+    const Matrix v = h * layer.v_proj.transpose();
+    for (int i = 0; i < N; ++i) {  // each node at its own position: the root's plus its depth
+      apply_rope(q.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
+      apply_rope(k.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
+    }
+    cache.append(l, k, v);
+    x += tree_attention(q, cache.keys(l), cache.values(l), start, mask, c) * layer.o_proj.transpose();
+    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+  }
+  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+}
+
+void keep_tree_path(KVStore& cache, int start, std::span<const int> path) {
+  const int n = static_cast<int>(path.size());
+  require(start >= 0 && n >= 1 && path[0] == 0, "keep_tree_path: expected a path from the root (node 0) after ",
+          "position >= 0, got ", n, " nodes after ", start);
+  for (int j = 0; j < n; ++j)
+    require(path[j] >= 0 && start + path[j] < cache.length(), "keep_tree_path: node ", path[j], " at row ",
+            start + path[j], " is outside the cache's ", cache.length(), " positions");
+  // Copy the path's rows out of every layer first: truncate() may move or drop them.
+  const int layers = cache.num_layers();
+  std::vector<Matrix> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    const ConstMatrixRef keys = cache.keys(l), values = cache.values(l);
+    k[l].resize(n, keys.cols());
+    v[l].resize(n, values.cols());
+    for (int j = 0; j < n; ++j) {
+      k[l].row(j) = keys.row(start + path[j]);
+      v[l].row(j) = values.row(start + path[j]);
+    }
+  }
+  cache.truncate(start);
+  for (int l = 0; l < layers; ++l) cache.append(l, k[l], v[l]);
+}
 
 double SpecStats::acceptance() const {
   return proposed > 0 ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0;

@@ -3,7 +3,7 @@
 predicted), tokens per round, and prompt lookup on ordinary against repetitive text.
 
     lessons/06_speculative_decoding/plot.py DIR
-    (reads DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv;
+    (reads DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv, spec_tree.csv;
      writes DIR/speculative.png)
 """
 import csv
@@ -24,8 +24,9 @@ def read(name):
 
 
 costs, speed, lookup = read("spec_costs.csv"), read("spec_speedup.csv"), read("spec_lookup.csv")
-big = read("spec_costs_big.csv")
-fig, ((a, b), (c, d)) = plt.subplots(2, 2, figsize=(12, 8.4))
+big, tree = read("spec_costs_big.csv"), read("spec_tree.csv")
+fig, ((a, b, e), (c, d, f)) = plt.subplots(2, 3, figsize=(17, 8.4))
+f.axis("off")
 
 # 1. A forward over m new tokens, in target steps: flat would be the memory-bound ideal.
 m = [int(r["new_tokens"]) for r in costs]
@@ -72,6 +73,16 @@ d.axhline(1, color="gray", lw=0.8)
 d.set_ylabel("speedup over plain decoding (k = 4)")
 d.set_title("Prompt lookup needs text that repeats")
 d.set_ylim(0, 1.3 * max(float(r["speedup"]) for r in lookup))
+
+# 5. Chain against tree: tokens per round, and what they cost.
+names = [r["shape"] for r in tree]
+bars = e.bar(names, [float(r["tokens_per_round"]) for r in tree], color="#1f77b4")
+for bar, r in zip(bars, tree):
+    e.annotate(f"{int(r['guesses_per_round'])} guesses\n{float(r['speedup']):.2f}x",
+               (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+e.set_ylabel("tokens per target forward")
+e.set_title("Chain against tree (greedy, the draft)")
+e.set_ylim(0, 1.35 * max(float(r["tokens_per_round"]) for r in tree))
 
 fig.tight_layout()
 fig.savefig(os.path.join(out, "speculative.png"), dpi=110)

@@ -4,9 +4,11 @@
 /// prefix of the guesses so that the output has exactly the target's distribution.
 ///
 /// You implement, in `exercises/06_speculative_decoding/speculative.cpp`: residual_distribution(),
-/// verify_greedy(), verify_sampled(), NgramProposer::propose(), DraftProposer::propose() and
-/// DraftProposer::rollback(), and generate_speculative(). Given (in given.cpp): CpuTarget, the
-/// constructors, KVStore::truncate() (lesson 02), and SpecStats' ratios.
+/// verify_greedy(), verify_sampled(), NgramProposer::propose(), DraftProposer's catch_up(),
+/// propose() and rollback(), generate_speculative(); and for tree speculation tree_mask(),
+/// DraftProposer::propose_tree(), verify_tree_greedy() and generate_tree(). Given (in given.cpp):
+/// CpuTarget, forward_tree(), keep_tree_path(), the constructors, KVStore::truncate() (lesson 02),
+/// and SpecStats' ratios.
 ///
 /// One round, with the target's cache holding every token of the context but the last:
 ///
@@ -62,6 +64,53 @@ Verdict verify_sampled(ConstMatrixRef p, ConstMatrixRef q, std::span<const int> 
 
 // ================================================================ proposers ==
 
+/// A tree of guesses. Node 0 is the root: the context's last token, already decided. Every other
+/// node is a guess that follows its parent: parent[i] < i (a parent comes before its children),
+/// tokens[i] its token. A node's depth is its distance from the root, and the path from the root
+/// to a node is a sequence of guesses the target can accept.
+///
+///     node:   0    1    2    3    4    5    6         depth 0: the root (t)
+///     token:  t    a    b    c    d    e    f         depth 1: a, b
+///     parent: -1   0    0    1    1    2    2         depth 2: c, d under a; e, f under b
+struct TokenTree {
+  std::vector<int> tokens;  ///< one per node, the root's first
+  std::vector<int> parent;  ///< one per node: -1 for the root, else an earlier node
+};
+
+/// A tree's attention mask: [nodes, nodes], true where a node may attend to another.
+using TreeMask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic>;
+
+/// Which nodes each node of `tree` may attend to: mask(i, j) is true exactly when j is i or an
+/// ancestor of i. Throws infer::Error for a tree that is empty, whose sizes differ, whose root's
+/// parent is not -1, or where a node's parent is not an earlier node (the message names "parent").
+TreeMask tree_mask(const TokenTree& tree);
+
+/// The model over a tree's nodes after the cache's positions (given). Node i sits at position
+/// cache.length() + depth(i) (its RoPE angle) and attends to every cached position and to the
+/// nodes tree_mask() lets it see; so row i of the result is the model's next-token logits after
+/// the path from the root to node i, as if that path alone had been run. The nodes' K/V are
+/// appended in node order (node i at row cache.length() + i, whatever its depth):
+/// keep_tree_path() then keeps those of one path. Returns [nodes, vocab] logits.
+Matrix forward_tree(const ModelWeights& model, const TokenTree& tree, KVStore& cache);
+
+/// After forward_tree() appended a tree's K/V at rows start, start + 1, ...: keeps rows
+/// start + path[0], start + path[1], ... as positions start, start + 1, ... and drops the rest
+/// (given). `path` is a root-to-node path (node 0 first), so each kept row was computed at the
+/// position it ends up in. Throws infer::Error for a path that does not fit the cache.
+void keep_tree_path(KVStore& cache, int start, std::span<const int> path);
+
+/// What greedy verification of a tree decided.
+struct TreeVerdict {
+  std::vector<int> path;  ///< accepted nodes, root excluded, from the root down
+  int next_token = 0;     ///< the target's token after the last accepted node
+};
+
+/// Greedy verification of a tree: from the root, while the target's argmax at the current node
+/// (row `node` of `target_logits`) is the token of one of its children, descend to that child
+/// (the first such child in node order). next_token is the argmax at the node where it stops.
+/// Throws infer::Error unless target_logits has one row per node of a well-formed tree.
+TreeVerdict verify_tree_greedy(ConstMatrixRef target_logits, const TokenTree& tree);
+
 /// A round's guesses.
 struct Proposal {
   std::vector<int> tokens;  ///< up to k tokens that may follow the context
@@ -100,11 +149,12 @@ class NgramProposer final : public Proposer {
 /// (greedy at temperature 0), keeping its own KV cache.
 ///
 /// What it keeps true: its cache holds the K/V of cached_tokens(), a prefix of the context it was
-/// last given. propose() first makes the cache hold the context up to its last token (dropping
-/// whatever disagrees with the context, running what is missing), then draws k tokens, feeding
-/// each but the last back to get the next one's distribution: its cache then also holds the
-/// first k - 1 guesses. q's rows are sampling_distribution() of the draft's logits with the
-/// proposer's params. rollback(length) keeps at most the first `length` cached tokens.
+/// last given. catch_up(context) makes the cache hold exactly the context but its last token:
+/// it drops whatever disagrees with the context and runs what is missing. propose() catches up,
+/// runs the context's last token, then draws k tokens, feeding each but the last back to get the
+/// next one's distribution: its cache then also holds the last token and the first k - 1
+/// guesses. q's rows are sampling_distribution() of the draft's logits with the proposer's
+/// params. rollback(length) keeps at most the first `length` cached tokens.
 class DraftProposer final : public Proposer {
  public:
   /// Samples with `params` (its Rng seeded with params.seed); a cache of max_tokens positions.
@@ -112,6 +162,19 @@ class DraftProposer final : public Proposer {
   DraftProposer(const ModelWeights& draft, const SamplingParams& params, int max_tokens);
   Proposal propose(std::span<const int> context, int k) override;
   void rollback(int length) override;
+  /// Makes the cache hold exactly context[0 .. size - 1): keeps the cached tokens that agree
+  /// with it, drops the rest, runs what is missing (one forward, none if nothing is). Throws
+  /// infer::Error for an empty context.
+  void catch_up(std::span<const int> context);
+
+  /// A tree of guesses after `context`, greedy: the root is the context's last token; each
+  /// node of depth below `depth` gets `branches` children, the draft's most likely tokens after
+  /// the path to it (ranked by its logits, ties to the lower id), in rank order. Built level by
+  /// level, one forward_tree() of the draft per level over the tree so far; the draft's cache is
+  /// caught up first and holds the context but its last token again at the end. Nodes are
+  /// numbered level by level, so the first child of every node lies on the first branch: the
+  /// draft's greedy chain. Throws infer::Error for branches or depth below 1.
+  TokenTree propose_tree(std::span<const int> context, int branches, int depth);
 
   /// The draft's KV cache (for tests).
   const KVStore& cache() const { return cache_; }
@@ -141,6 +204,8 @@ class TargetModel {
   /// Logits of every one of `tokens` ([tokens.size(), vocab]), placed at positions
   /// cache.length() onward; their K/V are appended to `cache`.
   virtual Matrix forward(std::span<const int> tokens, KVStore& cache) = 0;
+  /// forward_tree() of the target: one forward over a whole tree of guesses.
+  virtual Matrix forward_tree(const TokenTree& tree, KVStore& cache) = 0;
 };
 
 /// The target on the CPU: forward_cached() (given).
@@ -150,6 +215,7 @@ class CpuTarget final : public TargetModel {
   explicit CpuTarget(const ModelWeights& model) : model_(&model) {}
   const ModelConfig& config() const override { return model_->config; }
   Matrix forward(std::span<const int> tokens, KVStore& cache) override;
+  Matrix forward_tree(const TokenTree& tree, KVStore& cache) override;
 
  private:
   const ModelWeights* model_;
@@ -192,5 +258,20 @@ struct SpecStats {
 std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, std::span<const int> prompt,
                                       int max_new_tokens, int k, const SamplingParams& params, KVStore& target_cache,
                                       SpecStats* stats = nullptr);
+
+/// Greedy tree speculation: generate_speculative()'s loop with a tree in place of a chain. Each
+/// round the draft proposes a tree of `branches` children per node, min(depth, tokens still
+/// wanted - 1) levels deep, fewer if the whole tree would not fit in both caches after the
+/// context's first n - 1 tokens (the tree's nodes sit there until the round ends); no tree when
+/// that leaves 0 levels, the root alone; ONE target forward_tree()
+/// scores every node; verify_tree_greedy() picks the accepted path; keep_tree_path() leaves the
+/// target's cache holding the context, the accepted guesses and nothing else of the tree (the
+/// new token is not fed yet). Stops after max_new_tokens or right after EOS, like
+/// generate_speculative(), and gives the same tokens as greedy generate_cached(). Statistics:
+/// proposed counts every guess of every tree (nodes but the root), accepted the path lengths.
+/// @throws infer::Error as generate_speculative() does, and for branches or depth below 1.
+std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::span<const int> prompt,
+                               int max_new_tokens, int branches, int depth, KVStore& target_cache,
+                               SpecStats* stats = nullptr);
 
 }  // namespace infer

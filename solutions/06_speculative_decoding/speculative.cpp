@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace infer {
 
@@ -70,28 +71,35 @@ Proposal NgramProposer::propose(std::span<const int> context, int k) {
   return out;
 }
 
-Proposal DraftProposer::propose(std::span<const int> context, int k) {
-  require(!context.empty(), "DraftProposer::propose: an empty context");
-  const int n = static_cast<int>(context.size());
-  // Keep the cached tokens that agree with the context, short of its last token.
+void DraftProposer::catch_up(std::span<const int> context) {
+  require(!context.empty(), "DraftProposer: an empty context");
+  // Keep the cached tokens that agree with the context, short of its last token; run the rest.
+  const size_t want = context.size() - 1;
   size_t keep = 0;
-  while (keep < cached_.size() && keep + 1 < context.size() && cached_[keep] == context[keep]) ++keep;
-  if (keep < cached_.size()) rollback(static_cast<int>(keep));
+  while (keep < cached_.size() && keep < want && cached_[keep] == context[keep]) ++keep;
+  rollback(static_cast<int>(keep));
+  if (keep == want) return;
+  forward_cached(*draft_, context.subspan(keep, want - keep), cache_);
+  ++forwards_;
+  cached_.assign(context.begin(), context.begin() + static_cast<std::ptrdiff_t>(want));
+}
+
+Proposal DraftProposer::propose(std::span<const int> context, int k) {
+  catch_up(context);
   Proposal out;
   if (k <= 0) return out;
-  const int vocab = draft_->config.vocab_size;
+  const int n = static_cast<int>(context.size()), vocab = draft_->config.vocab_size;
+  const int limit = std::min(cache_.max_tokens(), draft_->config.max_position_embeddings);
   out.q.resize(k, vocab);
-  // Run what is missing of the context; its last row's logits give the first guess.
-  Matrix logits = forward_cached(*draft_, context.subspan(keep), cache_);
+  Matrix logits = forward_cached(*draft_, context.last(1), cache_);  // its logits give the first guess
   ++forwards_;
-  cached_.assign(context.begin(), context.end());
+  cached_.push_back(context.back());
   for (int i = 0; i < k; ++i) {
     const Vector dist = sampling_distribution(logits.row(logits.rows() - 1).transpose(), params_);
     const int token = params_.temperature == 0.0f ? argmax(dist) : sample_from(dist, rng_.uniform());
     out.q.row(i) = dist.transpose();
     out.tokens.push_back(token);
-    const int limit = std::min(cache_.max_tokens(), draft_->config.max_position_embeddings);
-    if (i + 1 == k || n + i + 1 > limit) break;  // no room to feed this guess back: stop here
+    if (i + 1 == k || n + i + 1 > limit) break;  // the last guess, or no room to feed this one back
     logits = forward_cached(*draft_, std::span(&out.tokens.back(), 1), cache_);
     ++forwards_;
     cached_.push_back(token);
@@ -107,24 +115,115 @@ void DraftProposer::rollback(int length) {
   cached_.resize(static_cast<size_t>(length));
 }
 
+// ------------------------------------------------------------------- trees --
+
+TreeMask tree_mask(const TokenTree& tree) {
+  const int N = static_cast<int>(tree.tokens.size());
+  require(N >= 1 && tree.parent.size() == tree.tokens.size(), "tree_mask: ", N, " tokens and ", tree.parent.size(),
+          " parents; expected the same number, at least one (the root)");
+  require(tree.parent[0] == -1, "tree_mask: the root's parent must be -1, got ", tree.parent[0]);
+  TreeMask mask = TreeMask::Constant(N, N, false);
+  for (int i = 0; i < N; ++i) {
+    require(i == 0 || (tree.parent[i] >= 0 && tree.parent[i] < i), "tree_mask: node ", i, " has parent ",
+            tree.parent[i], ", expected an earlier node in [0, ", i, ")");
+    for (int j = i; j != -1; j = tree.parent[j]) mask(i, j) = true;  // itself and every ancestor
+  }
+  return mask;
+}
+
+TokenTree DraftProposer::propose_tree(std::span<const int> context, int branches, int depth) {
+  require(branches >= 1 && depth >= 1, "DraftProposer::propose_tree: branches and depth must be >= 1, got ",
+          branches, " and ", depth);
+  catch_up(context);
+  TokenTree tree{{context.back()}, {-1}};
+  const int start = cache_.length();
+  size_t level_begin = 0;  // the nodes of the deepest level so far
+  for (int d = 0; d < depth; ++d) {
+    const Matrix logits = infer::forward_tree(*draft_, tree, cache_);
+    ++forwards_;
+    cache_.truncate(start);
+    const size_t level_end = tree.tokens.size();
+    for (size_t node = level_begin; node < level_end; ++node) {
+      std::vector<int> order(static_cast<size_t>(logits.cols()));
+      std::iota(order.begin(), order.end(), 0);
+      const auto row = logits.row(static_cast<Eigen::Index>(node));
+      const int b = std::min<int>(branches, static_cast<int>(order.size()));
+      std::partial_sort(order.begin(), order.begin() + b, order.end(),
+                        [&](int x, int y) { return row[x] > row[y] || (row[x] == row[y] && x < y); });
+      for (int c = 0; c < b; ++c) {
+        tree.tokens.push_back(order[c]);
+        tree.parent.push_back(static_cast<int>(node));
+      }
+    }
+    level_begin = level_end;
+  }
+  return tree;
+}
+
+TreeVerdict verify_tree_greedy(ConstMatrixRef target_logits, const TokenTree& tree) {
+  tree_mask(tree);  // validates the tree
+  const int N = static_cast<int>(tree.tokens.size());
+  require(target_logits.rows() == N, "verify_tree_greedy: ", target_logits.rows(), " rows of logits for ", N,
+          " nodes");
+  TreeVerdict v;
+  int node = 0;
+  for (;;) {
+    v.next_token = argmax(target_logits.row(node).transpose());
+    int next = -1;
+    for (int c = node + 1; c < N && next < 0; ++c)
+      if (tree.parent[c] == node && tree.tokens[c] == v.next_token) next = c;
+    if (next < 0) return v;
+    v.path.push_back(next);
+    node = next;
+  }
+}
+
 // ------------------------------------------------------------------ the loop --
+
+namespace {
+
+/// The checks generate_speculative() and generate_tree() share.
+void check_generation(const ModelConfig& c, std::span<const int> prompt, int max_new_tokens,
+                      const KVStore& target_cache, const char* where) {
+  check_tokens(c, prompt, where);
+  require(max_new_tokens >= 0, where, ": max_new_tokens must be >= 0, got ", max_new_tokens);
+  require(prompt.size() + max_new_tokens <= static_cast<size_t>(c.max_position_embeddings), where, ": prompt of ",
+          prompt.size(), " tokens + max_new_tokens ", max_new_tokens, " exceeds the context of ",
+          c.max_position_embeddings, " positions");
+  require(target_cache.length() == 0, where, ": the target's cache must start empty, it holds ", target_cache.length(),
+          " positions");
+  require(prompt.size() + max_new_tokens <= static_cast<size_t>(target_cache.max_tokens()), where,
+          ": the target's cache holds ", target_cache.max_tokens(), " positions, the generation needs ",
+          prompt.size() + max_new_tokens);
+}
+
+/// Appends `fresh` to the context and the output, one token at a time; true when the
+/// generation is over (EOS, or max_new_tokens reached).
+bool emit(std::span<const int> fresh, int eos, int max_new_tokens, std::vector<int>& context, std::vector<int>& out) {
+  for (int t : fresh) {
+    context.push_back(t);
+    out.push_back(t);
+    if (t == eos || static_cast<int>(out.size()) == max_new_tokens) return true;
+  }
+  return false;
+}
+
+/// Nodes of a full tree of `branches` children per node, `levels` levels below the root.
+long tree_nodes(int branches, int levels) {
+  long nodes = 1, level = 1;
+  for (int d = 0; d < levels; ++d) nodes += level *= branches;
+  return nodes;
+}
+
+}  // namespace
 
 std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, std::span<const int> prompt,
                                       int max_new_tokens, int k, const SamplingParams& params, KVStore& target_cache,
                                       SpecStats* stats) {
   const ModelConfig& c = target.config();
-  check_tokens(c, prompt, "generate_speculative");
+  check_generation(c, prompt, max_new_tokens, target_cache, "generate_speculative");
   params.validate();
   require(k >= 0, "generate_speculative: k must be >= 0, got ", k);
-  require(max_new_tokens >= 0, "generate_speculative: max_new_tokens must be >= 0, got ", max_new_tokens);
-  require(prompt.size() + max_new_tokens <= static_cast<size_t>(c.max_position_embeddings),
-          "generate_speculative: prompt of ", prompt.size(), " tokens + max_new_tokens ", max_new_tokens,
-          " exceeds the context of ", c.max_position_embeddings, " positions");
-  require(target_cache.length() == 0, "generate_speculative: the target's cache must start empty, it holds ",
-          target_cache.length(), " positions");
-  require(prompt.size() + max_new_tokens <= static_cast<size_t>(target_cache.max_tokens()),
-          "generate_speculative: the target's cache holds ", target_cache.max_tokens(), " positions, the generation needs ",
-          prompt.size() + max_new_tokens);
   SpecStats local;
   SpecStats& st = stats ? *stats : local;
   st = SpecStats{};
@@ -174,14 +273,50 @@ std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, s
 
     std::vector<int> fresh(prop.tokens.begin(), prop.tokens.begin() + v.accepted);
     fresh.push_back(v.next_token);
-    for (int t : fresh) {
-      context.push_back(t);
-      out.push_back(t);
-      if (t == c.eos_token_id || static_cast<int>(out.size()) == max_new_tokens) {
-        st.generated = static_cast<long>(out.size());
-        return out;
-      }
-    }
+    if (emit(fresh, c.eos_token_id, max_new_tokens, context, out)) break;
+  }
+  st.generated = static_cast<long>(out.size());
+  return out;
+}
+
+std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::span<const int> prompt,
+                               int max_new_tokens, int branches, int depth, KVStore& target_cache, SpecStats* stats) {
+  const ModelConfig& c = target.config();
+  check_generation(c, prompt, max_new_tokens, target_cache, "generate_tree");
+  require(branches >= 1 && depth >= 1, "generate_tree: branches and depth must be >= 1, got ", branches, " and ",
+          depth);
+  SpecStats local;
+  SpecStats& st = stats ? *stats : local;
+  st = SpecStats{};
+  std::vector<int> context(prompt.begin(), prompt.end()), out;
+  if (max_new_tokens == 0) return out;
+  if (prompt.size() > 1) {
+    target.forward(prompt.first(prompt.size() - 1), target_cache);
+    ++st.target_forwards;
+  }
+  while (static_cast<int>(out.size()) < max_new_tokens) {
+    const int n = static_cast<int>(context.size());
+    // As deep as asked, but no deeper than the tokens still wanted need, and small enough that
+    // the whole tree fits in both caches after the context's first n - 1 tokens.
+    const int room = std::min(target_cache.max_tokens(), draft.cache().max_tokens()) - (n - 1);
+    int levels = std::min(depth, max_new_tokens - static_cast<int>(out.size()) - 1);
+    while (levels > 0 && tree_nodes(branches, levels) > room) --levels;
+    const TokenTree tree = levels > 0 ? draft.propose_tree(context, branches, levels)
+                                      : TokenTree{{context.back()}, {-1}};
+    const Matrix logits = target.forward_tree(tree, target_cache);  // one forward for the whole tree
+    ++st.target_forwards;
+    const TreeVerdict v = verify_tree_greedy(logits, tree);
+    std::vector<int> path{0};
+    path.insert(path.end(), v.path.begin(), v.path.end());
+    keep_tree_path(target_cache, n - 1, path);  // the root and the accepted guesses
+    draft.rollback(n + static_cast<int>(v.path.size()));
+    ++st.rounds;
+    st.proposed += static_cast<long>(tree.tokens.size()) - 1;
+    st.accepted += static_cast<long>(v.path.size());
+    std::vector<int> fresh;
+    for (int node : v.path) fresh.push_back(tree.tokens[node]);
+    fresh.push_back(v.next_token);
+    if (emit(fresh, c.eos_token_id, max_new_tokens, context, out)) break;
   }
   st.generated = static_cast<long>(out.size());
   return out;

@@ -12,25 +12,10 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
+#include "tests/06_speculative_decoding/counting_target.hpp"
 
 namespace infer {
 namespace {
-
-/// The CPU target, counting its forwards and the positions they compute.
-class CountingTarget final : public TargetModel {
- public:
-  explicit CountingTarget(const ModelWeights& m) : inner_(m) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(std::span<const int> tokens, KVStore& cache) override {
-    ++forwards;
-    positions += static_cast<long>(tokens.size());
-    return inner_.forward(tokens, cache);
-  }
-  long forwards = 0, positions = 0;
-
- private:
-  CpuTarget inner_;
-};
 
 /// Proposes the target's own greedy continuation (known in advance), or, when `wrong`, a token
 /// that is never it.
@@ -103,7 +88,7 @@ GRADED_TEST(Lesson06Loop, OneTargetForwardPerRound, 3) {
   const std::vector<int> want = greedy_reference(prompt, n);
   ASSERT_EQ(static_cast<int>(want.size()), n) << "the test needs a continuation without EOS";
   for (const bool wrong : {false, true}) {
-    CountingTarget target(m);
+    testing::CountingTarget target(m);
     Oracle oracle(prompt, want, wrong, m.config.vocab_size);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     SpecStats st;

@@ -43,7 +43,8 @@ print("generate --prefix-cache --repeat 3: each run prints the golden ids; the l
 
 # Greedy speculative decoding (lesson 06) prints the golden ids too, with either proposer.
 for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
-              ["--speculative", "draft", "--num-speculative-tokens", "3"]):
+              ["--speculative", "draft", "--num-speculative-tokens", "3"],
+              ["--speculative", "tree", "--num-speculative-tokens", "3", "--tree-branches", "2"]):
     run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
                           "--temperature", "0", "--ids"] + extra, capture_output=True, text=True, check=False)
     if run.returncode != 0:
@@ -62,7 +63,9 @@ for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"
                       (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),
                       (["--prefix-cache"], "need --paged"), (["--paged", "--repeat", "2"], "--repeat needs --prefix-cache"),
                       (["--paged", "--prefix-cache", "--repeat", "0"], "--repeat expects an integer"),
-                      (["--speculative", "tree"], "draft or ngram"), (["--num-speculative-tokens", "2"], "need --speculative"),
+                      (["--speculative", "bogus"], "draft, ngram or tree"),
+                      (["--speculative", "tree", "--temperature", "0.8"], "needs --temperature 0"),
+                      (["--speculative", "draft", "--tree-branches", "2"], "needs --speculative tree"), (["--num-speculative-tokens", "2"], "need --speculative"),
                       (["--speculative", "ngram", "--paged"], "drop --kv-cache"),
                       (["--speculative", "draft", "--draft", "/nonexistent"], "nonexistent"),
                       (["--paged", "--block-size", "2", "--num-blocks", "2"], "out of KV blocks")]:
