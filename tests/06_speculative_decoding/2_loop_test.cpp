@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
@@ -136,6 +137,30 @@ GRADED_TEST(Lesson06Loop, AfterARejectionBothCachesHoldExactlyTheKeptTokens, 3) 
   forward_cached(d, cached, dfresh);
   for (int l = 0; l < d.config.num_hidden_layers; ++l)
     EXPECT_LT((draft.cache().keys(l) - dfresh.keys(l)).cwiseAbs().maxCoeff(), 1e-4f) << "draft layer " << l;
+}
+
+GRADED_TEST(Lesson06Loop, RollbackWorksForAStoreWithoutItsOwnTruncate, 1) {
+  // An INT8 target cache rolls back through KVStore's generic truncate(): after a sampled run
+  // with rejections it must hold the context but its last token, within INT8's rounding of a
+  // fresh float32 prefill.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("Q: Will it rain? A:");
+  const SamplingParams params{.temperature = 1.0f, .seed = 3};
+  const int n = 25;
+  CpuTarget target(m);
+  DraftProposer draft(testing::bundled_draft(), params, m.config.max_position_embeddings);
+  Int8KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+  SpecStats st;
+  const std::vector<int> out = generate_speculative(target, draft, prompt, n, 5, params, cache, &st);
+  ASSERT_LT(st.accepted, st.proposed) << "the test needs a rejection";
+  std::vector<int> context = prompt;
+  context.insert(context.end(), out.begin(), out.end());
+  ASSERT_EQ(cache.length(), static_cast<int>(context.size()) - 1);
+  KVCache fresh(m.config, static_cast<int>(context.size()));
+  forward_cached(m, std::span(context).first(context.size() - 1), fresh);
+  for (int l = 0; l < m.config.num_hidden_layers; ++l)
+    EXPECT_TRUE(testing::all_close(fresh.keys(l), cache.keys(l), 0.05, 0.02, "INT8 keys after rollback"))
+        << "layer " << l;
 }
 
 GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) {
