@@ -8,8 +8,8 @@
 //
 // Part 2, costs. Median wall time of a target forward over m = 1..9 new tokens at a context of
 // 100 positions (t_v(m): what verifying m - 1 guesses costs), and of a draft forward over one.
-// The same for a random model of 100M parameters (400 MB of float32 weights, far more than the
-// processor's caches hold), where a step waits for memory as an LLM's does on a GPU.
+// The same for a random model of 91M parameters (364 MB of float32 weights, far more than the
+// processor's caches hold), where a one-token step waits for memory.
 //
 // Everything runs on one thread, so that plain and speculative decoding use the same hardware.
 //
@@ -22,7 +22,7 @@
 // measured: speedup = E(k) t_1 / (k t_d + t_v(k + 1)), E(k) = (1 - a^(k+1)) / (1 - a).
 //
 // Part 4, prompt lookup on ordinary text (sampled at temperature 0.8) against repetitive text
-// (the model's own greedy loops), measured, and predicted for a target with the 100M model's
+// (the model's own greedy loops), measured, and predicted for a target with the 91M model's
 // costs: tokens per round x t_1 / t_v(5) (lookup itself costs next to nothing).
 //
 // Part 5, chain against tree (greedy, the draft): tokens per round and wall time for the chain
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
       const Run l = speculative(target, prompts, n, 4, params, reps, [] { return std::make_unique<NgramProposer>(3, 1); });
       const char* name = repetitive ? "repetitive" : "ordinary";
       std::printf("  %-10s acceptance %5.1f%%, %.2f tokens per round, %.1f ms against %.1f ms plain: %.2fx;\n"
-                  "             with the 100M target's costs it would be %.2fx\n",
+                  "             with the 91M target's costs it would be %.2fx\n",
                   name, 100 * l.total.acceptance(), l.total.tokens_per_round(), l.ms, p.ms, p.ms / l.ms,
                   l.total.tokens_per_round() * big_v[1] / big_v[5]);
       lk << name << "," << l.total.acceptance() << "," << l.total.tokens_per_round() << "," << p.ms << "," << l.ms << ","

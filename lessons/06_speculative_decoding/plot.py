@@ -35,7 +35,7 @@ a.plot(m, [float(r["target_ms"]) / t1 for r in costs], "o-", label="target forwa
 a.plot(m, [float(r["draft_ms"]) / t1 for r in costs], "s-", label="draft forward over m tokens")
 b1 = float(big[0]["big_ms"])
 a.plot([int(r["new_tokens"]) for r in big], [float(r["big_ms"]) / b1 for r in big], "^-",
-       label="a 100M-parameter target (its own steps)")
+       label="a 91M-parameter target (its own steps)")
 a.axhline(1, ls=":", color="gray", lw=0.8, label="one target step (the formula's assumption)")
 a.set_xlabel("new tokens in the forward (m)")
 a.set_ylabel("time, in target steps")

@@ -41,14 +41,15 @@ struct Verdict {
 
 /// The distribution a rejected position is resampled from: max(0, p - q), normalized to sum to 1.
 /// Where p - q has no positive entry (p equals q, so a rejection cannot happen), returns p.
-/// Throws infer::Error when the sizes differ or an entry is negative or not finite.
+/// Throws infer::Error when the sizes differ (the message names the "entries") or an entry is
+/// negative or not finite (the message says ">= 0").
 Vector residual_distribution(const Vector& p, const Vector& q);
 
 /// Greedy verification, temperature 0's case. `target_logits` has proposal.size() + 1 rows: row
 /// i is the target's logits at the position where proposal[i] would go, and the last row the
 /// logits after all of them. Tokens are kept while each equals argmax of its row; next_token is
 /// argmax of the row after the last kept one. Throws infer::Error for a row count that is not
-/// proposal.size() + 1.
+/// proposal.size() + 1 (the message names the "rows").
 Verdict verify_greedy(ConstMatrixRef target_logits, std::span<const int> proposal);
 
 /// Exact speculative sampling (Leviathan et al. 2023, Chen et al. 2023). proposal[i] was drawn
@@ -59,7 +60,8 @@ Verdict verify_greedy(ConstMatrixRef target_logits, std::span<const int> proposa
 /// residual_distribution(p_i, q_i) and the round stops; if every token is kept, next_token is
 /// drawn from the last row of p. The draw of next_token is sample_from(distribution,
 /// rng.uniform()). Throws infer::Error when the shapes disagree (p: proposal.size() + 1 rows, q:
-/// proposal.size() rows, both as wide as the vocabulary) or a token is outside it.
+/// proposal.size() rows, both as wide as the vocabulary; the message names the "rows") or a
+/// token is outside the "vocabulary".
 Verdict verify_sampled(ConstMatrixRef p, ConstMatrixRef q, std::span<const int> proposal, Rng& rng);
 
 // ================================================================ proposers ==
@@ -82,7 +84,8 @@ using TreeMask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic>;
 
 /// Which nodes each node of `tree` may attend to: mask(i, j) is true exactly when j is i or an
 /// ancestor of i. Throws infer::Error for a tree that is empty, whose sizes differ, whose root's
-/// parent is not -1, or where a node's parent is not an earlier node (the message names "parent").
+/// parent is not -1, or where a node's parent is not an earlier node (the message names "parent",
+/// or "parents" when the sizes differ).
 TreeMask tree_mask(const TokenTree& tree);
 
 /// The model over a tree's nodes after the cache's positions (given). Node i sits at position
@@ -108,7 +111,8 @@ struct TreeVerdict {
 /// Greedy verification of a tree: from the root, while the target's argmax at the current node
 /// (row `node` of `target_logits`) is the token of one of its children, descend to that child
 /// (the first such child in node order). next_token is the argmax at the node where it stops.
-/// Throws infer::Error unless target_logits has one row per node of a well-formed tree.
+/// Throws infer::Error unless target_logits has one row per node (the message names the "rows")
+/// of a well-formed tree.
 TreeVerdict verify_tree_greedy(ConstMatrixRef target_logits, const TokenTree& tree);
 
 /// A round's guesses.
@@ -137,7 +141,7 @@ class Proposer {
 /// n that finds one wins. No occurrence: no proposal. Certain guesses (an empty q).
 class NgramProposer final : public Proposer {
  public:
-  /// Throws infer::Error unless 1 <= min_n <= max_n.
+  /// Throws infer::Error unless 1 <= min_n <= max_n (the message names min_n).
   explicit NgramProposer(int max_n = 3, int min_n = 1);
   Proposal propose(std::span<const int> context, int k) override;
 
@@ -153,8 +157,11 @@ class NgramProposer final : public Proposer {
 /// it drops whatever disagrees with the context and runs what is missing. propose() catches up,
 /// runs the context's last token, then draws k tokens, feeding each but the last back to get the
 /// next one's distribution: its cache then also holds the last token and the first k - 1
-/// guesses. q's rows are sampling_distribution() of the draft's logits with the proposer's
-/// params. rollback(length) keeps at most the first `length` cached tokens.
+/// guesses (fewer if the cache or the context runs out of room). q's rows are
+/// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
+/// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
+/// rollback(length) keeps at most the first `length` cached tokens, in the cache and in
+/// cached_tokens(); the loop relies on it, so do not leave it to the next catch_up().
 class DraftProposer final : public Proposer {
  public:
   /// Samples with `params` (its Rng seeded with params.seed); a cache of max_tokens positions.
@@ -238,9 +245,11 @@ struct SpecStats {
 /// Generates up to max_new_tokens tokens after `prompt` with the target's distribution, k guesses
 /// per round (k = 0: one token per target forward, plain decoding through the same loop).
 ///
-/// - The target's cache starts empty; a prefill of all the prompt but its last token fills it.
-///   At the start of every round it holds every token of the context but the last.
-/// - A round: the proposer guesses up to min(k, tokens still wanted - 1) tokens; ONE target
+/// - The target's cache starts empty; a prefill of all the prompt but its last token fills it
+///   (no prefill for a one-token prompt). At the start of every round it holds every token of
+///   the context but the last.
+/// - A round: the proposer guesses up to min(k, tokens still wanted - 1) tokens (it is not
+///   asked when that is 0); ONE target
 ///   forward over [last token, guesses...]; verify_greedy() at temperature 0, otherwise
 ///   verify_sampled() with p = sampling_distribution() of each row of the target's logits and
 ///   q from the proposal (one-hot rows when it is empty), drawing from an Rng seeded with
@@ -251,10 +260,11 @@ struct SpecStats {
 ///   dropped.
 ///
 /// At temperature 0 the output equals generate_cached()'s, token for token.
-/// @throws infer::Error for an empty prompt or bad ids, a negative k or max_new_tokens, a prompt
-///         plus max_new_tokens past the context, a target_cache that is not empty or holds
-///         fewer than prompt.size() + max_new_tokens positions, or a proposal that is too long,
-///         holds ids outside the vocabulary, or whose q has the wrong shape.
+/// @throws infer::Error, with the words in quotes in its message, for an "empty" prompt (or bad
+///         ids: check_tokens()), "k must be" >= 0, a negative "max_new_tokens", a prompt plus
+///         max_new_tokens that "exceeds the context", a target cache that is not empty ("must
+///         start empty") or too small (the "cache holds" N positions), or a proposal with more
+///         tokens than asked ("at most"), ids outside the "vocabulary", or a q of the wrong shape.
 std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, std::span<const int> prompt,
                                       int max_new_tokens, int k, const SamplingParams& params, KVStore& target_cache,
                                       SpecStats* stats = nullptr);
@@ -269,7 +279,7 @@ std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, s
 /// new token is not fed yet). Stops after max_new_tokens or right after EOS, like
 /// generate_speculative(), and gives the same tokens as greedy generate_cached(). Statistics:
 /// proposed counts every guess of every tree (nodes but the root), accepted the path lengths.
-/// @throws infer::Error as generate_speculative() does, and for branches or depth below 1.
+/// @throws infer::Error as generate_speculative() does, and for "branches" or depth below 1.
 std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::span<const int> prompt,
                                int max_new_tokens, int branches, int depth, KVStore& target_cache,
                                SpecStats* stats = nullptr);

@@ -103,6 +103,53 @@ GRADED_TEST(Lesson06Loop, OneTargetForwardPerRound, 3) {
   }
 }
 
+GRADED_TEST(Lesson06Loop, GenerationStopsRightAfterEosEvenInsideARound, 1) {
+  // This prompt's greedy continuation ends with EOS after 32 tokens. A proposer that knows the
+  // target's greedy choices even past EOS gets EOS kept in the middle of a round, with more kept
+  // guesses after it: the output must still end at the EOS.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("\t-- Mark Twain\n");
+  const int n = 60;
+  const std::vector<int> want = greedy_reference(prompt, n);
+  ASSERT_EQ(want.back(), m.config.eos_token_id) << "the test needs a continuation that ends with EOS";
+  ASSERT_LT(static_cast<int>(want.size()), n - 8);
+  std::vector<int> past = want;  // the target's own greedy tokens, continued past EOS
+  {
+    KVCache cache(m.config, 128);
+    std::vector<int> seq = prompt;
+    seq.insert(seq.end(), want.begin(), want.end());
+    Matrix logits = forward_cached(m, seq, cache);
+    for (int i = 0; i < 8; ++i) {
+      past.push_back(argmax(logits.row(logits.rows() - 1).transpose()));
+      logits = forward_cached(m, std::span(&past.back(), 1), cache);
+    }
+  }
+  for (const int k : {3, 5}) {
+    CpuTarget target(m);
+    Oracle oracle(prompt, past, false, m.config.vocab_size);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache), want) << "k = " << k;
+  }
+}
+
+GRADED_TEST(Lesson06Loop, TheDraftsRollbackKeepsExactlyWhatItIsTold, 1) {
+  // After propose(context, 4) the draft's cache holds the context and its first 3 guesses;
+  // rollback(length) must leave exactly `length` of them, in the cache and in cached_tokens().
+  const ModelWeights& d = testing::bundled_draft();
+  DraftProposer draft(d, {.temperature = 0.0f}, 128);
+  const std::vector<int> context = ByteTokenizer::encode("A friend ");
+  const Proposal p = draft.propose(context, 4);
+  ASSERT_EQ(p.tokens.size(), 4u);
+  const int n = static_cast<int>(context.size());
+  ASSERT_EQ(draft.cache().length(), n + 3);
+  draft.rollback(n + 1);
+  EXPECT_EQ(draft.cache().length(), n + 1);
+  ASSERT_EQ(draft.cached_tokens().size(), static_cast<size_t>(n + 1));
+  EXPECT_EQ(draft.cached_tokens().back(), p.tokens[0]);
+  draft.rollback(n + 5);
+  EXPECT_EQ(draft.cache().length(), n + 1) << "rolling back to more than it holds changes nothing";
+}
+
 GRADED_TEST(Lesson06Loop, AfterARejectionBothCachesHoldExactlyTheKeptTokens, 3) {
   // Sampled speculation with the draft: after the run, the target's cache holds the context but
   // its last token, and the draft's a prefix of it, with the K/V a fresh prefill computes; so
