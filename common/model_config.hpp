@@ -7,6 +7,11 @@
 namespace infer {
 
 /// The hyperparameters of a Llama-family decoder, under the names Hugging Face uses.
+/// The longest context ModelConfig::validate() accepts: the engines reserve memory per position.
+inline constexpr int kMaxPositions = 1 << 20;
+/// The most parameters ModelConfig::validate() accepts (120 GB of float32).
+inline constexpr double kMaxParameters = 3e10;
+
 struct ModelConfig {
   int vocab_size = 0;               ///< `vocab_size`
   int hidden_size = 0;              ///< `hidden_size`: the residual stream's width (dim)
@@ -26,12 +31,17 @@ struct ModelConfig {
   int group_size() const { return num_attention_heads / num_key_value_heads; }
 
   /// Throws infer::Error if the numbers cannot describe a model (zero sizes, heads that
-  /// don't divide, an odd head_dim RoPE cannot rotate). `where` names the source in messages.
+  /// don't divide, an odd head_dim RoPE cannot rotate) or describe one too large to hold (a
+  /// context above kMaxPositions, more than kMaxParameters). `where` names the source.
   void validate(const std::string& where) const;
 };
 
-/// Parses a config.json. Missing required keys, wrong types and inconsistent shapes throw
-/// infer::Error naming the file and the key.
+/// Parses a config.json. Throws infer::Error naming the file and the key for: a path that is
+/// missing or not a file; invalid JSON; a missing required key; an integer key that is not a
+/// JSON integer within an int's range (192.7, true and 2^32 + 4 are refused, never truncated);
+/// a real key that is not finite or does not fit a float; and what this engine does not
+/// implement: a model_type other than "llama", a hidden_act other than "silu", rope_scaling,
+/// attention or MLP biases. Then ModelConfig::validate().
 ModelConfig load_config(const std::string& path);
 
 }  // namespace infer

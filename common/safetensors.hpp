@@ -3,6 +3,7 @@
 /// header naming each tensor's dtype, shape and byte range, then the raw data.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -10,9 +11,17 @@
 
 namespace infer {
 
+/// The longest header the format allows (the safetensors specification's own limit).
+inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
+
 /// Reads every tensor of a .safetensors file, converting F32, F16 and BF16 to float32.
-/// Throws infer::Error naming the file and the tensor for a missing or truncated file,
-/// a malformed header, an unsupported dtype, or a byte range that does not match the shape.
+/// Throws infer::Error naming the file (and the tensor, where there is one) for: a path that is
+/// missing or not a regular file; a file shorter than 8 bytes; a header longer than
+/// kMaxSafetensorsHeader or than the file; a header that is not a JSON object; an entry whose
+/// dtype, shape or data_offsets have the wrong type; an unsupported dtype; a shape with more
+/// elements than the file holds; a byte range that does not match the shape or runs past the
+/// file; byte ranges that overlap, leave gaps, or leave bytes after the last tensor (they must
+/// tile the data section, as the format requires); and a weight that is NaN or infinite.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
 /// IEEE half precision (binary16) bits to float.

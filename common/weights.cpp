@@ -8,6 +8,7 @@
 #include "common/errors.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
+#include "common/tokenizer.hpp"
 
 #ifndef COURSE_SOURCE_DIR
 #error "COURSE_SOURCE_DIR must name the repository root"
@@ -79,6 +80,9 @@ ModelWeights load_model(const std::string& dir) {
   ModelWeights m;
   m.config = load_config((fs::path(dir) / "config.json").string());
   const ModelConfig& c = m.config;
+  require(c.vocab_size <= ByteTokenizer::kVocabSize, "model '", dir, "': vocab_size ", c.vocab_size,
+          " is larger than the byte tokenizer's ", ByteTokenizer::kVocabSize,
+          " ids (3 specials and 256 bytes): its extra tokens would have no text");
   const std::string file = (fs::path(dir) / "model.safetensors").string();
   TensorTaker take(read_safetensors(file), file);
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
@@ -88,6 +90,99 @@ TEST(Safetensors, ShapeAndByteRangeMustAgree) {
   write_file(dir.path / "t.safetensors", safetensors_bytes(header, std::string(16, '\0')));
   EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "t.safetensors").string()); },
                                       "expected 12"));
+}
+
+TEST(Safetensors, EveryMalformedFileIsRefusedWithItsReason) {
+  // Each case: a header, the data section after it, and the words the refusal must contain.
+  struct Case {
+    const char* what;
+    std::string header, data, says;
+  };
+  const std::string f32x4(16, '\0');
+  std::string nan_bytes(4, '\0'), inf_bf16(2, '\0');
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan_bytes.data(), &nan, 4);
+  inf_bf16[1] = static_cast<char>(0x7F), inf_bf16[0] = static_cast<char>(0x80);  // +inf in bfloat16
+  const std::vector<Case> cases = {
+      {"two tensors on the same bytes", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", f32x4, "overlaps tensor"},
+      {"ranges that overlap in part", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", std::string(24, '\0'), "overlaps tensor"},
+      {"a gap before a tensor", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[4,20]}})", std::string(20, '\0'), "4 bytes before tensor 'a' belong to no tensor"},
+      {"bytes after the last tensor", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(20, '\0'), "4 bytes after the last tensor"},
+      {"an element count past 64 bits", R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,16]}})", f32x4, "more elements than 64 bits"},
+      {"a product past 64 bits", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", f32x4, "more elements than 64 bits"},
+      {"a negative dimension", R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", f32x4, "non-negative integers"},
+      {"a shape that is not an array", R"({"a":{"dtype":"F32","shape":"4","data_offsets":[0,16]}})", f32x4, "shape must be an array"},
+      {"a numeric dtype", R"({"a":{"dtype":5,"shape":[4],"data_offsets":[0,16]}})", f32x4, "dtype must be a string"},
+      {"an unsupported dtype", R"({"a":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", f32x4, "dtype I64 is not supported"},
+      {"one data offset", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", f32x4, "data_offsets must be two"},
+      {"a NaN weight", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", nan_bytes, "element 0 is nan"},
+      {"an infinite bfloat16 weight", R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", inf_bf16, "weights must be finite"},
+  };
+  TempDir dir;
+  for (const Case& c : cases) {
+    write_file(dir.path / "t.safetensors", safetensors_bytes(c.header, c.data));
+    EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "t.safetensors").string()); }, c.says))
+        << c.what;
+  }
+  // Each refusal names the file and, where there is one, the tensor.
+  write_file(dir.path / "t.safetensors", safetensors_bytes(cases[8].header, cases[8].data));
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "t.safetensors").string()); },
+                                      "t.safetensors', tensor 'a'"));
+  // A header length above the format's 100 MB limit is refused before anything is read.
+  std::string huge(8, '\0');
+  huge[3] = static_cast<char>(0x80);  // 2^31
+  write_file(dir.path / "huge.safetensors", huge + "{}");
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "huge.safetensors").string()); },
+                                      "above the format's limit"));
+  fs::create_directories(dir.path / "adir");
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "adir").string()); }, "is a directory"));
+  EXPECT_TRUE(throws_error_mentioning([&] { read_safetensors((dir.path / "none").string()); }, "no such file"));
+}
+
+TEST(Config, EveryBadValueIsRefusedByName) {
+  // The bundled config.json with one key changed, and the words the refusal must contain.
+  std::ifstream in(bundled_model_dir("tiny-fortunes") + "/config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"hidden_size", 4294967488ULL, "key 'hidden_size' must be an integer in [1, 2147483647], got 4294967488"},
+      {"num_hidden_layers", 4294967300ULL, "key 'num_hidden_layers' must be an integer"},
+      {"hidden_size", 192.7, "got 192.7"},
+      {"num_hidden_layers", true, "got true"},
+      {"vocab_size", 1e10, "key 'vocab_size' must be an integer"},
+      {"vocab_size", -3, "got -3"},
+      {"bos_token_id", "1", "key 'bos_token_id' must be an integer"},
+      {"rms_norm_eps", 1e300, "key 'rms_norm_eps' must be a finite number that fits a float"},
+      {"rope_theta", "big", "key 'rope_theta' must be a finite number"},
+      {"hidden_act", "gelu", "key 'hidden_act' is \"gelu\"; this engine implements only \"silu\""},
+      {"model_type", "mistral", "implements only \"llama\""},
+      {"rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 2.0}}, "plain RoPE only"},
+      {"attention_bias", true, "no bias"},
+      {"tie_word_embeddings", "yes", "must be true or false"},
+      {"max_position_embeddings", 1000000000, "above 1048576"},
+      {"intermediate_size", 2000000000, "parameters"},
+  };
+  TempDir dir;
+  for (const Case& c : cases) {
+    nlohmann::json j = base;
+    j[c.key] = c.value;
+    write_file(dir.path / "config.json", j.dump());
+    EXPECT_TRUE(throws_error_mentioning([&] { load_config((dir.path / "config.json").string()); }, c.says))
+        << c.key << " = " << c.value.dump();
+  }
+  fs::create_directories(dir.path / "cfgdir");
+  EXPECT_TRUE(throws_error_mentioning([&] { load_config((dir.path / "cfgdir").string()); }, "is a directory"));
+  // A vocabulary larger than the byte tokenizer's is refused when the model is loaded.
+  nlohmann::json j = base;
+  j["vocab_size"] = 300;
+  write_file(dir.path / "config.json", j.dump());
+  fs::copy_file(bundled_model_dir("tiny-fortunes") + "/model.safetensors", dir.path / "model.safetensors");
+  EXPECT_TRUE(throws_error_mentioning([&] { load_model(dir.path.string()); },
+                                      "vocab_size 300 is larger than the byte tokenizer's 259 ids"));
 }
 
 TEST(Weights, BundledModelsLoadWithTheDocumentedShape) {
