@@ -16,6 +16,7 @@
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
 // seed S + i, so its text does not depend on the batch size or the policy.
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <fstream>
@@ -23,6 +24,8 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "common/errors.hpp"
 #include "common/options.hpp"
@@ -36,6 +39,18 @@
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #endif
+
+namespace {
+
+/// Refuses to reserve more memory than this machine has, before trying: `what` says for what.
+void require_fits(double bytes, const std::string& what) {
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (physical > 0 && bytes > physical)
+    throw infer::Error(infer::cat("serve_offline: ", what, " would take ", bytes / 1e9, " GB of KV memory; this machine has ",
+                                  physical / 1e9, " GB (lower --max-batch or --num-blocks)"));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -68,11 +83,21 @@ int main(int argc, char** argv) {
     if (policy_name != "continuous" && policy_name != "static")
       throw infer::Error("serve_offline: --policy must be continuous or static, got '" + policy_name + "'");
 
+    if (std::filesystem::is_directory(prompts_path))
+      throw infer::Error("serve_offline: --prompts '" + prompts_path + "' is a directory, expected a file of prompts");
     std::ifstream in(prompts_path);
     if (!in) throw infer::Error("serve_offline: cannot open '" + prompts_path + "'");
-    std::vector<std::string> prompts;
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) prompts.push_back(line);
+    struct Prompt {
+      int line;          // 1-based, in the file
+      std::string text;  // without its line ending (\n or \r\n)
+    };
+    std::vector<Prompt> prompts;
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written with CRLF line endings
+      if (!line.empty()) prompts.push_back({line_no, line});
+    }
     if (prompts.empty()) throw infer::Error("serve_offline: '" + prompts_path + "' holds no prompts");
 
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
@@ -103,15 +128,26 @@ int main(int argc, char** argv) {
       throw infer::Error(infer::cat("serve_offline: --max-batch ", max_batch, " whole contexts make ", slot_blocks,
                                     " blocks, more than a pool can count; give --num-blocks"));
     const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
+    // A slot per sequence that can run at once: never more than there are prompts.
+    const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
     std::unique_ptr<infer::KVManager> memory;
     std::unique_ptr<infer::ForwardBackend> forward = std::make_unique<infer::CpuForward>(model);
     infer::PrefixKVManager* prefix = nullptr;
+    if (paged)
+      require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
+                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
+                   infer::cat("a pool of ", num_blocks, " blocks of ", block_size, " positions"));
     if (paged && opts.has("--prefix-cache")) {
       auto p = std::make_unique<infer::PrefixKVManager>(model.config, num_blocks, block_size);
       prefix = p.get();
       memory = std::move(p);
     } else if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
-    else memory = std::make_unique<infer::SlotKVManager>(model.config, max_batch);
+    else {
+      const double bytes = static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
+                           model.config.num_key_value_heads * model.config.head_dim * sizeof(float);
+      require_fits(bytes, infer::cat(slots, " whole-context KV slots"));
+      memory = std::make_unique<infer::SlotKVManager>(model.config, slots);
+    }
 #if COURSE_HAVE_CUDA
     if (device == "cuda") {
       forward = std::make_unique<infer::gpu::CudaForward>(
@@ -120,14 +156,23 @@ int main(int argc, char** argv) {
     }
 #endif
     infer::BatchEngine engine(std::move(forward), policy, max_batch, std::move(memory));
+    // A request the engine refuses is reported with its line and skipped; the rest are served.
+    std::vector<const Prompt*> served;
+    int refused = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       infer::GenerationRequest r;
       r.id = static_cast<int>(i);
-      r.prompt = infer::ByteTokenizer::encode(prompts[i]);
+      r.prompt = infer::ByteTokenizer::encode(prompts[i].text);
       r.max_new_tokens = max_new;
       r.sampling = sampling;
       r.sampling.seed = sampling.seed + i;
-      engine.submit(r);
+      try {
+        engine.submit(r);
+        served.push_back(&prompts[i]);
+      } catch (const infer::Error& e) {
+        ++refused;
+        std::cerr << "error: " << prompts_path << ", line " << prompts[i].line << ": not served: " << e.what() << "\n";
+      }
     }
     infer::Stopwatch clock;
     const auto results = engine.run();
@@ -136,8 +181,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < results.size(); ++i) {
       tokens += static_cast<long>(results[i].tokens.size());
       // Fortunes span lines: a header line per request keeps the boundaries visible.
-      std::cout << "--- request " << i << " (" << results[i].tokens.size() << " tokens) ---\n"
-                << prompts[i] << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
+      std::cout << "--- request " << results[i].id << ", line " << served[i]->line << " (" << results[i].tokens.size()
+                << " tokens) ---\n"
+                << served[i]->text << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
@@ -150,13 +196,17 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "[KV memory: %s, %.1f%% of the reserved positions held tokens; at most %ld sequences at once; %ld preemptions]\n",
                  paged ? infer::cat(num_blocks, " blocks of ", block_size).c_str()
-                       : infer::cat(max_batch, " whole-context slots").c_str(),
+                       : infer::cat(slots, " whole-context slots").c_str(),
                  reserved > 0 ? 100.0 * stored / reserved : 0.0, most, preempted);
     if (prefix) {
       long computed = 0;
       for (const auto& e : engine.log()) computed += e.prefill_tokens;
       std::fprintf(stderr, "[prefix cache: %ld of %ld prompt positions found cached; %ld prefill positions computed; %d blocks cached at the end]\n",
                    prefix->matched_tokens(), prefix->requested_tokens(), computed, prefix->cache().cached_blocks());
+    }
+    if (refused > 0) {
+      std::fprintf(stderr, "[%d of %zu prompts were not served: see the errors above]\n", refused, prompts.size());
+      return 1;
     }
     return 0;
   } catch (const std::exception& e) {

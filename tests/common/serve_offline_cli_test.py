@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""The serve-offline program end to end: one bad request is reported with its line and the rest
+are served (exit status 1 at the end); CRLF prompt files lose their carriage returns; a directory
+as the prompts file and KV memory beyond the machine are refused with a message.
+
+    serve_offline_cli_test.py SERVE_OFFLINE_BINARY REPOSITORY_ROOT
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+binary, root = sys.argv[1], sys.argv[2]
+model = os.path.join(root, "models", "tiny-fortunes")
+
+
+def serve(prompts_path, *extra):
+    return subprocess.run([binary, "--model", model, "--prompts", prompts_path, "--max-new-tokens", "6",
+                           "--temperature", "0"] + list(extra), capture_output=True, text=True, check=False)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "prompts.txt")
+    with open(path, "wb") as f:  # CRLF line endings, and a second line longer than the context
+        f.write(b"Hello there\r\n" + b"x" * 300 + b"\r\n\r\nThe end\r\n")
+    run = serve(path)
+    if run.returncode != 1:
+        sys.exit(f"a refused request must make the exit status 1, got {run.returncode}: {run.stderr}")
+    if "line 2: not served" not in run.stderr or "exceed the model's context" not in run.stderr:
+        sys.exit(f"the over-long prompt must be reported with its line and reason, got {run.stderr!r}")
+    if "--- request 0, line 1" not in run.stdout or "--- request 2, line 4" not in run.stdout:
+        sys.exit(f"the other requests must be served, with their lines, got {run.stdout!r}")
+    if "\r" in run.stdout:
+        sys.exit("a CRLF prompt file's carriage returns reached the output")
+    if "1 of 3 prompts were not served" not in run.stderr:
+        sys.exit(f"the summary must count the refused prompts, got {run.stderr!r}")
+    print("serve_offline: one over-long prompt (line 2) refused with its line, the other two served, exit 1")
+
+    for extra, path_arg, says in [([], tmp, "is a directory"),
+                                  (["--paged", "--num-blocks", "2000000000"], path, "GB of KV memory; this machine has")]:
+        run = serve(path_arg, *extra)
+        if run.returncode == 0 or says not in run.stderr:
+            sys.exit(f"{extra} {path_arg}: expected a non-zero exit mentioning {says!r}, got {run.returncode}: {run.stderr!r}")
+    print("serve_offline: a directory of prompts and a pool beyond the machine are refused")
