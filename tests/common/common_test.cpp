@@ -185,6 +185,73 @@ TEST(Config, EveryBadValueIsRefusedByName) {
                                       "vocab_size 300 is larger than the byte tokenizer's 259 ids"));
 }
 
+/// A seeded mutation of `seed`: a few bytes flipped, deleted, duplicated, or replaced by a
+/// number or token that parsers get wrong.
+std::string mutate(const std::string& seed, Rng& rng) {
+  static const std::vector<std::string> tokens = {"4294967296", "-1", "1e300", "18446744073709551615", "[]", "{}",
+                                                  "null", "true", "0", "9223372036854775807", "\"F32\"", "nan", ",", "\""};
+  std::string s = seed;
+  const int edits = 1 + static_cast<int>(rng.below(4));
+  for (int e = 0; e < edits && !s.empty(); ++e) {
+    const size_t at = rng.below(s.size());
+    switch (rng.below(4)) {
+      case 0: s[at] = static_cast<char>(rng.below(256)); break;
+      case 1: s.erase(at, 1 + rng.below(4)); break;
+      case 2: s.insert(at, s.substr(at, 1 + rng.below(8))); break;
+      default: s.insert(at, tokens[rng.below(tokens.size())]); break;
+    }
+  }
+  return s;
+}
+
+/// Runs `load` on `bytes` written to `file`: it may succeed or throw infer::Error, nothing else.
+template <class Load>
+::testing::AssertionResult only_errors(const fs::path& file, const std::string& bytes, Load load) {
+  write_file(file, bytes);
+  try {
+    load(file.string());
+  } catch (const Error&) {
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "not an infer::Error (" << e.what() << ") for input of " << bytes.size()
+                                         << " bytes: " << ::testing::PrintToString(bytes.substr(0, 200));
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(Loader, MutatedFilesOnlyEverGiveInferErrors) {
+  // A seeded mutation fuzzer, bounded by a count (the sanitizer build runs it too, where it also
+  // catches undefined behaviour): 3,000 mutations of a small safetensors file (its length prefix
+  // kept right half the time, so that the header's JSON is reached) and 3,000 of config.json.
+  TempDir dir;
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+      R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]},"c":{"dtype":"F16","shape":[1],"data_offsets":[22,24]}})";
+  std::string data(24, '\0');
+  data[3] = 0x3F;  // a few ordinary values
+  const std::string seed = safetensors_bytes(header, data);
+  std::ifstream in(bundled_model_dir("tiny-fortunes") + "/config.json");
+  const std::string config((std::istreambuf_iterator<char>(in)), {});
+  Rng rng(2026);
+  int failures = 0;
+  for (int i = 0; i < 3000 && failures < 5; ++i) {
+    std::string bytes;
+    if (rng.below(2) == 0) {
+      std::string body = mutate(header, rng) + data;
+      bytes = safetensors_bytes(body.substr(0, body.size() - data.size()), data);  // a consistent length prefix
+    } else {
+      bytes = mutate(seed, rng);
+    }
+    const auto r = only_errors(dir.path / "f.safetensors", bytes, [](const std::string& p) { read_safetensors(p); });
+    EXPECT_TRUE(r) << "mutation " << i;
+    failures += !r;
+  }
+  for (int i = 0; i < 3000 && failures < 5; ++i) {
+    const auto r = only_errors(dir.path / "config.json", mutate(config, rng), [](const std::string& p) { load_config(p); });
+    EXPECT_TRUE(r) << "config mutation " << i;
+    failures += !r;
+  }
+}
+
 TEST(Weights, BundledModelsLoadWithTheDocumentedShape) {
   const ModelWeights t = load_model(bundled_model_dir("tiny-fortunes"));
   EXPECT_EQ(t.config.hidden_size, 192);
