@@ -6,12 +6,12 @@
 
 namespace infer {
 
-/// The hyperparameters of a Llama-family decoder, under the names Hugging Face uses.
 /// The longest context ModelConfig::validate() accepts: the engines reserve memory per position.
 inline constexpr int kMaxPositions = 1 << 20;
 /// The most parameters ModelConfig::validate() accepts (120 GB of float32).
 inline constexpr double kMaxParameters = 3e10;
 
+/// The hyperparameters of a Llama-family decoder, under the names Hugging Face uses.
 struct ModelConfig {
   int vocab_size = 0;               ///< `vocab_size`
   int hidden_size = 0;              ///< `hidden_size`: the residual stream's width (dim)
