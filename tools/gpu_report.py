@@ -99,6 +99,15 @@ def main():
         for d in bench.get("decode", []):
             md += [f"- decode, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s "
                    f"({100 * d.get('fraction_of_roofline', 0):.0f}% of its memory roofline)"]
+        splits = bench.get("splits", [])
+        if splits:
+            md += ["", "| positions (batch 1) | splits | one pass ms | split ms | speedup |", "| --- | --- | --- | --- | --- |"]
+            for p in splits:
+                speedup = p.get("one_pass_ms", 0) / p["split_ms"] if p.get("split_ms") else 0
+                md += [f"| {p.get('length')} | {p.get('splits')} | {p.get('one_pass_ms', 0):.4f} | "
+                       f"{p.get('split_ms', 0):.4f} | {speedup:.1f}x |"]
+        for d in bench.get("steps", []):
+            md += [f"- decode step, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s"]
     with open(os.path.join(a.out, "gpu-report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print(f"wrote {a.out}/gpu-report.md and gpu-report.json")

@@ -21,6 +21,7 @@
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
+#include "common/cuda_timing.hpp"
 #include "common/options.hpp"
 #include "common/timer.hpp"
 #include "common/weights.hpp"
@@ -35,29 +36,6 @@ struct Result {
   std::string name, shape;
   double bytes = 0, ms = 0;
 };
-
-/// Median milliseconds of `run` over `reps` timed runs, after two untimed ones.
-double time_ms(const std::function<void()>& run, int reps) {
-  cudaEvent_t start, stop;
-  INFER_CUDA_CHECK(cudaEventCreate(&start));
-  INFER_CUDA_CHECK(cudaEventCreate(&stop));
-  run();
-  run();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    INFER_CUDA_CHECK(cudaEventRecord(start));
-    run();
-    INFER_CUDA_CHECK(cudaEventRecord(stop));
-    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    INFER_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  INFER_CUDA_CHECK(cudaEventDestroy(start));
-  INFER_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(cat("cuBLAS error ", static_cast<int>(s), " in ", what));
@@ -87,14 +65,8 @@ int main(int argc, char** argv) {
 
     // The ceiling: a device-to-device copy reads and writes every byte once.
     const size_t copy_bytes = (quick ? 256ull : 1024ull) << 20;
-    DeviceArray<char> src(copy_bytes), dst(copy_bytes);
-    src.fill_bytes(1);
-    const double copy_ms = time_ms([&] {
-      INFER_CUDA_CHECK(cudaMemcpy(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice));
-    }, reps);
-    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e6);
-    std::printf("device-to-device copy of %zu MiB: %.3f ms, %.0f GB/s (read + written)\n\n", copy_bytes >> 20, copy_ms,
-                copy_gbps);
+    const double copy_gbps = cuda_copy_gbps(copy_bytes, reps);
+    std::printf("device-to-device copy of %zu MiB: %.0f GB/s (read + written)\n\n", copy_bytes >> 20, copy_gbps);
 
     std::vector<Result> results;
     // GEMV: 1 GiB of float32 weights (16384 x 16384), and a 64 MiB one (4096 x 4096).
@@ -107,13 +79,13 @@ int main(int argc, char** argv) {
       for (int v = 1; v <= gpu::gemv_versions(); ++v) {
         if (v == 1 && n > 4096) continue;  // one thread per row at 16384 rows crawls: skip it
         results.push_back({cat("gemv_f32 v", v), shape, bytes,
-                           time_ms([&] { gpu::gemv_f32(v, w.get(), x.get(), y.get(), n, n); }, reps)});
+                           cuda_time_ms([&] { gpu::gemv_f32(v, w.get(), x.get(), y.get(), n, n); }, reps)});
       }
       cublasHandle_t handle;
       check_cublas(cublasCreate(&handle), "cublasCreate");
       const float one = 1, zero = 0;
       // Row-major W is column-major W^T: y = (W^T)^T x.
-      results.push_back({"cuBLAS sgemv", shape, bytes, time_ms([&] {
+      results.push_back({"cuBLAS sgemv", shape, bytes, cuda_time_ms([&] {
                            check_cublas(cublasSgemv(handle, CUBLAS_OP_T, n, n, &one, w.get(), n, x.get(), 1, &zero,
                                                     y.get(), 1),
                                         "cublasSgemv");
@@ -124,12 +96,12 @@ int main(int argc, char** argv) {
       wb.fill_bytes(0);
       for (int v = 1; v <= gpu::gemv_bf16_versions(); ++v)
         results.push_back({cat("gemv_bf16 v", v), cat(n, " x ", n, " bf16"), 2.0 * n * n + 8.0 * n,
-                           time_ms([&] { gpu::gemv_bf16(v, wb.get(), x.get(), y.get(), n, n); }, reps)});
+                           cuda_time_ms([&] { gpu::gemv_bf16(v, wb.get(), x.get(), y.get(), n, n); }, reps)});
       // Eight vectors at once: the weights are read once, so the bytes barely grow.
       DeviceArray<float> x8(8 * static_cast<size_t>(n)), y8(8 * static_cast<size_t>(n));
       x8.fill_bytes(0);
       results.push_back({"gemv_batch_bf16", cat(n, " x ", n, " bf16, batch 8"), 2.0 * n * n + 64.0 * n,
-                         time_ms([&] { gpu::gemv_batch_bf16(wb.get(), x8.get(), y8.get(), n, n, 8); }, reps)});
+                         cuda_time_ms([&] { gpu::gemv_batch_bf16(wb.get(), x8.get(), y8.get(), n, n, 8); }, reps)});
     }
     {  // Row kernels over 64 MiB.
       const int rows = 4096, cols = 4096;
@@ -137,11 +109,11 @@ int main(int argc, char** argv) {
       a.fill_bytes(0), b.fill_bytes(0), g.fill_bytes(0);
       const double m = 4.0 * rows * cols;
       results.push_back({"rms_norm", cat(rows, " x ", cols), 2 * m,
-                         time_ms([&] { gpu::rms_norm(a.get(), g.get(), c.get(), rows, cols, 1e-5f); }, reps)});
+                         cuda_time_ms([&] { gpu::rms_norm(a.get(), g.get(), c.get(), rows, cols, 1e-5f); }, reps)});
       results.push_back({"softmax_rows", cat(rows, " x ", cols), 2 * m,
-                         time_ms([&] { gpu::softmax_rows(c.get(), rows, cols); }, reps)});
+                         cuda_time_ms([&] { gpu::softmax_rows(c.get(), rows, cols); }, reps)});
       results.push_back({"swiglu", cat(static_cast<long>(rows) * cols, " values"), 3 * m,
-                         time_ms([&] { gpu::swiglu(a.get(), b.get(), c.get(), static_cast<long>(rows) * cols); },
+                         cuda_time_ms([&] { gpu::swiglu(a.get(), b.get(), c.get(), static_cast<long>(rows) * cols); },
                                  reps)});
     }
     {  // Decode attention: Llama-3-8B's heads (32 over 8, of 128) over 4,096 cached positions.
@@ -149,7 +121,7 @@ int main(int argc, char** argv) {
       DeviceArray<float> q(heads * hd), k(static_cast<size_t>(length) * kv_heads * hd), v(k.size()), o(q.size());
       q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
       results.push_back({"decode_attention", cat(length, " positions, 32/8 heads of 128"), 8.0 * length * kv_heads * hd,
-                         time_ms([&] { gpu::decode_attention(q.get(), k.get(), v.get(), o.get(), length, heads,
+                         cuda_time_ms([&] { gpu::decode_attention(q.get(), k.get(), v.get(), o.get(), length, heads,
                                                              kv_heads, hd); }, reps)});
     }
 

@@ -66,6 +66,27 @@ class CudaKVStore final : public KVStore {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The part of CudaForward that depends on how the KV memory is laid out: where a step's new keys
+/// and values go, and the decode attention over them. Lesson 07's (the default) keeps one
+/// contiguous CudaKVStore per sequence and runs decode_attention once per sequence; lesson 08's
+/// reads a paged pool through block tables, the whole batch in one launch.
+class DeviceAttention {
+ public:
+  virtual ~DeviceAttention() = default;
+  /// Readies a step that appends one position to each of `caches` in every layer. Throws
+  /// infer::Error, naming `who` and the cache's index, for a cache this attention cannot read (not
+  /// its kind of store, or another model's shape) or one without room for another position.
+  virtual void begin_step(std::span<KVStore* const> caches, const char* who) = 0;
+  /// In `layer`: appends row b of k and v [B, kv_dim] (device arrays) as cache b's next position,
+  /// then writes into out [B, heads * head_dim] the decode attention of q's row b [B, heads *
+  /// head_dim] over cache b's positions, the new one included.
+  virtual void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) = 0;
+};
+
+/// Lesson 07's DeviceAttention: each cache a CudaKVStore of `config`'s shape, one
+/// decode_attention launch per sequence. What CudaForward uses when given none.
+std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config);
+
 /// Lesson 03's slot memory with device caches: a SlotKVManager over `slots` CudaKVStores of
 /// `max_tokens` positions each (the model's context when 0), reserved once. Throws for slots below
 /// 1, a max_tokens outside [0, context], or without a device.
@@ -73,15 +94,18 @@ std::unique_ptr<KVManager> cuda_slots(const ModelConfig& config, int slots, int 
 
 /// The model's weights on the device, and the forward over them: lesson 03's ForwardBackend,
 /// so BatchEngine(std::make_unique<CudaForward>(...), policy, slots, cuda_slots(config, slots))
-/// serves requests on a GPU. Every cache it is
-/// given must be a CudaKVStore of this model's shape (it throws otherwise).
+/// serves requests on a GPU. Its caches are read through a DeviceAttention: by default
+/// contiguous_attention(), for which every cache must be a CudaKVStore of this model's shape (it
+/// throws otherwise).
 class CudaForward final : public ForwardBackend {
  public:
-  /// Uploads `model`'s weights, matrices as `type`. Throws infer::Error if there is no device.
-  CudaForward(const ModelWeights& model, WeightType type);
+  /// Uploads `model`'s weights, matrices as `type`; the caches are read through `attention`
+  /// (contiguous_attention() when null). Throws infer::Error if there is no device.
+  CudaForward(const ModelWeights& model, WeightType type, std::unique_ptr<DeviceAttention> attention = nullptr);
   /// A model of `config`'s shape whose weights are a repeated pseudo-random pattern, for
   /// measuring speed (the values do not matter to the time of a step).
-  static std::unique_ptr<CudaForward> with_pattern_weights(const ModelConfig& config, WeightType type);
+  static std::unique_ptr<CudaForward> with_pattern_weights(const ModelConfig& config, WeightType type,
+                                                           std::unique_ptr<DeviceAttention> attention = nullptr);
   ~CudaForward() override;
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;

@@ -199,6 +199,51 @@ std::unique_ptr<KVManager> cuda_slots(const ModelConfig& c, int slots, int max_t
   return std::make_unique<SlotKVManager>(std::move(stores));
 }
 
+// -------------------------------------------------------- contiguous attention --
+
+namespace {
+
+/// One CudaKVStore per sequence: each row's K/V copied to the end of its store, then one
+/// decode_attention launch per sequence.
+class ContiguousAttention final : public DeviceAttention {
+ public:
+  explicit ContiguousAttention(const ModelConfig& c) : c_(c) {}
+
+  void begin_step(std::span<KVStore* const> caches, const char* who) override {
+    stores_.clear();
+    for (size_t i = 0; i < caches.size(); ++i) {
+      auto* d = dynamic_cast<CudaKVStore*>(caches[i]);
+      require(d != nullptr, who, ": cache ", i, " is not a CudaKVStore (the CUDA forward reads its caches on the device;",
+              " take them from cuda_slots())");
+      require(d->num_layers() == c_.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
+              c_.num_hidden_layers);
+      require(d->length() + 1 <= std::min(d->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
+              " at position ", d->length(), " would exceed its cache of ", d->max_tokens(), " positions or the context");
+      stores_.push_back(d);
+    }
+  }
+
+  void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) override {
+    const int hd = c_.head_dim, qd = c_.num_attention_heads * hd, kvd = c_.num_key_value_heads * hd;
+    for (size_t b = 0; b < stores_.size(); ++b) {  // each sequence's K/V into its own cache, then its attention
+      CudaKVStore& kv = *stores_[b];
+      kv.append_device(layer, k + b * kvd, v + b * kvd, 1);
+      decode_attention(q + b * qd, kv.device_keys(layer), kv.device_values(layer), out + b * qd, kv.length(layer),
+                       c_.num_attention_heads, c_.num_key_value_heads, hd);
+    }
+  }
+
+ private:
+  ModelConfig c_;
+  std::vector<CudaKVStore*> stores_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config) {
+  return std::make_unique<ContiguousAttention>(config);
+}
+
 // ------------------------------------------------------------------ forward --
 
 struct CudaForward::Impl {
@@ -210,12 +255,13 @@ struct CudaForward::Impl {
     DeviceMatrix q, k, v, o, gate, up, down;
   };
   std::vector<Layer> layers;
+  std::unique_ptr<DeviceAttention> attention;
   Scratch s;
 
-  /// One step of B = stores.size() rows; logits left in s.logits [B, vocab].
-  void step(std::span<const int> tokens, std::span<CudaKVStore* const> stores) {
+  /// One step of B = stores.size() rows, after attention->begin_step(stores); logits left in
+  /// s.logits [B, vocab].
+  void step(std::span<const int> tokens, std::span<KVStore* const> stores) {
     const int B = static_cast<int>(tokens.size()), hidden = c.hidden_size, hd = c.head_dim;
-    const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd;
     s.ensure(c, B);
     std::vector<int> positions(B);
     for (int b = 0; b < B; ++b) positions[b] = stores[b]->length();
@@ -231,13 +277,7 @@ struct CudaForward::Impl {
       l.v.gemv(s.h.get(), s.v.get(), B);
       rope(s.q.get(), s.positions.get(), B, c.num_attention_heads, hd, c.rope_theta);
       rope(s.k.get(), s.positions.get(), B, c.num_key_value_heads, hd, c.rope_theta);
-      for (int b = 0; b < B; ++b) {  // each sequence's K/V into its own cache, then its attention
-        CudaKVStore& kv = *stores[b];
-        kv.append_device(li, s.k.get() + static_cast<size_t>(b) * kvd, s.v.get() + static_cast<size_t>(b) * kvd, 1);
-        decode_attention(s.q.get() + static_cast<size_t>(b) * qd, kv.device_keys(li), kv.device_values(li),
-                         s.attn.get() + static_cast<size_t>(b) * qd, kv.length(li), c.num_attention_heads,
-                         c.num_key_value_heads, hd);
-      }
+      attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
       l.o.gemv(s.attn.get(), s.tmp.get(), B);
       add(s.x.get(), s.tmp.get(), static_cast<long>(B) * hidden);
       rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
@@ -256,24 +296,16 @@ struct CudaForward::Impl {
     INFER_CUDA_CHECK(cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
   }
-
-  /// `cache` as a CudaKVStore of this model's shape, or an infer::Error naming `who`.
-  CudaKVStore& device_store(KVStore* cache, const char* who, size_t i) const {
-    auto* d = dynamic_cast<CudaKVStore*>(cache);
-    require(d != nullptr, who, ": cache ", i, " is not a CudaKVStore (the CUDA forward reads its caches on the device;",
-            " take them from cuda_slots())");
-    require(d->num_layers() == c.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
-            c.num_hidden_layers);
-    return *d;
-  }
 };
 
 CudaForward::CudaForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-CudaForward::CudaForward(const ModelWeights& model, WeightType type) : impl_(std::make_unique<Impl>()) {
+CudaForward::CudaForward(const ModelWeights& model, WeightType type, std::unique_ptr<DeviceAttention> attention)
+    : impl_(std::make_unique<Impl>()) {
   require(cuda_device_available(), "CudaForward: no CUDA device here");
   Impl& m = *impl_;
   m.c = model.config;
+  m.attention = attention ? std::move(attention) : contiguous_attention(m.c);
   m.embed = DeviceArray<float>(std::vector<float>(model.embed_tokens.data(),
                                                   model.embed_tokens.data() + model.embed_tokens.size()));
   m.final_norm = upload(model.norm);
@@ -288,11 +320,13 @@ CudaForward::CudaForward(const ModelWeights& model, WeightType type) : impl_(std
   }
 }
 
-std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, WeightType type) {
+std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, WeightType type,
+                                                               std::unique_ptr<DeviceAttention> attention) {
   require(cuda_device_available(), "CudaForward: no CUDA device here");
   c.validate("CudaForward::with_pattern_weights");
   auto m = std::make_unique<Impl>();
   m->c = c;
+  m->attention = attention ? std::move(attention) : contiguous_attention(c);
   std::vector<float> tile(1 << 20);
   uint64_t state = 0x9E3779B97F4A7C15ull;
   for (float& t : tile) {  // a cheap generator: these weights are for timing, not for text
@@ -323,12 +357,14 @@ Vector CudaForward::prefill(std::span<const int> tokens, KVStore& cache) {
   Impl& m = *impl_;
   require(!tokens.empty(), "CudaForward::prefill: no tokens");
   check_tokens(m.c, tokens, "CudaForward::prefill");
-  CudaKVStore& kv = m.device_store(&cache, "CudaForward::prefill", 0);
-  require(kv.length() + tokens.size() <= static_cast<size_t>(std::min(kv.max_tokens(), m.c.max_position_embeddings)),
-          "CudaForward::prefill: ", tokens.size(), " tokens after ", kv.length(), " would exceed the cache of ",
-          kv.max_tokens(), " positions or the context");
-  CudaKVStore* one[] = {&kv};
-  for (int t : tokens) m.step(std::span<const int>(&t, 1), one);
+  require(cache.length() + tokens.size() <= static_cast<size_t>(std::min(cache.max_tokens(), m.c.max_position_embeddings)),
+          "CudaForward::prefill: ", tokens.size(), " tokens after ", cache.length(), " would exceed the cache of ",
+          cache.max_tokens(), " positions or the context");
+  KVStore* one[] = {&cache};
+  for (int t : tokens) {
+    m.attention->begin_step(one, "CudaForward::prefill");
+    m.step(std::span<const int>(&t, 1), one);
+  }
   return m.logits(1).row(0).transpose();
 }
 
@@ -339,16 +375,11 @@ Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const
           caches.size(), " caches (expected one token per cache, at least one)");
   require(std::set<KVStore*>(caches.begin(), caches.end()).size() == caches.size(),
           "CudaForward::decode: two sequences share a cache (each sequence needs its own)");
-  std::vector<CudaKVStore*> stores;
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  for (size_t i = 0; i < tokens.size(); ++i)
     require(tokens[i] >= 0 && tokens[i] < c.vocab_size, "CudaForward::decode: token ", tokens[i], " of sequence ", i,
             " is outside the vocabulary [0, ", c.vocab_size, ")");
-    CudaKVStore& kv = m.device_store(caches[i], "CudaForward::decode", i);
-    require(kv.length() + 1 <= std::min(kv.max_tokens(), c.max_position_embeddings), "CudaForward::decode: sequence ",
-            i, " at position ", kv.length(), " would exceed its cache or the context");
-    stores.push_back(&kv);
-  }
-  m.step(tokens, stores);
+  m.attention->begin_step(caches, "CudaForward::decode");
+  m.step(tokens, caches);
   return m.logits(static_cast<int>(tokens.size()));
 }
 

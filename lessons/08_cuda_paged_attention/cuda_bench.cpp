@@ -1,0 +1,238 @@
+// Lesson 08 bench: what paging costs, and what splitting the context buys.
+//
+//   build/cuda/bin/lesson08_cuda_bench [--json FILE] [--quick]
+//
+// Decode attention is memory-bound: it reads every cached key and value once and does a few
+// FLOPs with each. So each kernel is measured in GB/s (the K/V bytes it must read, over its
+// time), against the device's own copy bandwidth:
+//
+//   1. contiguous against paged, batch 32 at 2,048 positions (Llama-3-8B's heads, 32 over 8, of
+//      128): lesson 07's decode_attention (a launch per sequence, a block per query head), your
+//      paged kernel over tables whose blocks lie in order, and over shuffled tables, at block
+//      sizes 8, 16 and 32. Shuffled against in-order is the cost of paging.
+//   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
+//      split, and the speedup.
+//   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
+//      positions cached: lesson 07's engine against the paged, split one.
+//
+// Kernel times are the median of CUDA-event timings after a warm-up. On a machine without a CUDA
+// device it says so and exits 0. ./course gpu-check runs it and puts the JSON in its report;
+// lessons/08_cuda_paged_attention/plot.py draws it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/cuda_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/cuda_timing.hpp"
+#include "common/options.hpp"
+#include "common/rng.hpp"
+#include "common/timer.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
+#include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+
+using namespace infer;
+
+namespace {
+
+struct Result {
+  std::string name, shape;
+  double bytes = 0, ms = 0;
+};
+
+struct SplitPoint {
+  int length = 0, splits = 1;
+  double one_pass_ms = 0, split_ms = 0;
+};
+
+/// Device block tables for `batch` sequences of `blocks` blocks each: in order (sequence i owns
+/// blocks i * blocks ...), or the same ids shuffled across the whole pool.
+DeviceArray<int> tables(int batch, int blocks, bool shuffled) {
+  std::vector<int> ids(static_cast<size_t>(batch) * blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  if (shuffled) {
+    Rng rng(7);
+    for (size_t i = ids.size() - 1; i > 0; --i) std::swap(ids[i], ids[rng.below(i + 1)]);
+  }
+  return DeviceArray<int>(ids);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson08_cuda_bench", {"--json"}, {"--quick"});
+    const bool quick = opts.has("--quick");
+    const std::string json = opts.text("--json", "");
+    if (!cuda_device_available()) {
+      std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
+      if (!json.empty())
+        if (std::FILE* f = std::fopen(json.c_str(), "w")) {
+          std::fputs("{\"device\": null, \"kernels\": [], \"decode\": [], \"splits\": []}\n", f);
+          std::fclose(f);
+        }
+      return 0;
+    }
+    cudaDeviceProp prop{};
+    INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int reps = quick ? 5 : 20;
+    std::printf("%s: %d SMs, %.0f GiB\n\n", prop.name, prop.multiProcessorCount,
+                static_cast<double>(prop.totalGlobalMem) / (1u << 30));
+    const double copy_gbps = cuda_copy_gbps((quick ? 256ull : 1024ull) << 20, reps);
+    std::printf("device-to-device copy: %.0f GB/s (read + written)\n\n", copy_gbps);
+
+    const int heads = 32, kv_heads = 8, hd = 128, kvd = kv_heads * hd;
+    std::vector<Result> results;
+
+    // 1. Contiguous against paged: batch 32 at 2,048 positions.
+    {
+      const int batch = quick ? 8 : 32, length = 2048;
+      const double bytes = 2.0 * sizeof(float) * batch * static_cast<double>(length) * kvd;
+      const std::string shape = cat("batch ", batch, " x ", length, " positions");
+      const size_t rows = static_cast<size_t>(batch) * length;
+      DeviceArray<float> q(static_cast<size_t>(batch) * heads * hd), k(rows * kvd), v(rows * kvd), out(q.size());
+      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      // Lesson 07: one launch per sequence over its own contiguous rows.
+      results.push_back({"lesson 07 decode_attention", shape, bytes, cuda_time_ms([&] {
+                           for (int i = 0; i < batch; ++i)
+                             gpu::decode_attention(q.get() + static_cast<size_t>(i) * heads * hd,
+                                                   k.get() + static_cast<size_t>(i) * length * kvd,
+                                                   v.get() + static_cast<size_t>(i) * length * kvd,
+                                                   out.get() + static_cast<size_t>(i) * heads * hd, length, heads,
+                                                   kv_heads, hd);
+                         }, reps)});
+      std::vector<int> lengths(batch, length);
+      DeviceArray<int> dlengths(lengths);
+      for (const int bs : {16, 8, 32}) {
+        for (const bool shuffled : {false, true}) {
+          if (bs != 16 && !shuffled) continue;  // in order once, at the usual block size
+          const int blocks = length / bs;
+          DeviceArray<int> t = tables(batch, blocks, shuffled);
+          gpu::PagedBatch a;
+          a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlengths.get();
+          a.out = out.get(), a.batch = batch, a.max_blocks = blocks, a.block_size = bs, a.heads = heads;
+          a.kv_heads = kv_heads, a.head_dim = hd, a.max_length = length;
+          results.push_back({cat("paged, ", shuffled ? "shuffled" : "in-order", " blocks of ", bs), shape, bytes,
+                             cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
+        }
+      }
+    }
+
+    // 2. Split-K at batch 1 over the context length.
+    std::vector<SplitPoint> splits;
+    for (const int length : quick ? std::vector<int>{512, 8192} : std::vector<int>{512, 2048, 8192, 32768, 131072}) {
+      const int bs = 16, blocks = length / bs;
+      DeviceArray<float> q(static_cast<size_t>(heads) * hd), k(static_cast<size_t>(length) * kvd), v(k.size()),
+          out(q.size());
+      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      DeviceArray<int> t = tables(1, blocks, true), dlength(std::vector<int>{length});
+      gpu::PagedBatch a;
+      a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlength.get();
+      a.out = out.get(), a.batch = 1, a.max_blocks = blocks, a.block_size = bs, a.heads = heads;
+      a.kv_heads = kv_heads, a.head_dim = hd, a.max_length = length;
+      SplitPoint p;
+      p.length = length;
+      p.splits = gpu::choose_splits(1, kv_heads, length, prop.multiProcessorCount);
+      DeviceArray<float> po(static_cast<size_t>(heads) * p.splits * hd), pl(static_cast<size_t>(heads) * p.splits);
+      p.one_pass_ms = cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps);
+      p.split_ms = cuda_time_ms([&] { gpu::paged_decode_attention_split(a, p.splits, po.get(), pl.get()); }, reps);
+      splits.push_back(p);
+      const double bytes = 2.0 * sizeof(float) * length * kvd;
+      results.push_back({"paged, one pass", cat("batch 1 x ", length, " positions"), bytes, p.one_pass_ms});
+      results.push_back({cat("paged, split ", p.splits, " ways"), cat("batch 1 x ", length, " positions"), bytes,
+                         p.split_ms});
+    }
+
+    // 3. A whole decode step at a long context: the 1.1B shape (TinyLlama's: 22 layers, hidden
+    // 2048, 32 heads over 4 of 64, MLP 5632), bf16 weights, batch 1, 8,192 positions cached
+    // (their contents do not matter to the time).
+    struct Decode {
+      std::string model;
+      double tokens_per_s = 0;
+    };
+    std::vector<Decode> decodes;
+    {
+      ModelConfig big;
+      big.vocab_size = 32000, big.hidden_size = 2048, big.intermediate_size = 5632, big.num_hidden_layers = 22;
+      big.num_attention_heads = 32, big.num_key_value_heads = 4, big.head_dim = 64;
+      big.max_position_embeddings = 16384;
+      const int context = quick ? 2048 : 8192, steps = quick ? 8 : 32;
+      auto time_steps = [&](gpu::CudaForward& forward, KVStore& cache, const std::string& name) {
+        KVStore* caches[] = {&cache};
+        const int token[] = {3};
+        forward.decode(token, caches);  // warm-up
+        Stopwatch clock;
+        for (int i = 0; i < steps; ++i) forward.decode(token, caches);
+        decodes.push_back({name, steps / clock.seconds()});
+      };
+      {  // Lesson 07: a contiguous cache, one decode_attention per sequence and layer.
+        auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
+        gpu::CudaKVStore cache(big, context + steps + 2);
+        DeviceArray<float> rows(static_cast<size_t>(context) * big.num_key_value_heads * big.head_dim);
+        rows.fill_bytes(0);
+        for (int l = 0; l < big.num_hidden_layers; ++l) cache.append_device(l, rows.get(), rows.get(), context);
+        time_steps(*forward, cache, cat("1.1B shape, bf16, ", context, " positions, lesson 07 attention"));
+      }
+      {  // Lesson 08: the paged pool, split by choose_splits().
+        gpu::CudaPagedKVManager kv(big, (context + steps + 2) / 16 + 2, 16);
+        auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, kv.attention());
+        auto cache = kv.open(context);
+        auto& paged = dynamic_cast<gpu::CudaPagedKVCache&>(*cache);
+        for (int l = 0; l < big.num_hidden_layers; ++l)
+          for (int p = 0; p < context; ++p) paged.advance(l);  // the pool's zeros stand for the cached rows
+        time_steps(*forward, *cache, cat("1.1B shape, bf16, ", context, " positions, paged + split"));
+        kv.close(std::move(cache));
+      }
+    }
+
+    std::printf("%-32s %-28s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
+    for (const Result& r : results) {
+      const double gbps = r.bytes / (r.ms * 1e6);
+      std::printf("%-32s %-28s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
+                  100 * gbps / copy_gbps);
+    }
+    std::printf("\n%-10s %8s %14s %12s %9s\n", "positions", "splits", "one pass ms", "split ms", "speedup");
+    for (const SplitPoint& p : splits)
+      std::printf("%-10d %8d %14.4f %12.4f %8.1fx\n", p.length, p.splits, p.one_pass_ms, p.split_ms,
+                  p.one_pass_ms / p.split_ms);
+    std::printf("\n%-56s %12s\n", "decode step", "tokens/s");
+    for (const Decode& d : decodes) std::printf("%-56s %12.0f\n", d.model.c_str(), d.tokens_per_s);
+
+    if (!json.empty()) {
+      std::FILE* f = std::fopen(json.c_str(), "w");
+      require(f != nullptr, "lesson08_cuda_bench: cannot write ", json);
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"kernels\": [\n", prop.name, copy_gbps);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const Result& r = results[i];
+        const double gbps = r.bytes / (r.ms * 1e6);
+        std::fprintf(f, "  {\"name\": \"%s\", \"shape\": \"%s\", \"ms\": %.5f, \"gbps\": %.1f, \"fraction_of_copy\": %.4f}%s\n",
+                     r.name.c_str(), r.shape.c_str(), r.ms, gbps, gbps / copy_gbps, i + 1 < results.size() ? "," : "");
+      }
+      std::fprintf(f, "], \"splits\": [\n");
+      for (size_t i = 0; i < splits.size(); ++i) {
+        const SplitPoint& p = splits[i];
+        std::fprintf(f, "  {\"length\": %d, \"splits\": %d, \"one_pass_ms\": %.5f, \"split_ms\": %.5f}%s\n", p.length,
+                     p.splits, p.one_pass_ms, p.split_ms, i + 1 < splits.size() ? "," : "");
+      }
+      std::fprintf(f, "], \"steps\": [\n");
+      for (size_t i = 0; i < decodes.size(); ++i)
+        std::fprintf(f, "  {\"model\": \"%s\", \"tokens_per_s\": %.1f}%s\n", decodes[i].model.c_str(),
+                     decodes[i].tokens_per_s, i + 1 < decodes.size() ? "," : "");
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+      std::printf("\nwrote %s\n", json.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,270 @@
+// Lesson 08 on a CUDA device: the paged kernels against lesson 04's CPU paged attention, over
+// shuffled block tables (no sequence's blocks in order), block sizes 8, 16 and 32, lengths that
+// are not multiples of the block size, grouped-query ratios 1 to 12, head dims 24, 64 and 128, a
+// batch of sequences of different lengths in one launch. Outputs are poisoned with NaN first.
+// Tolerance 1e-5 + 1e-4 |ref| (float32 sums in another order). Without a device every case skips.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "common/cuda_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/rng.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
+#include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+
+namespace infer::gpu {
+namespace {
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
+
+std::vector<float> random_values(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+DeviceArray<float> poisoned(size_t n) {
+  DeviceArray<float> out(n);
+  out.fill_bytes(0xFF);
+  return out;
+}
+
+struct Shape {
+  int heads, kv_heads, head_dim;
+};
+
+/// A batch of sequences over one shuffled pool, on the host (lesson 04's PagedKVPool, the
+/// reference) and on the device (the same rows), with each sequence's table and query.
+struct PagedFixture {
+  Shape s;
+  int block_size, num_blocks, max_blocks = 1;
+  std::vector<int> lengths;
+  std::vector<std::vector<int>> tables;
+  std::unique_ptr<PagedKVPool> pool;
+  std::vector<float> q;
+  DeviceArray<float> dq, dk, dv;
+  DeviceArray<int> dtables, dlengths;
+
+  PagedFixture(Shape shape, int bs, std::vector<int> lens, uint64_t seed) : s(shape), block_size(bs), lengths(lens) {
+    int total = 0;
+    for (int len : lengths) total += blocks_for(len, bs);
+    num_blocks = total + 3;  // a few blocks nobody uses
+    ModelConfig c;
+    c.num_hidden_layers = 1, c.num_attention_heads = s.heads, c.num_key_value_heads = s.kv_heads;
+    c.head_dim = s.head_dim, c.max_position_embeddings = 1 << 20;
+    pool = std::make_unique<PagedKVPool>(c, num_blocks, bs);
+    const int kvd = s.kv_heads * s.head_dim;
+    const auto k = random_values(static_cast<size_t>(num_blocks) * bs * kvd, seed);
+    const auto v = random_values(k.size(), seed + 1);
+    for (int b = 0; b < num_blocks; ++b) {
+      pool->key_block(0, b) = Eigen::Map<const Matrix>(k.data() + static_cast<size_t>(b) * bs * kvd, bs, kvd);
+      pool->value_block(0, b) = Eigen::Map<const Matrix>(v.data() + static_cast<size_t>(b) * bs * kvd, bs, kvd);
+    }
+    // Blocks handed out in a shuffled order: no table is contiguous or ascending.
+    std::vector<int> order(num_blocks);
+    std::iota(order.begin(), order.end(), 0);
+    Rng rng(seed + 2);
+    for (int i = num_blocks - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+    size_t next = 0;
+    for (int len : lengths) {
+      tables.emplace_back(order.begin() + next, order.begin() + next + blocks_for(len, bs));
+      next += tables.back().size();
+      max_blocks = std::max(max_blocks, static_cast<int>(tables.back().size()));
+    }
+    std::vector<int> flat(lengths.size() * max_blocks, -1);  // entries past a table's end: never read
+    for (size_t i = 0; i < tables.size(); ++i) std::copy(tables[i].begin(), tables[i].end(), flat.begin() + i * max_blocks);
+    q = random_values(lengths.size() * s.heads * s.head_dim, seed + 3);
+    dq = DeviceArray<float>(q), dk = DeviceArray<float>(k), dv = DeviceArray<float>(v);
+    dtables = DeviceArray<int>(flat), dlengths = DeviceArray<int>(lengths);
+  }
+
+  int batch() const { return static_cast<int>(lengths.size()); }
+  size_t out_size() const { return static_cast<size_t>(batch()) * s.heads * s.head_dim; }
+
+  PagedBatch args(float* out) const {
+    PagedBatch a;
+    a.q = dq.get(), a.k_pool = dk.get(), a.v_pool = dv.get(), a.block_tables = dtables.get();
+    a.lengths = dlengths.get(), a.out = out, a.batch = batch(), a.max_blocks = max_blocks, a.block_size = block_size;
+    a.heads = s.heads, a.kv_heads = s.kv_heads, a.head_dim = s.head_dim;
+    a.max_length = *std::max_element(lengths.begin(), lengths.end());
+    return a;
+  }
+
+  /// Lesson 04's paged_attention for every sequence, [batch, heads * head_dim].
+  Matrix reference() const {
+    const int qd = s.heads * s.head_dim;
+    Matrix want(batch(), qd);
+    for (int i = 0; i < batch(); ++i) {
+      const Matrix qi = Eigen::Map<const Matrix>(q.data() + static_cast<size_t>(i) * qd, 1, qd);
+      want.row(i) = paged_attention(qi, *pool, tables[i], 0, lengths[i], s.heads, s.kv_heads, s.head_dim).row(0);
+    }
+    return want;
+  }
+
+  Matrix download(const DeviceArray<float>& out) const {
+    const auto got = out.download();
+    return Eigen::Map<const Matrix>(got.data(), batch(), s.heads * s.head_dim);
+  }
+};
+
+const Shape kShapes[] = {{4, 4, 24}, {8, 4, 64}, {8, 2, 128}, {8, 1, 64}, {6, 2, 24}, {12, 1, 64}, {32, 8, 128}};
+
+GRADED_TEST(Lesson08Kernels, PagedAttentionMatchesLesson04, 4) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 100;
+  for (const Shape s : kShapes) {
+    for (int bs : {8, 16, 32}) {
+      PagedFixture f(s, bs, {1, bs - 1, bs, bs + 1, 3 * bs + 5, 77}, seed += 10);
+      SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim, ", blocks of ", bs));
+      DeviceArray<float> out = poisoned(f.out_size());
+      paged_decode_attention(f.args(out.get()));
+      ASSERT_TRUE(testing::all_close(f.reference(), f.download(out), 1e-5, 1e-4,
+                                     "paged_decode_attention against lesson 04's paged_attention"));
+    }
+  }
+}
+
+GRADED_TEST(Lesson08Kernels, LongContextsMatchLesson04, 2) {
+  REQUIRE_DEVICE();
+  PagedFixture f({32, 8, 128}, 16, {5000, 1, 2049}, 7);
+  DeviceArray<float> out = poisoned(f.out_size());
+  paged_decode_attention(f.args(out.get()));
+  ASSERT_TRUE(testing::all_close(f.reference(), f.download(out), 1e-5, 1e-4, "5,000 positions in one pass"));
+}
+
+GRADED_TEST(Lesson08Kernels, SplitEqualsUnsplitForEverySplitCount, 3) {
+  REQUIRE_DEVICE();
+  for (const Shape s : {Shape{8, 2, 64}, Shape{6, 6, 24}, Shape{12, 1, 128}}) {
+    PagedFixture f(s, 16, {1, 9, 40, 100}, 300 + s.heads);
+    const Matrix want = f.reference();
+    for (int splits = 1; splits <= 104; splits += (splits < 16 ? 1 : 11)) {  // past every length, too
+      SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim, ", ", splits, " splits"));
+      const size_t rows = static_cast<size_t>(f.batch()) * s.heads;
+      DeviceArray<float> out = poisoned(f.out_size()), po = poisoned(rows * splits * s.head_dim),
+                         pl = poisoned(rows * splits);
+      paged_decode_attention_split(f.args(out.get()), splits, po.get(), pl.get());
+      ASSERT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "the split attention, merged"));
+    }
+  }
+}
+
+GRADED_TEST(Lesson08Kernels, EachSplitsPartialMatchesTheCpuPartial, 2) {
+  // The workspace itself: partial (i, h, s) and its lse equal attention_partial over split_range.
+  REQUIRE_DEVICE();
+  const Shape s{8, 2, 24};
+  PagedFixture f(s, 8, {30, 3}, 55);
+  const int splits = 5, rows = f.batch() * s.heads;
+  DeviceArray<float> out = poisoned(f.out_size()), po = poisoned(static_cast<size_t>(rows) * splits * s.head_dim),
+                     pl = poisoned(static_cast<size_t>(rows) * splits);
+  paged_decode_attention_split(f.args(out.get()), splits, po.get(), pl.get());
+  const auto parts = po.download(), lses = pl.download();
+  for (int i = 0; i < f.batch(); ++i) {
+    Matrix keys(f.lengths[i], s.kv_heads * s.head_dim), values(keys.rows(), keys.cols());
+    for (int p = 0; p < f.lengths[i]; ++p) {
+      keys.row(p) = f.pool->key_block(0, f.tables[i][p / 8]).row(p % 8);
+      values.row(p) = f.pool->value_block(0, f.tables[i][p / 8]).row(p % 8);
+    }
+    const Vector q = Eigen::Map<const Vector>(f.q.data() + static_cast<size_t>(i) * s.heads * s.head_dim,
+                                              s.heads * s.head_dim);
+    for (int sp = 0; sp < splits; ++sp) {
+      const AttentionPartial want =
+          attention_partial(q, keys, values, split_range(f.lengths[i], splits, sp), s.heads, s.kv_heads, s.head_dim);
+      for (int h = 0; h < s.heads; ++h) {
+        SCOPED_TRACE(cat("sequence ", i, ", head ", h, ", split ", sp));
+        const size_t row = static_cast<size_t>(i) * s.heads + h;
+        const float lse = lses[row * splits + sp];
+        if (std::isinf(want.lse[h])) {
+          ASSERT_TRUE(std::isinf(lse) && lse < 0) << "an empty split's lse must be -infinity, got " << lse;
+          continue;
+        }
+        ASSERT_NEAR(lse, want.lse[h], 1e-4 + 1e-5 * std::abs(want.lse[h])) << "the split's lse";
+        const Vector got = Eigen::Map<const Vector>(parts.data() + (row * splits + sp) * s.head_dim, s.head_dim);
+        ASSERT_TRUE(testing::all_close(want.out.row(h).transpose(), got, 1e-5, 1e-4, "the split's partial output"));
+      }
+    }
+  }
+}
+
+GRADED_TEST(Lesson08Kernels, MergeKernelEqualsTheCpuMerge, 2) {
+  REQUIRE_DEVICE();
+  const int rows = 37, splits = 6, hd = 40;
+  auto po = random_values(static_cast<size_t>(rows) * splits * hd, 71);
+  auto pl = random_values(static_cast<size_t>(rows) * splits, 72);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int r = 0; r < rows; ++r)
+    for (int s = 0; s < splits; ++s) {
+      float& lse = pl[static_cast<size_t>(r) * splits + s];
+      lse = lse * 30.0f + (r % 3 == 0 ? 500.0f : 0.0f);  // spreads of tens, and lse values in the hundreds
+      if ((r + s) % 4 == 0 || r == 5) {                   // empty splits; every split of row 5
+        lse = -inf;
+        std::fill_n(po.begin() + (static_cast<size_t>(r) * splits + s) * hd, hd, 0.0f);
+      }
+    }
+  DeviceArray<float> dpo(po), dpl(pl), out = poisoned(static_cast<size_t>(rows) * hd);
+  merge_attention_partials(dpo.get(), dpl.get(), out.get(), rows, splits, hd);
+  const auto got = out.download();
+  for (int r = 0; r < rows; ++r) {
+    std::vector<AttentionPartial> parts;
+    for (int s = 0; s < splits; ++s) {
+      AttentionPartial p{Matrix(1, hd), Vector::Constant(1, pl[static_cast<size_t>(r) * splits + s])};
+      p.out.row(0) = Eigen::Map<const Eigen::RowVectorXf>(po.data() + (static_cast<size_t>(r) * splits + s) * hd, hd);
+      parts.push_back(p);
+    }
+    const AttentionPartial want = merge_partials(parts);
+    const Eigen::RowVectorXf row = Eigen::Map<const Eigen::RowVectorXf>(got.data() + static_cast<size_t>(r) * hd, hd);
+    ASSERT_TRUE(testing::all_close(want.out.row(0), row, 1e-5, 1e-4, cat("merged row ", r)));
+  }
+}
+
+GRADED_TEST(Lesson08Kernels, WriteKvSlotsPutsEachRowInItsSlot, 1) {
+  REQUIRE_DEVICE();
+  const int pool_rows = 50, kvd = 72, batch = 7;
+  const std::vector<int> slots{49, 0, 17, 3, 31, 32, 8};
+  const auto k = random_values(static_cast<size_t>(batch) * kvd, 81), v = random_values(k.size(), 82);
+  const auto kp0 = random_values(static_cast<size_t>(pool_rows) * kvd, 83), vp0 = random_values(kp0.size(), 84);
+  DeviceArray<float> dk(k), dv(v), kp(kp0), vp(vp0);
+  DeviceArray<int> ds(slots);
+  write_kv_slots(dk.get(), dv.get(), kp.get(), vp.get(), ds.get(), batch, kvd);
+  auto want_k = kp0, want_v = vp0;
+  for (int i = 0; i < batch; ++i)
+    for (int c = 0; c < kvd; ++c) {
+      want_k[static_cast<size_t>(slots[i]) * kvd + c] = k[static_cast<size_t>(i) * kvd + c];
+      want_v[static_cast<size_t>(slots[i]) * kvd + c] = v[static_cast<size_t>(i) * kvd + c];
+    }
+  EXPECT_EQ(kp.download(), want_k) << "keys: each row in its slot, every other row of the pool untouched";
+  EXPECT_EQ(vp.download(), want_v) << "values: each row in its slot, every other row of the pool untouched";
+}
+
+GRADED_TEST(Lesson08Kernels, BadArgumentsAreRefusedBeforeLaunching, 1) {
+  REQUIRE_DEVICE();
+  PagedFixture f({8, 2, 24}, 8, {10}, 91);
+  DeviceArray<float> out(f.out_size()), po(1000), pl(100);
+  using testing::throws_error_mentioning;
+  PagedBatch a = f.args(out.get());
+  a.kv_heads = 3;
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention(a); }, "kv_heads"));
+  a = f.args(out.get()), a.head_dim = 300;
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention(a); }, "head_dim"));
+  a = f.args(out.get()), a.max_length = 1000;
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention(a); }, "max_length"));
+  a = f.args(out.get()), a.q = nullptr;
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention(a); }, "null"));
+  a = f.args(out.get());
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 0, po.get(), pl.get()); }, "num_splits"));
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 2, nullptr, pl.get()); }, "null"));
+  EXPECT_TRUE(throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), out.get(), 0, 2, 8); }, "rows"));
+  EXPECT_TRUE(throws_error_mentioning([&] { write_kv_slots(po.get(), po.get(), po.get(), po.get(), nullptr, 1, 8); },
+                                      "null"));
+}
+
+}  // namespace
+}  // namespace infer::gpu

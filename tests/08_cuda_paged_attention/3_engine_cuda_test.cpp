@@ -1,0 +1,105 @@
+// Lesson 08 on a CUDA device: lesson 03's engine with lesson 04's paged memory, on the GPU through
+// your kernels (the given CudaPagedKVManager and its attention), against the same engine on the
+// CPU. Without a device every case skips.
+#include <memory>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/03_batching/batching.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+
+namespace infer::gpu {
+namespace {
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
+
+std::vector<GenerationRequest> requests() {
+  std::vector<GenerationRequest> r;
+  const char* prompts[] = {"Q: What is a", "A duck walks", "The best way to", "Q: Why", "Fortune favours", "Q: How do",
+                           "You will", "Never"};
+  for (int i = 0; i < 8; ++i)
+    r.push_back({i, ByteTokenizer::encode(prompts[i]), 12 + 5 * i, SamplingParams{.temperature = 0.0f}, i / 3});
+  return r;
+}
+
+GRADED_TEST(Lesson08Engine, ThePagedEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
+  // Eight greedy requests, a batch of up to 6, and a pool of 14 blocks of 8 positions: too small
+  // for all of them at once, so sequences are preempted and resumed. The GPU engine must make the
+  // same choices (the same scheduler, the same block counts) and produce the same tokens.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  BatchEngine cpu(m, Policy::Continuous, 6, std::make_unique<PagedKVManager>(m.config, 14, 8));
+  auto kv = std::make_unique<CudaPagedKVManager>(m.config, 14, 8);
+  auto forward = std::make_unique<CudaForward>(m, WeightType::F32, kv->attention());
+  BatchEngine gpu(std::move(forward), Policy::Continuous, 6, std::move(kv));
+  for (auto& r : requests()) cpu.submit(r);
+  for (auto& r : requests()) gpu.submit(r);
+  const auto want = cpu.run(), got = gpu.run();
+  ASSERT_EQ(got.size(), want.size());
+  int preempted = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i << ": \"" << ByteTokenizer::decode(got[i].tokens)
+                                             << "\" on the GPU, \"" << ByteTokenizer::decode(want[i].tokens)
+                                             << "\" on the CPU";
+    EXPECT_EQ(got[i].finish_step, want[i].finish_step) << "request " << i;
+    EXPECT_EQ(got[i].preemptions, want[i].preemptions) << "request " << i;
+    preempted += want[i].preemptions;
+  }
+  EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt someone";
+}
+
+GRADED_TEST(Lesson08Engine, EverySplitCountGivesTheCpuLogits, 2) {
+  // The same decode steps with the attention split 1, 3 and 64 ways (more splits than positions
+  // at first), against lesson 03's CPU forward: logits within 1e-3 + 1e-3 |ref|.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("Q: What does the fox say?");
+  for (int splits : {1, 3, 64}) {
+    SCOPED_TRACE(cat(splits, " splits"));
+    CudaPagedKVManager kv(m.config, 32, 16);
+    CudaForward gpu(m, WeightType::F32, kv.attention(splits));
+    CpuForward cpu(m);
+    auto gstore = kv.open(static_cast<int>(prompt.size()));
+    KVCache cstore(m.config, 128);
+    ASSERT_TRUE(testing::all_close(cpu.prefill(prompt, cstore), gpu.prefill(prompt, *gstore), 1e-3, 1e-3,
+                                   "the prompt's last logits"));
+    int token = prompt.back();
+    for (int step = 0; step < 20; ++step) {
+      KVStore* g[] = {gstore.get()};
+      KVStore* c[] = {&cstore};
+      const int t[] = {token};
+      const Matrix want = cpu.decode(t, c), got = gpu.decode(t, g);
+      ASSERT_TRUE(testing::all_close(want, got, 1e-3, 1e-3, cat("decode step ", step)));
+      Eigen::Index best;
+      want.row(0).maxCoeff(&best);
+      token = static_cast<int>(best);
+    }
+    kv.close(std::move(gstore));
+    EXPECT_EQ(kv.reserved_tokens(), 0) << "closing the sequence gives its blocks back";
+  }
+}
+
+GRADED_TEST(Lesson08Engine, ForeignCachesAreRefused, 1) {
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  CudaPagedKVManager kv(m.config, 8, 16), other(m.config, 8, 16);
+  CudaForward gpu(m, WeightType::F32, kv.attention());
+  auto mine = kv.open(4), theirs = other.open(4);
+  CudaKVStore contiguous(m.config, 16);
+  const int t[] = {65};
+  KVStore* foreign[] = {theirs.get()};
+  KVStore* flat[] = {&contiguous};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu.decode(t, foreign); }, "CudaPagedKVCache"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu.decode(t, flat); }, "CudaPagedKVCache"));
+  EXPECT_EQ(kv.preemptions_needed(std::vector<const KVStore*>{mine.get()}), 0);
+}
+
+}  // namespace
+}  // namespace infer::gpu
