@@ -3,7 +3,7 @@
 # machine (nvcc, CMake, ninja and compute-sanitizer there; none of the course's Debian packages;
 # no network).
 #
-#   ./course gpu-check [--out DIR] [--commit SHA] [--build-only] [--arch SM]
+#   ./course gpu-check [--out DIR] [--commit SHA] [--build-only] [--arch SM] [--lessons NN...]
 #
 #  1. the build's packages: if the system has no Eigen, the .deb files that `./course gpu-deps`
 #     fetched into .deb/ are unpacked into build/gpu-deps (GoogleTest is built from source);
@@ -14,19 +14,22 @@
 #  6. the catalogue of known-wrong kernels, each proven to lose points (CI cannot: no GPU);
 #  7. one report, DIR/gpu-report.md and DIR/gpu-report.json: the GPU, its driver, nvcc, the
 #     commit, each step's result, each test, each kernel's GB/s.
-# With --build-only it stops after step 2 (what a machine without a GPU can check).
+# With --build-only it stops after step 2 (what a machine without a GPU can check). With --lessons
+# (say `--lessons 08`), steps 4 to 6 cover those lessons only (every test still runs): a rerun
+# after changing one lesson, on a machine whose time is short.
 # Each step has a time limit, so the whole stays under 8 minutes on an H200.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch=""
+out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch="" only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --commit) commit=${2:?--commit needs a value}; shift 2 ;;
     --arch) arch=${2:?--arch needs a compute capability such as 90}; shift 2 ;;
     --build-only) build_only=1; shift ;;
+    --lessons) shift; while [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]{1,2}$ ]]; do only="$only $(printf '%02d' "$((10#$1))")"; shift; done ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +42,9 @@ PY=$(command -v python3 || echo /usr/bin/python3)
 
 # record NAME STATUS SECONDS NOTE: one line per step for the report.
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$steps"; echo "== $1: $2 ($3 s) $4"; }
+
+# wanted NN: whether lesson NN's sanitizer runs, bench and catalogue are part of this run.
+wanted() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
 
 # run_step NAME LIMIT LOG COMMAND...: runs a step with a time limit, its output into LOG.
 run_step() {
@@ -94,6 +100,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   if command -v compute-sanitizer >/dev/null; then
     for prog in "$build"/bin/*cuda_tests; do
       [ -x "$prog" ] || continue
+      wanted "$(basename "$prog" | sed -E 's/^lesson([0-9]+).*/\1/')" || continue
       for tool in memcheck racecheck; do
         run_step "compute-sanitizer $tool $(basename "$prog")" 150 "$out/sanitizer-$tool-$(basename "$prog").log" \
           compute-sanitizer --tool "$tool" --error-exitcode 3 "$prog"
@@ -106,6 +113,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   # -------------------------------------------------------------- 5. benches --
   for bench in "$build"/bin/lesson*_cuda_bench; do
     [ -x "$bench" ] || continue
+    wanted "$(basename "$bench" | sed -E 's/^lesson([0-9]+).*/\1/')" || continue
     name=$(basename "$bench")
     run_step "bench $name" 150 "$out/$name.log" "$bench" --json "$out/$name.json"
   done
@@ -115,6 +123,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   kw_args=()
   for a in "${cmake_args[@]}"; do kw_args+=("--cmake-arg=$a"); done
   cuda_lessons=$(ls tests/*/known_wrong/*.patch 2>/dev/null | xargs -r grep -l '^+++ .*\.cu$' | cut -d/ -f2 | cut -c1-2 | sort -u)
+  cuda_lessons=$(for nn in $cuda_lessons; do wanted "$nn" && echo "$nn"; done)
   if [ -n "$cuda_lessons" ]; then
     run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 240 "$out/known-wrong.log" \
       "$PY" tools/known_wrong.py --kernels-only --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
@@ -124,5 +133,6 @@ fi
 
 # --------------------------------------------------------------- 7. report --
 [ -n "$commit" ] || commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu-commit 2>/dev/null || echo unknown)
-"$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start))
+"$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
+  --lessons "$only"
 ! grep -qP '\t(failed|timed out)\t' "$steps"

@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--build-only", default="0")
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--lessons", default="", help="the lessons --lessons limited the sanitizers, benches and catalogue to")
     a = ap.parse_args()
 
     gpu = ask(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"])
@@ -48,6 +49,7 @@ def main():
         "nvcc": nvcc[-1] if nvcc else "not found",
         "seconds": a.seconds,
         "build_only": a.build_only == "1",
+        "lessons": a.lessons.split(),
         "steps": [],
         "tests": {},
         "benches": {},
@@ -76,7 +78,8 @@ def main():
 
     md = ["# GPU check report {#gpu_report}", ""]  # the page docs/gpu-report.md replaces
     md += [f"- GPU: {report['gpu']}", f"- CUDA compiler: {report['nvcc']}", f"- commit: {report['commit']}",
-           f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else ""),
+           f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else "")
+           + (f" --lessons {' '.join(report['lessons'])}" if report["lessons"] else ""),
            f"- took: {report['seconds']} s", ""]
     md += ["| step | result | seconds | note |", "| --- | --- | --- | --- |"]
     md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in report["steps"]]
