@@ -109,6 +109,14 @@ def main():
                 speedup = p.get("one_pass_ms", 0) / p["split_ms"] if p.get("split_ms") else 0
                 md += [f"| {p.get('length')} | {p.get('splits')} | {p.get('one_pass_ms', 0):.4f} | "
                        f"{p.get('split_ms', 0):.4f} | {speedup:.1f}x |"]
+        prefill = bench.get("prefill", [])
+        if prefill:
+            md += ["", f"cuBLAS bf16 product on this device: {bench.get('gemm_tflops', 0):.0f} TFLOP/s.", "",
+                   "| version | tokens | ms | TFLOP/s | of cuBLAS | workspace MiB |", "| --- | --- | --- | --- | --- | --- |"]
+            for p in prefill:
+                frac = p.get("tflops", 0) / bench["gemm_tflops"] if bench.get("gemm_tflops") else 0
+                md += [f"| {p.get('version')} | {p.get('tokens')} | {p.get('ms', 0):.3f} | {p.get('tflops', 0):.2f} | "
+                       f"{100 * frac:.1f}% | {p.get('workspace_bytes', 0) / 2**20:.0f} |"]
         for d in bench.get("steps", []):
             md += [f"- decode step, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s"]
     with open(os.path.join(a.out, "gpu-report.md"), "w") as f:
