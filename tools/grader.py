@@ -579,8 +579,8 @@ def grade(args):
     after = tree_snapshot(args.source, args.build)
     if after != before:
         changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
-        problems.append("the course tree changed while grading (the sandbox should make that impossible): "
-                        + ", ".join(changed[:10]))
+        problems.append("the course tree changed while grading (a file saved during the check? the grade may "
+                        "mix the old and the new version; run it again): " + ", ".join(changed[:10]))
     return cases, results, problems, notes, sandbox, time.monotonic() - started
 
 

@@ -14,7 +14,7 @@
 namespace infer::gpu {
 
 PositionRange split_range(int length, int num_splits, int split) {
-  // Split `split` of `num_splits` equal chunks (the last one shorter); the ranges tile [0, length).
+  // Split `split` of `num_splits` chunks of ceil(length / num_splits); the ranges tile [0, length).
   (void)length, (void)num_splits, (void)split;
   throw NotImplemented("08", "split_range");
 }

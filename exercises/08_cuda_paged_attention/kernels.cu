@@ -2,7 +2,7 @@
 // context, the merge of partials, and the write of new keys and values into their slots.
 //
 // Write a __global__ kernel for each host function below, then have the host function check its
-// arguments (check_paged_batch for a PagedBatch, require_device_pointers for the workspace),
+// arguments (check_paged_batch for a PagedBatch, require_device_pointers for every other pointer),
 // launch, and call cuda_check_launch with the kernel's name. The contract is
 // lessons/08_cuda_paged_attention/paged_kernels.hpp. These are graded where a CUDA device is
 // (`./course check 08` there, or `./course gpu-check`); without one they compile and their tests

@@ -33,11 +33,12 @@ struct PositionRange {
   int end = 0;    ///< one past the last; end == begin for an empty range
 };
 
-/// Range `split` of `num_splits` over a sequence of `length` positions: each split but the last
-/// covers chunk = ceil(length / num_splits) positions, split s starting at s * chunk; a split that
-/// starts at or past `length` is empty (begin = end = length), and the last non-empty one ends at
-/// `length`. The ranges are disjoint and, in order, cover [0, length) exactly. (The kernels use
-/// the same rule, so the CPU can check them split by split.)
+/// Range `split` of `num_splits` over a sequence of `length` positions: with chunk =
+/// ceil(length / num_splits), split s is [min(s * chunk, length), min((s + 1) * chunk, length)).
+/// So the first splits hold chunk positions each, one may hold fewer, and the splits after it are
+/// empty (begin = end = length): 5 positions in 4 splits are [0, 2), [2, 4), [4, 5), [5, 5). The
+/// ranges are disjoint and, in order, cover [0, length) exactly. (The kernels use the same rule,
+/// so the CPU can check them split by split.)
 /// @throws infer::Error for length < 0, num_splits < 1, or split outside [0, num_splits)
 ///         (the message names the value).
 PositionRange split_range(int length, int num_splits, int split);
@@ -55,9 +56,11 @@ struct AttentionPartial {
 /// The partial of query q [heads * head_dim] (one position's query heads, already rotated) over
 /// the positions `range` of k and v [length, kv_heads * head_dim] (a sequence's cached keys and
 /// values). Grouped-query: query head h reads K/V head h / (heads / kv_heads).
-/// @throws infer::Error when q does not hold heads * head_dim values, k or v is not kv_heads *
-///         head_dim wide (or they differ in rows), heads is not a multiple of kv_heads, or the
-///         range is not inside [0, k.rows()] with begin <= end.
+/// @throws infer::Error, whatever the order of the checks, with a message containing the word given
+///         here: "heads" when heads or kv_heads is below 1 or heads is not a multiple of kv_heads;
+///         "head_dim" when head_dim is below 1; "q" when q does not hold heads * head_dim values;
+///         "k" or "v" when it is not kv_heads * head_dim wide; "rows" when k and v differ in rows;
+///         "range" when the range is not inside [0, k.rows()] with begin <= end.
 AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatrixRef v, PositionRange range,
                                    int heads, int kv_heads, int head_dim);
 
@@ -65,7 +68,9 @@ AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatri
 /// head): the partial of their union. Empty partials (lse = -infinity) count for nothing; if every
 /// one is empty the result is empty too (zeros, -infinity), never NaN. Stable for any finite lse:
 /// a partial whose lse is 10,000 merges as well as one whose lse is 1.
-/// @throws infer::Error for no partials, or partials of different shapes.
+/// @throws infer::Error for no partials ("no partials"), or partials of different shapes: the
+///         message names the first that differs from part 0, counting from 0 ("partial 1" for
+///         the second).
 AttentionPartial merge_partials(std::span<const AttentionPartial> parts);
 
 /// The number of splits the paged engine uses for a step (given): enough (batch x K/V heads x

@@ -48,15 +48,16 @@ void check_paged_batch(const PagedBatch& a, const char* who);
 /// Decode attention for every sequence of the batch in one launch: out row i, head h = the
 /// softmax over sequence i's lengths[i] positions of q . k / sqrt(head_dim), times the values,
 /// grouped-query (head h reads K/V head h / (heads / kv_heads)). The keys and values are read
-/// where they lie, through the block table: no copy of a sequence's rows. Every query head that
-/// shares a K/V head is computed by the block that reads that K/V head, so each key and value
-/// crosses from memory once per step, not once per query head.
+/// where they lie, through the block table: no copy of a sequence's rows. The query heads that
+/// share a K/V head are computed by the block that reads it (up to 8 per block; a larger group
+/// takes several blocks), so each key and value crosses from memory once per step for every 8
+/// query heads, not once per query head.
 void paged_decode_attention(const PagedBatch& a);
 
 /// The same result computed in `num_splits` pieces per sequence (split_range's ranges of its own
 /// length): one launch computes every (sequence, K/V head, split) partial into the workspace,
-/// a second merges them (merge_attention_partials). Splits past a sequence's end are empty, and
-/// count for nothing.
+/// a second merges them (merge_attention_partials). Splits past a sequence's end are empty: their
+/// partials are written too, as zeros with an lse of -infinity, and count for nothing.
 /// @param a the batch, as for paged_decode_attention (a.out receives the merged result)
 /// @param num_splits ranges per sequence, at least 1 (more than a sequence's length is fine)
 /// @param partial_out workspace of at least batch * heads * num_splits * head_dim floats:
@@ -68,14 +69,14 @@ void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* pa
 /// merge_partials on the device: for each of `rows` rows (a sequence's query head), the
 /// `num_splits` partials [rows, num_splits, head_dim] with their lse [rows, num_splits] merged
 /// into out [rows, head_dim]. A row whose partials are all empty gets zeros.
-/// @throws infer::Error for rows, num_splits or head_dim below 1
+/// @throws infer::Error for rows, num_splits or head_dim below 1, or a null pointer
 void merge_attention_partials(const float* partial_out, const float* partial_lse, float* out, int rows,
                               int num_splits, int head_dim);
 
 /// A step's new keys and values into the pool, for the whole batch in one launch: row i of k and
 /// v [batch, kv_dim] goes to row slots[i] of k_pool and v_pool [pool rows, kv_dim]. (vLLM's
 /// "slot mapping": slot = block * block_size + offset.) Slots are distinct; the host checks them.
-/// @throws infer::Error for batch or kv_dim below 1
+/// @throws infer::Error for batch or kv_dim below 1, or a null pointer (require_device_pointers)
 void write_kv_slots(const float* k, const float* v, float* k_pool, float* v_pool, const int* slots, int batch,
                     int kv_dim);
 

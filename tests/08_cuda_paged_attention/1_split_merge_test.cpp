@@ -201,10 +201,21 @@ GRADED_TEST(Lesson08Cpu, BadShapesAreRefused, 1) {
   const Matrix k = random_matrix(9, 2 * 16, 42), v = random_matrix(9, 2 * 16, 43);
   EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, v, {0, 10}, 8, 2, 16); }, "range"));
   EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, v, {5, 4}, 8, 2, 16); }, "range"));
-  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, v, {0, 9}, 8, 3, 16); }, "heads"));
-  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, v, {0, 9}, 4, 2, 16); }, "q"));
+  // Each call breaks one rule only, so the order of the checks does not matter.
+  const Matrix k3 = random_matrix(9, 3 * 16, 45), v3 = random_matrix(9, 3 * 16, 46);
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k3, v3, {0, 9}, 8, 3, 16); }, "heads"));
+  const Vector q0 = random_matrix(4, 1, 47).col(0);
+  const Matrix k0 = random_matrix(9, 0, 48);
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q0, k0, k0, {0, 9}, 4, 0, 1); }, "heads"));
+  const Vector no_q(0);  // heads x head_dim = 0 values: only head_dim is wrong
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(no_q, k0, k0, {0, 9}, 4, 1, 0); }, "head_dim"));
+  const Vector short_q = random_matrix(4 * 16, 1, 49).col(0);
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(short_q, k, v, {0, 9}, 8, 2, 16); }, "q"));
   const Matrix narrow = random_matrix(9, 16, 44);
   EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, narrow, v, {0, 9}, 8, 2, 16); }, "k"));
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, narrow, {0, 9}, 8, 2, 16); }, "v"));
+  const Matrix few = random_matrix(5, 2 * 16, 50);
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, few, {0, 5}, 8, 2, 16); }, "rows"));
   EXPECT_TRUE(throws_error_mentioning([] { merge_partials({}); }, "no partials"));
   const AttentionPartial a = attention_partial(q, k, v, {0, 9}, 8, 2, 16);
   const AttentionPartial b{Matrix::Zero(4, 16), Vector::Zero(4)};
