@@ -1,9 +1,13 @@
 #include "common/weights.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
 #include "common/rng.hpp"
@@ -155,6 +159,72 @@ ModelWeights random_model(const ModelConfig& config, uint64_t seed) {
 
 std::string bundled_model_dir(const std::string& name) {
   return (std::filesystem::path(COURSE_SOURCE_DIR) / "models" / name).string();
+}
+
+void save_model(const ModelWeights& m, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const ModelConfig& c = m.config;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  require(!ec, "save_model: cannot create '", dir, "': ", ec.message());
+  nlohmann::ordered_json config = {
+      {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings},
+      {"rms_norm_eps", c.rms_norm_eps}, {"rope_theta", c.rope_theta}, {"vocab_size", c.vocab_size},
+      {"hidden_act", "silu"}, {"tie_word_embeddings", c.tie_word_embeddings}, {"bos_token_id", c.bos_token_id},
+      {"eos_token_id", c.eos_token_id}, {"torch_dtype", "float32"}};
+  {
+    std::ofstream f(fs::path(dir) / "config.json");
+    f << config.dump(2) << "\n";
+    require(f.good(), "save_model: cannot write ", (fs::path(dir) / "config.json").string());
+  }
+  // The tensors in a fixed order, their bytes back to back after the header.
+  std::vector<std::pair<std::string, const float*>> data;
+  std::vector<std::pair<long, long>> shapes;
+  auto add = [&](const std::string& name, const float* p, long rows, long cols) {
+    data.push_back({name, p});
+    shapes.push_back({rows, cols});
+  };
+  add("model.embed_tokens.weight", m.embed_tokens.data(), m.embed_tokens.rows(), m.embed_tokens.cols());
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const LayerWeights& l = m.layers[i];
+    const std::string p = cat("model.layers.", i, ".");
+    add(p + "input_layernorm.weight", l.input_layernorm.data(), l.input_layernorm.size(), 0);
+    for (const auto& [name, w] : {std::pair<const char*, const Matrix*>{"self_attn.q_proj.weight", &l.q_proj},
+                                  {"self_attn.k_proj.weight", &l.k_proj}, {"self_attn.v_proj.weight", &l.v_proj},
+                                  {"self_attn.o_proj.weight", &l.o_proj}, {"mlp.gate_proj.weight", &l.gate_proj},
+                                  {"mlp.up_proj.weight", &l.up_proj}, {"mlp.down_proj.weight", &l.down_proj}})
+      add(p + name, w->data(), w->rows(), w->cols());
+    add(p + "post_attention_layernorm.weight", l.post_attention_layernorm.data(), l.post_attention_layernorm.size(), 0);
+  }
+  add("model.norm.weight", m.norm.data(), m.norm.size(), 0);
+  if (!c.tie_word_embeddings) add("lm_head.weight", m.lm_head.data(), m.lm_head.rows(), m.lm_head.cols());
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  long offset = 0;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto [rows, cols] = shapes[i];
+    const long bytes = 4 * rows * (cols == 0 ? 1 : cols);
+    header[data[i].first] = {{"dtype", "F32"},
+                             {"shape", cols == 0 ? nlohmann::json::array({rows}) : nlohmann::json::array({rows, cols})},
+                             {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts on an 8-byte boundary
+  const std::string file = (fs::path(dir) / "model.safetensors").string();
+  std::ofstream f(file, std::ios::binary);
+  uint64_t n = text.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+  f.write(reinterpret_cast<const char*>(le), 8);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto [rows, cols] = shapes[i];
+    f.write(reinterpret_cast<const char*>(data[i].second), 4 * rows * (cols == 0 ? 1 : cols));
+  }
+  require(f.good(), "save_model: cannot write ", file);
 }
 
 }  // namespace infer

@@ -46,6 +46,12 @@ ModelWeights load_model(const std::string& dir);
 /// 1 + small noise for norms): for tests on shapes other than the bundled model's.
 ModelWeights random_model(const ModelConfig& config, uint64_t seed);
 
+/// Writes `model` as `dir/config.json` and `dir/model.safetensors` (float32, Hugging Face tensor
+/// names; no lm_head tensor when the embeddings are tied), creating `dir`; load_model(dir) reads
+/// it back exactly. For `./course make-model`, which makes random models of any shape for the
+/// engine's large-model figures. Throws infer::Error when a file cannot be written.
+void save_model(const ModelWeights& model, const std::string& dir);
+
 /// Path of a model bundled with the course ("tiny-fortunes", "tiny-fortunes-draft").
 std::string bundled_model_dir(const std::string& name);
 

@@ -31,34 +31,6 @@ using namespace infer;
 
 namespace {
 
-double measure_bandwidth(size_t bytes) {
-  const size_t n = bytes / sizeof(float);
-  std::vector<float> data(n);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(i & 1023);  // first touch by the reading thread
-  volatile float sink = 0;
-  const double s = best_seconds(5, [&] {
-    float total = 0;
-    // Each thread sums its own contiguous chunk with Eigen's vectorized sum: a plain `total +=
-    // data[i]` loop is one dependent add after another and measures add latency, not memory.
-#pragma omp parallel reduction(+ : total)
-    {
-      const size_t threads = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
-      const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      total += Eigen::Map<const Eigen::VectorXf>(data.data() + begin, static_cast<Eigen::Index>(end - begin)).sum();
-    }
-    sink = sink + total;
-  });
-  return static_cast<double>(n * sizeof(float)) / s;
-}
-
-double measure_peak_flops(int n) {
-  Matrix a = Matrix::Random(n, n), b = Matrix::Random(n, n), c(n, n);
-  c.noalias() = a * b;  // warm up
-  const double s = best_seconds(5, [&] { c.noalias() = a * b; });
-  return 2.0 * n * n * n / s;
-}
-
 struct Point {
   std::string model, kind, label;
   double intensity, flops_per_s, ms, roof_fraction;
@@ -75,8 +47,8 @@ int main(int argc, char** argv) {
 
     // ---- the roofs -------------------------------------------------------------------
     std::printf("Measuring this machine (%d threads)...\n", omp_get_max_threads());
-    const double bandwidth = measure_bandwidth(quick ? (256u << 20) : (1u << 30));
-    const double peak = measure_peak_flops(quick ? 512 : 1024);
+    const double bandwidth = measure_read_bandwidth(quick ? (256u << 20) : (1u << 30));
+    const double peak = measure_matmul_flops(quick ? 512 : 1024);
     const Hardware here{"this machine", peak, bandwidth, 0};
     std::printf("  memory bandwidth  %8.1f GB/s   (streaming read)\n", bandwidth / 1e9);
     std::printf("  peak float32      %8.1f GFLOP/s (Eigen matrix product)\n", peak / 1e9);

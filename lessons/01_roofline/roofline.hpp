@@ -232,4 +232,15 @@ Capacity capacity(const ModelShape& shape, const MemoryBudget& budget, DType wei
 /// Concurrent users, each holding `context` tokens of KV: max_tokens / context, rounded down.
 long max_users(const Capacity& cap, int context);
 
+// ================================================== this machine's roofs (given) ==
+
+/// This machine's memory roof, in bytes per second: a streaming read of `bytes` of float32 split
+/// over every core (OpenMP), each summing its own contiguous share with Eigen's vectorized sum;
+/// the best of 5 reads. Given.
+double measure_read_bandwidth(size_t bytes);
+
+/// This machine's compute roof, in float32 FLOP/s: Eigen's n x n matrix product (blocked,
+/// vectorized, on every core), 2 n^3 FLOPs, the best of 5. Given.
+double measure_matmul_flops(int n);
+
 }  // namespace infer

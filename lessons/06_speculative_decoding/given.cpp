@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/linear.hpp"
+
 namespace infer {
 
 NgramProposer::NgramProposer(int max_n, int min_n) : max_n_(max_n), min_n_(min_n) {
@@ -70,17 +72,17 @@ Matrix forward_tree(const ModelWeights& model, const TokenTree& tree, KVStore& c
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& layer = model.layers[l];
     const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = h * layer.q_proj.transpose(), k = h * layer.k_proj.transpose();
-    const Matrix v = h * layer.v_proj.transpose();
+    Matrix q = linear(h, layer.q_proj), k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
     for (int i = 0; i < N; ++i) {  // each node at its own position: the root's plus its depth
       apply_rope(q.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
       apply_rope(k.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
     }
     cache.append(l, k, v);
-    x += tree_attention(q, cache.keys(l), cache.values(l), start, mask, c) * layer.o_proj.transpose();
+    x += linear(tree_attention(q, cache.keys(l), cache.values(l), start, mask, c), layer.o_proj);
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
-  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+  return linear(rms_norm(x, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
 void keep_tree_path(KVStore& cache, int start, std::span<const int> path) {

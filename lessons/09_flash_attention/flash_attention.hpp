@@ -45,7 +45,7 @@ struct OnlineSoftmax {
 /// softmax(x) computed with an OnlineSoftmax: one pass over x to find max and sum together (add
 /// each value), one pass to write exp(x_i - max) / sum. Equal to the two-pass softmax within
 /// 1e-6 + 1e-5 |ref| for any finite x, huge, tiny or all equal.
-/// @throws infer::Error for an empty x
+/// @throws infer::Error for an empty x (the message contains "empty")
 Vector online_softmax(const Vector& x);
 
 /// Causal grouped-query attention, exactly lesson 00's causal_attention(q, k, v, heads, kv_heads,
@@ -57,11 +57,15 @@ Vector online_softmax(const Vector& x);
 /// head_dim only, never on T or S (the scores of one tile, each tile row's m and l and its
 /// accumulator). Allocate that scratch once per call and reuse it for every tile: an Eigen
 /// product with a fresh result allocates, so write products into the scratch
-/// (`scores.noalias() = ...`). A key tile that lies wholly after a query tile's last position is
-/// skipped, not computed and masked.
-/// @throws infer::Error for tile_q or tile_k below 1, and for the shapes causal_attention refuses
-///         (heads not a multiple of kv_heads, q not heads * head_dim wide, k or v not kv_heads *
-///         head_dim wide, k and v of different rows, fewer keys than queries).
+/// (`scores.noalias() = ...`). The tests count every byte the call allocates, freed or not.
+///
+/// A key tile that lies wholly after a query tile's last position must be skipped, not computed
+/// and masked: that halves the work of a causal prefill. (No test can see the difference in the
+/// output; `./course bench 09` times it.)
+/// @throws infer::Error for tile_q or tile_k below 1 (the message names "tile_q" or "tile_k"), and
+///         for the shapes causal_attention refuses: heads not a positive multiple of kv_heads
+///         ("kv_heads"), q not heads * head_dim wide ("q"), k or v not kv_heads * head_dim wide,
+///         k and v of different rows or fewer keys than queries ("rows").
 Matrix tiled_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, int heads, int kv_heads, int head_dim,
                        int tile_q, int tile_k);
 

@@ -1,9 +1,12 @@
-// Lesson 00, reference solution: a Llama-family decoder written plainly.
+// Lesson 00, reference solution: a Llama-family decoder written plainly. Its projections call
+// linear() (common/linear.hpp): x * W^T, streamed over the cores when x has few rows.
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+
+#include "common/linear.hpp"
 
 namespace infer {
 
@@ -81,10 +84,10 @@ Matrix causal_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, in
 }
 
 Matrix swiglu_mlp(ConstMatrixRef x, const LayerWeights& w) {
-  const Matrix gate = x * w.gate_proj.transpose();
-  const Matrix up = x * w.up_proj.transpose();
+  const Matrix gate = linear(x, w.gate_proj);
+  const Matrix up = linear(x, w.up_proj);
   const Matrix silu = gate.array() / (1.0f + (-gate.array()).exp());
-  return silu.cwiseProduct(up) * w.down_proj.transpose();
+  return linear(silu.cwiseProduct(up), w.down_proj);
 }
 
 Matrix forward(const ModelWeights& model, std::span<const int> tokens) {
@@ -98,18 +101,18 @@ Matrix forward(const ModelWeights& model, std::span<const int> tokens) {
   for (const LayerWeights& layer : model.layers) {
     // Attention block: every position's K and V are recomputed here at every step.
     const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = h * layer.q_proj.transpose();
-    Matrix k = h * layer.k_proj.transpose();
-    const Matrix v = h * layer.v_proj.transpose();
+    Matrix q = linear(h, layer.q_proj);
+    Matrix k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
     apply_rope(q, c.head_dim, 0, c.rope_theta);
     apply_rope(k, c.head_dim, 0, c.rope_theta);
     const Matrix attn = causal_attention(q, k, v, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    x += attn * layer.o_proj.transpose();
+    x += linear(attn, layer.o_proj);
 
     // MLP block.
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
-  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+  return linear(rms_norm(x, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
 // ----------------------------------------------------------------- sampling --

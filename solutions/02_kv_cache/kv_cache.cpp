@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/linear.hpp"
+
 namespace infer {
 
 namespace {
@@ -135,18 +137,18 @@ Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KV
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& layer = model.layers[l];
     const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = h * layer.q_proj.transpose();
-    Matrix k = h * layer.k_proj.transpose();  // only the new tokens' keys and values
-    const Matrix v = h * layer.v_proj.transpose();
+    Matrix q = linear(h, layer.q_proj);
+    Matrix k = linear(h, layer.k_proj);  // only the new tokens' keys and values
+    const Matrix v = linear(h, layer.v_proj);
     apply_rope(q, c.head_dim, start, c.rope_theta);
     apply_rope(k, c.head_dim, start, c.rope_theta);
     cache.append(l, k, v);
     // The new queries attend over every cached position, their own included.
     const Matrix attn = cache.attend(l, q, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    x += attn * layer.o_proj.transpose();
+    x += linear(attn, layer.o_proj);
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
-  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+  return linear(rms_norm(x, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
 std::vector<int> generate_cached(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,

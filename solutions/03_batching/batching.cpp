@@ -8,6 +8,8 @@
 #include <set>
 #include <tuple>
 
+#include "common/linear.hpp"
+
 namespace infer {
 
 // --------------------------------------------------------------- scheduling --
@@ -153,9 +155,9 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& layer = model.layers[l];
     const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = h * layer.q_proj.transpose();  // the whole batch in one product
-    Matrix k = h * layer.k_proj.transpose();
-    const Matrix v = h * layer.v_proj.transpose();
+    Matrix q = linear(h, layer.q_proj);  // the whole batch in one product
+    Matrix k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
     Matrix attn(B, q.cols());
     for (Eigen::Index i = 0; i < B; ++i) {  // attention is per sequence: each has its own past
       auto qi = q.row(i), ki = k.row(i);
@@ -164,10 +166,10 @@ Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std
       caches[i]->append(l, k.row(i), v.row(i));
       attn.row(i) = caches[i]->attend(l, q.row(i), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     }
-    x += attn * layer.o_proj.transpose();
+    x += linear(attn, layer.o_proj);
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
-  return rms_norm(x, model.norm, c.rms_norm_eps) * model.lm_head.transpose();
+  return linear(rms_norm(x, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
 }  // namespace infer

@@ -156,8 +156,9 @@ GRADED_TEST(Lesson09Tiled, ScratchDoesNotGrowWithTheSequence, 3) {
     return counter.bytes() - std::min(counter.bytes(), result);
   };
   const size_t small = extra_bytes(256), large = extra_bytes(1024);
-  EXPECT_LE(large, small + 1024) << "extra heap bytes at 1,024 positions: " << large << ", at 256: " << small
-                                 << "; the scratch must not depend on the sequence's length";
+  EXPECT_LE(large, small + 1024) << "heap bytes the call allocated (all of them, freed or not), less its result: "
+                                 << large << " at 1,024 positions, " << small << " at 256; the scratch must not "
+                                 << "depend on the sequence's length, and must be allocated once per call";
   EXPECT_LT(large, 64u << 10) << "a call with 32 x 32 tiles and head_dim 16 needs far less than 64 KiB of scratch";
 }
 

@@ -1,6 +1,7 @@
 // common/: file formats, the tokenizer, the generator, and the validation given to students.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <omp.h>
+
+#include "common/linear.hpp"
 #include "common/options.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
@@ -285,6 +289,62 @@ TEST(Weights, MissingConfigKeyIsNamed) {
   write_file(dir.path / "config.json", R"({"hidden_size": 8})");
   EXPECT_TRUE(throws_error_mentioning([&] { load_config((dir.path / "config.json").string()); }, "vocab_size"));
   EXPECT_TRUE(throws_error_mentioning([&] { load_model((dir.path / "nope").string()); }, "not a directory"));
+}
+
+TEST(Linear, EqualsThePlainProductOnOddShapes) {
+  // linear() against x * W^T: the streamed path (1 to 8 rows of x) on 1 and 3 threads, the
+  // matrix-product path above it; output and input sizes that are not multiples of a vector's
+  // width or of the thread count. Tolerance 1e-5 sqrt(cols) + 1e-5 |y| (sums in another order).
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (int n : {1, 2, 5, 8, 9, 33}) {
+      for (int out : {1, 3, 17, 130, 1000}) {
+        for (int in : {1, 7, 16, 33, 1023}) {
+          Rng rng(static_cast<uint64_t>(n * 1000003 + out * 1009 + in));
+          Matrix x(n, in), w(out, in);
+          for (float& v : x.reshaped()) v = static_cast<float>(rng.normal());
+          for (float& v : w.reshaped()) v = static_cast<float>(rng.normal());
+          const Matrix want = x * w.transpose(), got = linear(x, w);
+          ASSERT_EQ(got.rows(), n);
+          ASSERT_EQ(got.cols(), out);
+          const double atol = 1e-5 * std::sqrt(static_cast<double>(in));
+          for (long i = 0; i < want.size(); ++i)
+            ASSERT_LE(std::abs(want.data()[i] - got.data()[i]), atol + 1e-5 * std::abs(want.data()[i]))
+                << n << " x " << in << " times [" << out << ", " << in << "]^T on " << threads << " threads, entry " << i;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
+  Matrix x(2, 5), w(3, 4), y(2, 3);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { linear(x, w); }, "columns"));
+  Matrix w5(3, 5), y_bad(3, 3);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { linear_into(x, w5, y_bad); }, "expected 2 x 3"));
+}
+
+TEST(Weights, SavedRandomModelsLoadBackExactly) {
+  // save_model (./course make-model) writes what load_model reads, bit for bit, tied or not.
+  for (bool tied : {false, true}) {
+    ModelConfig c;
+    c.vocab_size = 40, c.hidden_size = 24, c.intermediate_size = 40, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 6, c.max_position_embeddings = 64;
+    c.tie_word_embeddings = tied;
+    const ModelWeights m = random_model(c, 5);
+    TempDir dir;
+    save_model(m, (dir.path / "model").string());
+    const ModelWeights back = load_model((dir.path / "model").string());
+    EXPECT_EQ(back.config.hidden_size, 24);
+    EXPECT_EQ(back.config.tie_word_embeddings, tied);
+    EXPECT_EQ(back.embed_tokens, m.embed_tokens);
+    EXPECT_EQ(back.lm_head, m.lm_head);
+    EXPECT_EQ(back.norm, m.norm);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(back.layers[l].q_proj, m.layers[l].q_proj);
+      EXPECT_EQ(back.layers[l].down_proj, m.layers[l].down_proj);
+      EXPECT_EQ(back.layers[l].post_attention_layernorm, m.layers[l].post_attention_layernorm);
+    }
+  }
 }
 
 TEST(Tokenizer, RoundTripsUtf8AndSkipsSpecials) {
