@@ -178,7 +178,8 @@ void save_model(const ModelWeights& m, const std::string& dir) {
   {
     std::ofstream f(fs::path(dir) / "config.json");
     f << config.dump(2) << "\n";
-    require(f.good(), "save_model: cannot write ", (fs::path(dir) / "config.json").string());
+    f.close();
+    require(!f.fail(), "save_model: cannot write ", (fs::path(dir) / "config.json").string());
   }
   // The tensors in a fixed order, their bytes back to back after the header.
   std::vector<std::pair<std::string, const float*>> data;
@@ -224,7 +225,8 @@ void save_model(const ModelWeights& m, const std::string& dir) {
     const auto [rows, cols] = shapes[i];
     f.write(reinterpret_cast<const char*>(data[i].second), 4 * rows * (cols == 0 ? 1 : cols));
   }
-  require(f.good(), "save_model: cannot write ", file);
+  f.close();  // flushes: a full disk shows here, not in a destructor that cannot report it
+  require(!f.fail(), "save_model: cannot write ", file);
 }
 
 }  // namespace infer
