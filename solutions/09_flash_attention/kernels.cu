@@ -274,10 +274,19 @@ void prefill_attention(int version, const float* q, const float* k, const float*
   check_prefill_shape(T, S, heads, kv_heads, d, "prefill_attention");
   require_device_pointers("prefill_attention", {q, k, v, out});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  int device = 0, major = 0;
+  int device = 0, optin = 0;
   INFER_CUDA_CHECK(cudaGetDevice(&device));
-  INFER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (version == 3 && (d % 16 != 0 || major < 8)) version = 2;  // tensor cores need d = 16n and sm_80
+  INFER_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (version == 3) {
+    // Tensor cores need d = 16n, a kernel compiled for sm_80 or later (this binary's build may
+    // lack one: its body is then empty), and room for its tiles in this device's shared memory.
+    cudaFuncAttributes attributes{};
+    INFER_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tensor_kernel));
+    if (d % 16 != 0 || attributes.binaryVersion < 80 || tensor_smem_bytes(d) > static_cast<size_t>(optin)) version = 2;
+  }
+  if (version == 2)
+    require(tiled_smem_bytes(d) <= static_cast<size_t>(optin), "prefill_attention: head_dim ", d, " needs ",
+            tiled_smem_bytes(d), " bytes of shared memory per block; this device allows ", optin);
   if (version == 1) {
     require(workspace != nullptr, "prefill_attention: version 1 needs a workspace of ",
             prefill_workspace_floats(1, T, S, heads), " floats (prefill_workspace_floats)");

@@ -33,7 +33,8 @@ struct Case {
 };
 const Case kCases[] = {{1, 1, 2, 1, 64},     {7, 7, 4, 2, 24},     {32, 32, 2, 2, 64},   {33, 33, 4, 1, 128},
                        {64, 64, 8, 2, 64},   {100, 100, 2, 1, 24}, {129, 129, 4, 4, 128}, {5, 77, 4, 2, 64},
-                       {70, 200, 2, 1, 128}, {512, 512, 4, 2, 64}, {300, 300, 6, 3, 24}};
+                       {70, 200, 2, 1, 128}, {512, 512, 4, 2, 64}, {300, 300, 6, 3, 24},
+                       {17, 1000, 4, 4, 256}, {65, 65, 2, 1, 16}};
 
 /// Runs `version` on each case and compares with tiled_attention within atol + rtol |ref|.
 void check_version(int version, double atol, double rtol) {
