@@ -5,13 +5,17 @@
 /// accept that. The course's reference engine calls linear() instead, which computes the same
 /// product two ways depending on the shape:
 ///
-/// - **Few rows of x** (decode: one row per sequence, up to 8): the product is memory-bound. Each
-///   weight is used once per row of x, so the time is the time to stream W from memory. The rows
-///   of W are split over the cores (OpenMP), each core streaming its own contiguous share, and
-///   each row of W, read once, is dotted with every row of x while it sits in the L1 cache. The
-///   dots run on the widest vectors the compiler was allowed (COURSE_NATIVE: -march=native).
-/// - **More rows** (prefill, large batches): the product is compute-bound, and Eigen's blocked,
-///   vectorized, multi-threaded matrix product is near the machine's peak.
+/// - **Up to kLinearTileRows rows of x** (decode: one row per sequence). At one row the product is
+///   memory-bound: each weight is used once, so the time is the time to stream W from memory. The
+///   rows of W are split over the cores (OpenMP), each core streaming its own contiguous share.
+///   A core takes 4 rows of W at a time and, while they sit in the L1 cache, meets every row of
+///   x with them, 4 rows of x at a time: a register tile of 4 x 4 running sums, each a SIMD vector
+///   (Eigen's packets: as wide as -march=native allows). Every vector loaded from W or x feeds 4
+///   multiply-adds, so the loads keep up with the arithmetic, and W is read from memory once
+///   whatever the batch. That is what lets a batch of 8 or 32 cost little more than a batch of 1.
+/// - **More rows** (prefill): the product is compute-bound, and Eigen's blocked, packed,
+///   multi-threaded matrix product is near the machine's peak. (Below about 64 rows its packing
+///   of all of W costs more than it saves: `./course bench engine` shows the batched decode.)
 ///
 /// Both give x * w.transpose() up to float rounding (sums in another order): within
 /// 1e-5 sqrt(cols) + 1e-5 |y| (tests/common/common_test.cpp compares them on odd shapes).
@@ -21,8 +25,8 @@
 
 namespace infer {
 
-/// Rows of x up to which linear() streams W once per row of W (the decode path).
-inline constexpr int kLinearStreamRows = 8;
+/// Rows of x up to which linear() streams W through register tiles (decode); Eigen's product above.
+inline constexpr int kLinearTileRows = 64;
 
 /// y = x W^T for x [n, in] and W [out, in] (Hugging Face's layout), into y [n, out], which must
 /// already have that shape. Throws infer::Error for mismatched shapes (naming them).

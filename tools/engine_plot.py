@@ -24,8 +24,14 @@ fig, ax = plt.subplots(figsize=(8, 5.5))
 lo, hi = 0.05, 1000.0
 xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
 ax.plot(xs, [min(peak, bandwidth * x) / 1e9 for x in xs], color="black", linewidth=1.5,
-        label=f"roof: {bandwidth / 1e9:.0f} GB/s, {peak / 1e9:.0f} GFLOP/s")
+        label=f"roof: {bandwidth / 1e9:.0f} GB/s (from memory), {peak / 1e9:.0f} GFLOP/s")
 markers = {}
+# A model that fits in a cache is read at that cache's speed: its own roof, dashed.
+for name in dict.fromkeys(r["model"] for r in rows):
+    bw = float(next(r for r in rows if r["model"] == name)["bandwidth"])
+    if abs(bw - bandwidth) > 0.1 * bandwidth:
+        ax.plot(xs, [min(peak, bw * x) / 1e9 for x in xs], linestyle="--", linewidth=1,
+                label=f"{name}: {bw / 1e9:.0f} GB/s over a buffer of its weights' size")
 for r in rows:
     steps_per_s = float(r["tokens_per_s"]) / int(r["batch"])
     intensity = float(r["flops_per_step"]) / float(r["bytes_per_step"])
