@@ -22,6 +22,9 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/03_batching/batching.hpp"
+#include "lessons/10_serving/serving.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/models.hpp"
 
 namespace infer {
 namespace {
@@ -431,6 +434,46 @@ TEST(Plumbing, BatchEngineSubmitRefusesBadRequests) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({2, {1, 6}, 70, {}, 0}); }, "context"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({3, {1, 6}, 0, {}, 0}); }, "new tokens"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({4, {}, 3, {}, 0}); }, "empty"));
+}
+
+TEST(ForwardChunks, EqualsEachSequenceAlone) {
+  // Lesson 10's varlen forward (given) against lesson 02's forward_cached, one sequence at a time:
+  // chunks of 1 to 9 tokens on caches already holding 0 to 6 positions, in one call, and again
+  // with a second step on the same caches. Tolerance 1e-4 + 1e-4 |ref| (rows summed in another
+  // order by the stacked products).
+  const ModelWeights& m = testing::small_model();
+  const std::vector<std::vector<int>> past = {{}, {1, 5}, {1, 9, 10, 11, 12, 13}, {1}};
+  const std::vector<std::vector<int>> steps[2] = {{{1, 4, 4, 4, 4, 4, 4, 4, 5}, {20}, {21, 22, 23}, {7, 8}},
+                                                  {{6}, {24, 25}, {26}, {9, 10, 11, 12, 13, 14, 15}}};
+  std::vector<std::unique_ptr<KVCache>> chunked, alone;
+  for (const auto& p : past) {
+    chunked.push_back(std::make_unique<KVCache>(m.config, 32));
+    alone.push_back(std::make_unique<KVCache>(m.config, 32));
+    if (!p.empty()) {
+      forward_cached(m, p, *chunked.back());
+      forward_cached(m, p, *alone.back());
+    }
+  }
+  for (const auto& step : steps) {
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < step.size(); ++i) chunks.push_back({step[i], chunked[i].get()});
+    const Matrix logits = forward_chunks(m, chunks);
+    ASSERT_EQ(logits.rows(), static_cast<Eigen::Index>(step.size()));
+    for (size_t i = 0; i < step.size(); ++i) {
+      const Matrix want = forward_cached(m, step[i], *alone[i]);
+      EXPECT_TRUE(testing::all_close(want.row(want.rows() - 1), logits.row(static_cast<Eigen::Index>(i)), 1e-4, 1e-4,
+                                     cat("chunk ", i, " of ", step[i].size(), " tokens")));
+      EXPECT_EQ(chunked[i]->length(), alone[i]->length());
+    }
+  }
+  std::vector<Chunk> bad = {{steps[0][1], chunked[0].get()}, {steps[0][2], chunked[0].get()}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "shares its cache"));
+  bad = {{std::span<const int>(), chunked[0].get()}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "empty"));
+  const std::vector<int> too_long(40, 3);
+  bad = {{too_long, chunked[1].get()}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "exceed"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, {}); }, "no chunks"));
 }
 
 }  // namespace

@@ -1,0 +1,217 @@
+// Lesson 10: the plumbing given to students (the varlen forward, the engine's queue, memory and
+// bookkeeping), compiled with your exercises/ and with the reference.
+#include <set>
+
+#include "common/linear.hpp"
+#include "lessons/10_serving/serving.hpp"
+
+namespace infer {
+
+// ----------------------------------------------------------------- forward --
+
+Matrix forward_chunks(const ModelWeights& model, std::span<const Chunk> chunks) {
+  const ModelConfig& c = model.config;
+  require(!chunks.empty(), "forward_chunks: no chunks (expected at least one)");
+  std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
+  std::vector<int> pos(chunks.size());
+  std::set<const KVStore*> seen;
+  Eigen::Index rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& ch = chunks[i];
+    require(!ch.tokens.empty(), "forward_chunks: chunk ", i, " is empty (expected at least one token)");
+    require(ch.cache != nullptr, "forward_chunks: chunk ", i, " has no cache");
+    require(seen.insert(ch.cache).second, "forward_chunks: chunk ", i, " shares its cache with another chunk");
+    check_tokens(c, ch.tokens, "forward_chunks");
+    pos[i] = ch.cache->length();
+    const long end = static_cast<long>(pos[i]) + static_cast<long>(ch.tokens.size());
+    require(end <= std::min(ch.cache->max_tokens(), c.max_position_embeddings), "forward_chunks: chunk ", i, " of ",
+            ch.tokens.size(), " tokens at position ", pos[i], " would exceed its cache (", ch.cache->max_tokens(),
+            ") or the context (", c.max_position_embeddings, ")");
+    first[i] = rows;
+    rows += static_cast<Eigen::Index>(ch.tokens.size());
+  }
+
+  Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
+  for (size_t i = 0; i < chunks.size(); ++i)
+    for (size_t t = 0; t < chunks[i].tokens.size(); ++t)
+      x.row(first[i] + static_cast<Eigen::Index>(t)) = model.embed_tokens.row(chunks[i].tokens[t]);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& layer = model.layers[l];
+    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+    Matrix q = linear(h, layer.q_proj);  // the whole step in one product
+    Matrix k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
+    Matrix attn(rows, q.cols());
+    for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
+      const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+      auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
+      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+      chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
+      attn.middleRows(r, n) =
+          chunks[i].cache->attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    }
+    x += linear(attn, layer.o_proj);
+    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+  }
+  Matrix last(static_cast<Eigen::Index>(chunks.size()), c.hidden_size);  // only the last rows need logits
+  for (size_t i = 0; i < chunks.size(); ++i)
+    last.row(static_cast<Eigen::Index>(i)) = x.row(first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size()) - 1);
+  return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
+}
+
+// ------------------------------------------------------------------ engine --
+
+ServingEngine::ServingEngine(const ModelWeights& model, ServingOptions options)
+    : ServingEngine(std::make_unique<CpuChunkForward>(model),
+                    std::make_unique<SlotKVManager>(model.config, std::max(1, options.max_running)), options) {}
+
+ServingEngine::ServingEngine(std::unique_ptr<ChunkForward> forward, std::unique_ptr<KVManager> memory,
+                             ServingOptions options)
+    : forward_(std::move(forward)),
+      memory_(std::move(memory)),
+      options_(options),
+      queue_(Policy::Continuous, std::max(1, options.max_running)) {
+  require(forward_ != nullptr, "ServingEngine: no forward backend");
+  require(memory_ != nullptr, "ServingEngine: no KV memory");
+  require(options_.max_running >= 1, "ServingEngine: max_running must be >= 1, got ", options_.max_running);
+  require(options_.token_budget >= options_.max_running, "ServingEngine: token_budget (", options_.token_budget,
+          ") must be >= max_running (", options_.max_running, "), so that every decode fits in a step");
+  current_.step = 0;
+}
+
+ServingEngine::~ServingEngine() = default;
+
+void ServingEngine::submit(GenerationRequest r) {
+  const ModelConfig& c = forward_->config();
+  check_tokens(c, r.prompt, "ServingEngine::submit");
+  r.sampling.validate();
+  require(r.max_new_tokens >= 1, "ServingEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
+          " new tokens, expected >= 1");
+  const size_t need = r.prompt.size() + static_cast<size_t>(r.max_new_tokens);
+  require(need <= static_cast<size_t>(c.max_position_embeddings), "ServingEngine::submit: request ", r.id,
+          ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ", r.max_new_tokens, " exceeds the context of ",
+          c.max_position_embeddings, " positions");
+  require(need <= static_cast<size_t>(memory_->capacity_tokens()), "ServingEngine::submit: request ", r.id,
+          ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ", r.max_new_tokens, " exceeds the ",
+          memory_->capacity_tokens(), " positions the KV memory can give one sequence");
+  for (const auto& q : requests_)
+    require(q.id != r.id, "ServingEngine::submit: request id ", r.id, " was already submitted");
+  require(requests_.empty() || r.arrival_step >= requests_.back().arrival_step, "ServingEngine::submit: request ",
+          r.id, " arrives at step ", r.arrival_step, ", before the previous request (", requests_.back().arrival_step,
+          "): submit in arrival order");
+  queue_.add(static_cast<int>(requests_.size()), r.arrival_step);
+  results_.push_back({r.id, {}, r.arrival_step, 0, 0, 0, 0});
+  requests_.push_back(std::move(r));
+  paused_.emplace_back();
+}
+
+std::vector<int> ServingEngine::history(size_t index) const {
+  std::vector<int> tokens = requests_[index].prompt;
+  tokens.insert(tokens.end(), results_[index].tokens.begin(), results_[index].tokens.end());
+  return tokens;
+}
+
+int ServingEngine::make_room() {
+  std::vector<const KVStore*> stores;
+  for (const auto& s : running_)
+    if (!s->done) stores.push_back(s->cache.get());
+  const int victims = memory_->make_room(stores);
+  require(victims >= 0 && victims <= static_cast<int>(stores.size()), "ServingEngine: the KV memory asks to preempt ",
+          victims, " of ", stores.size(), " running sequences");
+  for (int n = 0; n < victims; ++n) {
+    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& s) { return !s->done; });
+    std::unique_ptr<Sequence> victim = std::move(*newest);
+    running_.erase(std::next(newest).base());
+    const size_t index = victim->index;
+    memory_->close(std::move(victim->cache));  // not release(): what it frees must stay free
+    ++results_[index].preemptions;
+    queue_.push_front(static_cast<int>(index), requests_[index].arrival_step);
+    paused_[index] = std::move(victim);  // keeps its sampler and its next token
+  }
+  current_.preempted += victims;
+  return victims;
+}
+
+ServingEngine::Sequence* ServingEngine::admit_next() {
+  const std::vector<int> ids = queue_.admit(now_, static_cast<int>(running_.size()));
+  if (ids.empty()) return nullptr;
+  const size_t index = static_cast<size_t>(ids.front());
+  for (size_t b = ids.size(); b-- > 1;) queue_.push_front(ids[b], requests_[ids[b]].arrival_step);
+  std::vector<int> tokens = history(index);
+  const bool resumed = paused_[index] != nullptr;
+  if (resumed) tokens.pop_back();  // its last token is fed by its next decode
+  std::unique_ptr<KVStore> cache = memory_->open_for(tokens);
+  if (!cache) {
+    if (running_.empty())
+      throw Error(cat("ServingEngine: the KV memory cannot hold request ", requests_[index].id, "'s ", tokens.size(),
+                      " positions even with nothing else running"));
+    queue_.push_front(static_cast<int>(index), requests_[index].arrival_step);
+    return nullptr;
+  }
+  // This step's decodes come first: a newcomer may not take the memory one of them needs for
+  // its next position (make_room() made sure it was there).
+  std::vector<const KVStore*> others;
+  for (const auto& s : running_)
+    if (!s->done) others.push_back(s->cache.get());
+  if (!others.empty() && memory_->make_room(others) > 0) {
+    memory_->close(std::move(cache));
+    queue_.push_front(static_cast<int>(index), requests_[index].arrival_step);
+    return nullptr;
+  }
+  if (resumed) {
+    running_.push_back(std::move(paused_[index]));
+    running_.back()->cache = std::move(cache);
+    running_.back()->prefill = std::move(tokens);
+    running_.back()->resumed = true;
+  } else {
+    results_[index].cached_tokens = cache->length();
+    running_.push_back(std::make_unique<Sequence>(
+        Sequence{index, Sampler(requests_[index].sampling), std::move(cache), std::move(tokens), false, 0, false}));
+  }
+  ++current_.admitted;
+  return running_.back().get();
+}
+
+void ServingEngine::emit(Sequence& seq, int token) {
+  require(!seq.done, "ServingEngine::emit: request ", requests_[seq.index].id, " has already finished");
+  GenerationResult& res = results_[seq.index];
+  if (res.tokens.empty()) res.first_token_step = now_;
+  res.tokens.push_back(token);
+  seq.next_token = token;
+  seq.resumed = false;
+  if (token == forward_->config().eos_token_id ||
+      static_cast<int>(res.tokens.size()) == requests_[seq.index].max_new_tokens)
+    seq.done = true;
+}
+
+void ServingEngine::end_step(std::span<const Planned> plan, bool forwarded) {
+  for (const Planned& p : plan) {
+    if (p.decode) {
+      ++current_.decodes;
+    } else {
+      ++current_.prefill_chunks;
+      current_.prefill_tokens += p.tokens;
+    }
+  }
+  current_.forwards = forwarded ? 1 : 0;
+  for (auto& s : running_)
+    if (s->done) {
+      results_[s->index].finish_step = now_ + 1;
+      memory_->release(std::move(s->cache), history(s->index));
+    }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  current_.running = static_cast<int>(running_.size());
+  current_.step = now_;
+  log_.push_back(current_);
+  current_ = ServingStepLog{};
+  ++now_;
+}
+
+std::vector<GenerationResult> ServingEngine::run() {
+  while (step()) {
+  }
+  return results_;
+}
+
+}  // namespace infer

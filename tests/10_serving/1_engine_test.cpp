@@ -1,0 +1,224 @@
+// Lesson 10: the serving engine's step: one forward per step within a token budget, decodes
+// first, prompts in chunks, and the same tokens as each request run alone.
+#include <algorithm>
+
+#include "common/rng.hpp"
+#include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/10_serving/serving.hpp"
+
+namespace infer {
+namespace {
+
+std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
+  KVCache cache(m.config, m.config.max_position_embeddings);
+  Sampler s(r.sampling);
+  return generate_cached(m, r.prompt, r.max_new_tokens, s, cache);
+}
+
+/// Wraps the CPU forward and records what each call fed: (step, chunks, tokens).
+class CountingForward final : public ChunkForward {
+ public:
+  struct Call {
+    int step, chunks, tokens;
+  };
+  explicit CountingForward(const ModelWeights& m) : inner_(m) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  Matrix forward(std::span<const Chunk> chunks) override {
+    int tokens = 0;
+    for (const Chunk& c : chunks) tokens += static_cast<int>(c.tokens.size());
+    calls.push_back({step ? *step : -1, static_cast<int>(chunks.size()), tokens});
+    return inner_.forward(chunks);
+  }
+  std::vector<Call> calls;
+  const int* step = nullptr;  ///< the engine's clock, read at each call
+
+ private:
+  CpuChunkForward inner_;
+};
+
+/// `n` requests on the bundled model: prompts of 2 to `max_prompt` bytes, arriving over a few steps.
+std::vector<GenerationRequest> requests(int n, int max_prompt, uint64_t seed, bool sampled) {
+  Rng rng(seed);
+  std::vector<GenerationRequest> reqs;
+  int arrival = 0;
+  const std::string text = "The quick brown fox jumps over the lazy dog. Q: What is love? A: Love is patient. ";
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest r;
+    r.id = 100 + i;
+    const int len = 2 + static_cast<int>(rng.below(static_cast<uint64_t>(max_prompt - 1)));
+    std::string prompt;
+    for (int k = 0; k < len; ++k) prompt += text[(static_cast<size_t>(i) * 7 + static_cast<size_t>(k)) % text.size()];
+    r.prompt = ByteTokenizer::encode(prompt);
+    r.max_new_tokens = 4 + static_cast<int>(rng.below(20));
+    r.sampling = sampled ? SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .seed = 40u + i}
+                         : SamplingParams{.temperature = 0.0f};
+    arrival += static_cast<int>(rng.below(3));
+    r.arrival_step = arrival;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+void expect_solo_tokens(const ModelWeights& m, const std::vector<GenerationRequest>& reqs,
+                        const std::vector<GenerationResult>& results) {
+  ASSERT_EQ(results.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(results[i].id, reqs[i].id);
+    EXPECT_EQ(results[i].tokens, solo(m, reqs[i]))
+        << "request " << reqs[i].id << " (prompt of " << reqs[i].prompt.size()
+        << " tokens): its tokens must be those of the request run alone (generate_cached)";
+  }
+}
+
+GRADED_TEST(Lesson10Engine, GreedyOutputsEqualSoloRunsWithChunkedPrompts, 3) {
+  // Budget 12 over at most 4 sequences: prompts up to 60 tokens take several steps each.
+  const ModelWeights& m = testing::bundled_model();
+  const auto reqs = requests(10, 60, 1, false);
+  ServingEngine engine(m, {.max_running = 4, .token_budget = 12});
+  for (const auto& r : reqs) engine.submit(r);
+  expect_solo_tokens(m, reqs, engine.run());
+  const auto& log = engine.log();
+  EXPECT_TRUE(std::any_of(log.begin(), log.end(), [](const ServingStepLog& s) { return s.prefill_chunks > 0 && s.decodes > 0; }))
+      << "no step mixed a prefill chunk with decodes";
+}
+
+GRADED_TEST(Lesson10Engine, SampledOutputsEqualSoloRuns, 2) {
+  // Each request samples with its own seeded sampler, once per token it emits: not after a
+  // chunk that leaves part of its prompt unfed.
+  const ModelWeights& m = testing::bundled_model();
+  const auto reqs = requests(8, 40, 2, true);
+  ServingEngine engine(m, {.max_running = 3, .token_budget = 8});
+  for (const auto& r : reqs) engine.submit(r);
+  expect_solo_tokens(m, reqs, engine.run());
+}
+
+GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
+  // The step's point: all of it (decodes and prefill chunks) goes through the weights once.
+  const ModelWeights& m = testing::bundled_model();
+  auto forward = std::make_unique<CountingForward>(m);
+  CountingForward& counter = *forward;
+  const ServingOptions options{.max_running = 4, .token_budget = 10};
+  ServingEngine engine(std::move(forward), std::make_unique<SlotKVManager>(m.config, 4), options);
+  static int clock = 0;
+  counter.step = &clock;
+  const auto reqs = requests(8, 50, 3, false);
+  for (const auto& r : reqs) engine.submit(r);
+  while (true) {
+    clock = engine.now();
+    if (!engine.step()) break;
+  }
+  ASSERT_FALSE(counter.calls.empty()) << "the engine never called the forward";
+  for (size_t i = 1; i < counter.calls.size(); ++i)
+    ASSERT_NE(counter.calls[i - 1].step, counter.calls[i].step)
+        << "step " << counter.calls[i].step << " called the forward more than once: one call must carry every chunk";
+  for (const auto& call : counter.calls)
+    EXPECT_LE(call.tokens, options.token_budget) << "step " << call.step << " fed " << call.tokens
+                                                 << " tokens, over the budget of " << options.token_budget;
+  for (const ServingStepLog& s : engine.log()) {
+    EXPECT_LE(s.decodes + s.prefill_tokens, options.token_budget) << "step " << s.step;
+    EXPECT_EQ(s.forwards, (s.decodes + s.prefill_chunks) > 0 ? 1 : 0) << "step " << s.step;
+  }
+  expect_solo_tokens(m, reqs, engine.results());
+}
+
+GRADED_TEST(Lesson10Engine, DecodesNeverStallBehindALongPrompt, 3) {
+  // Three sequences decode; at step 4 a 180-token prompt arrives. Budget 16: each step the three
+  // decodes come first, and the prompt takes what is left, 13 tokens a step, over 14 steps.
+  // Counted in steps, not seconds: every decoding sequence emits a token at every step.
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i)
+    reqs.push_back({i, ByteTokenizer::encode(i == 0 ? "The " : i == 1 ? "Love is" : "Q: Why"), 40, {.temperature = 0.0f}, 0});
+  std::string long_prompt;
+  while (long_prompt.size() < 179) long_prompt += "A fortune cookie says that patience is a virtue. ";
+  long_prompt.resize(179);
+  reqs.push_back({3, ByteTokenizer::encode(long_prompt), 8, {.temperature = 0.0f}, 4});
+  ASSERT_EQ(reqs.back().prompt.size(), 180u);
+  ServingEngine engine(m, {.max_running = 4, .token_budget = 16});
+  for (const auto& r : reqs) engine.submit(r);
+  const auto results = engine.run();
+  for (int i = 0; i < 3; ++i) {
+    const GenerationResult& r = results[static_cast<size_t>(i)];
+    EXPECT_EQ(r.finish_step - r.first_token_step, static_cast<int>(r.tokens.size()))
+        << "request " << i << " emitted " << r.tokens.size() << " tokens between steps " << r.first_token_step
+        << " and " << r.finish_step << ": a decoding sequence must get a token at every step";
+  }
+  const GenerationResult& big = results[3];
+  EXPECT_GE(big.first_token_step, 4 + 180 / 13) << "the long prompt cannot be fed faster than the budget allows";
+  for (const ServingStepLog& s : engine.log())
+    if (s.step >= 4 && s.step < big.first_token_step) {
+      const int decoding = static_cast<int>(std::count_if(results.begin(), results.begin() + 3, [&](const auto& r) {
+        return r.first_token_step < s.step && r.finish_step > s.step;
+      }));
+      EXPECT_EQ(s.decodes, decoding) << "step " << s.step << " (the long prompt being fed)";
+    }
+  expect_solo_tokens(m, reqs, results);
+}
+
+GRADED_TEST(Lesson10Engine, PreemptedSequencesResumeWithTheSameTokens, 2) {
+  // A pool of 10 blocks of 4 positions for up to 4 sequences: decodes run it dry, the newest is
+  // preempted, and later fed its history again (in chunks) and continues where it stopped.
+  const ModelWeights& m = testing::bundled_model();
+  for (bool sampled : {false, true}) {
+    const auto reqs = requests(8, 16, 4, sampled);
+    ServingEngine engine(std::make_unique<CpuChunkForward>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
+                         {.max_running = 4, .token_budget = 8});
+    for (const auto& r : reqs) engine.submit(r);
+    const auto results = engine.run();
+    int preemptions = 0;
+    for (const auto& r : results) preemptions += r.preemptions;
+    EXPECT_GT(preemptions, 0) << "the pool was meant to run dry";
+    expect_solo_tokens(m, reqs, results);
+    const auto& paged = dynamic_cast<const PagedKVManager&>(engine.memory());
+    EXPECT_EQ(paged.pool().allocator().num_free(), paged.pool().num_blocks()) << "every block back in the pool";
+  }
+}
+
+GRADED_TEST(Lesson10Engine, PrefixCacheHitsAreNotFedAgain, 2) {
+  // Lesson 05's memory hands a newcomer the K/V of a finished request's shared prefix: only the
+  // rest of its prompt is fed.
+  const ModelWeights& m = testing::bundled_model();
+  const std::string system = "You are a fortune teller. Answer in one line. Q: ";
+  std::vector<GenerationRequest> reqs;
+  const char* questions[] = {"love?", "money?", "work?"};
+  for (int i = 0; i < 3; ++i)
+    reqs.push_back({i, ByteTokenizer::encode(system + questions[i]), 6, {.temperature = 0.0f}, i * 20});
+  auto forward = std::make_unique<CountingForward>(m);
+  CountingForward& counter = *forward;
+  ServingEngine engine(std::move(forward), std::make_unique<PrefixKVManager>(m.config, 64, 4),
+                       {.max_running = 2, .token_budget = 32});
+  for (const auto& r : reqs) engine.submit(r);
+  const auto results = engine.run();
+  expect_solo_tokens(m, reqs, results);
+  long fed = 0, prompt = 0, cached = 0;
+  for (const auto& call : counter.calls) fed += call.tokens;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    prompt += static_cast<long>(reqs[i].prompt.size()) + static_cast<long>(results[i].tokens.size()) - 1;
+    cached += results[i].cached_tokens;
+  }
+  EXPECT_GT(cached, 0) << "the later requests were meant to find the system prompt cached";
+  EXPECT_EQ(fed, prompt - cached) << "tokens fed: every prompt and generated token but the last, less the cached ones";
+}
+
+GRADED_TEST(Lesson10Engine, AnIdleEngineDoesNothing, 1) {
+  ServingEngine engine(testing::bundled_model(), {.max_running = 2, .token_budget = 4});
+  EXPECT_FALSE(engine.step());
+  EXPECT_TRUE(engine.log().empty());
+  engine.submit({7, ByteTokenizer::encode("Hi"), 3, {.temperature = 0.0f}, 2});
+  EXPECT_TRUE(engine.step());  // steps 0 and 1: waiting for the arrival, nothing to feed
+  EXPECT_TRUE(engine.step());
+  EXPECT_EQ(engine.log()[0].forwards, 0);
+  EXPECT_EQ(engine.log()[1].forwards, 0);
+  const auto results = engine.run();
+  EXPECT_EQ(results[0].first_token_step, 2);
+  EXPECT_EQ(results[0].tokens.size(), 3u);
+  EXPECT_FALSE(engine.step());
+}
+
+}  // namespace
+}  // namespace infer
