@@ -97,9 +97,10 @@ void ServingEngine::submit(GenerationRequest r) {
           memory_->capacity_tokens(), " positions the KV memory can give one sequence");
   for (const auto& q : requests_)
     require(q.id != r.id, "ServingEngine::submit: request id ", r.id, " was already submitted");
-  require(requests_.empty() || r.arrival_step >= requests_.back().arrival_step, "ServingEngine::submit: request ",
-          r.id, " arrives at step ", r.arrival_step, ", before the previous request (", requests_.back().arrival_step,
-          "): submit in arrival order");
+  if (!requests_.empty())  // (require() evaluates its message's parts even when the check passes)
+    require(r.arrival_step >= requests_.back().arrival_step, "ServingEngine::submit: request ", r.id,
+            " arrives at step ", r.arrival_step, ", before the previous request (", requests_.back().arrival_step,
+            "): submit in arrival order");
   queue_.add(static_cast<int>(requests_.size()), r.arrival_step);
   results_.push_back({r.id, {}, r.arrival_step, 0, 0, 0, 0});
   requests_.push_back(std::move(r));

@@ -16,7 +16,9 @@
 ///   matrix together, decodes and prefill chunks alike.
 ///
 /// The memory (lesson 03's slots, lesson 04's blocks, lesson 05's prefix cache), the sampler and
-/// the queue are the ones you wrote before; the helpers that touch them are given.
+/// the queue are those of the earlier lessons (`./course check 10` links their reference
+/// versions, so a bug left in yours does not block this lesson); the helpers that touch them are
+/// given.
 #pragma once
 
 #include <algorithm>
@@ -97,7 +99,7 @@ struct ServingStepLog {
 /// A step (step(), yours) is:
 ///
 ///  1. schedule() (yours): make room (given: make_room()), then plan who feeds how many tokens:
-///     each decoding sequence one token, oldest first; then the sequences still prefilling, oldest
+///     each decoding sequence (one whose prefill is all stored: !prefilling()) one token, oldest first; then the sequences still prefilling, oldest
 ///     first, each a chunk of what remains of its prefill, as much as the budget leaves; then, if
 ///     the step did not have to preempt, newcomers from the queue (given: admit_next()) while the
 ///     budget lasts, each with a first chunk.

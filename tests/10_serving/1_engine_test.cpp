@@ -1,6 +1,7 @@
 // Lesson 10: the serving engine's step: one forward per step within a token budget, decodes
 // first, prompts in chunks, and the same tokens as each request run alone.
 #include <algorithm>
+#include <string>
 
 #include "common/rng.hpp"
 #include "common/testing/graded.hpp"
@@ -64,6 +65,20 @@ std::vector<GenerationRequest> requests(int n, int max_prompt, uint64_t seed, bo
   return reqs;
 }
 
+/// engine.run(), but an engine that stops making progress fails the test instead of running
+/// forever: at most `max_steps` steps.
+std::vector<GenerationResult> run_bounded(ServingEngine& engine, int max_steps = 4000) {
+  for (int n = 0; engine.step(); ++n)
+    if (n == max_steps) {
+      std::string unfinished;
+      for (const auto& r : engine.results())
+        if (r.finish_step == 0) unfinished += cat(" ", r.id);
+      throw Error(cat("the engine made no progress: after ", max_steps, " steps, requests", unfinished,
+                      " have not finished (is every prefilling sequence planned? does every planned chunk feed?)"));
+    }
+  return engine.results();
+}
+
 void expect_solo_tokens(const ModelWeights& m, const std::vector<GenerationRequest>& reqs,
                         const std::vector<GenerationResult>& results) {
   ASSERT_EQ(results.size(), reqs.size());
@@ -81,7 +96,7 @@ GRADED_TEST(Lesson10Engine, GreedyOutputsEqualSoloRunsWithChunkedPrompts, 3) {
   const auto reqs = requests(10, 60, 1, false);
   ServingEngine engine(m, {.max_running = 4, .token_budget = 12});
   for (const auto& r : reqs) engine.submit(r);
-  expect_solo_tokens(m, reqs, engine.run());
+  expect_solo_tokens(m, reqs, run_bounded(engine));
   const auto& log = engine.log();
   EXPECT_TRUE(std::any_of(log.begin(), log.end(), [](const ServingStepLog& s) { return s.prefill_chunks > 0 && s.decodes > 0; }))
       << "no step mixed a prefill chunk with decodes";
@@ -94,7 +109,7 @@ GRADED_TEST(Lesson10Engine, SampledOutputsEqualSoloRuns, 2) {
   const auto reqs = requests(8, 40, 2, true);
   ServingEngine engine(m, {.max_running = 3, .token_budget = 8});
   for (const auto& r : reqs) engine.submit(r);
-  expect_solo_tokens(m, reqs, engine.run());
+  expect_solo_tokens(m, reqs, run_bounded(engine));
 }
 
 GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
@@ -108,7 +123,8 @@ GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
   counter.step = &clock;
   const auto reqs = requests(8, 50, 3, false);
   for (const auto& r : reqs) engine.submit(r);
-  while (true) {
+  for (int n = 0;; ++n) {
+    ASSERT_LT(n, 4000) << "the engine made no progress in 4000 steps (is every prefilling sequence planned?)";
     clock = engine.now();
     if (!engine.step()) break;
   }
@@ -141,7 +157,7 @@ GRADED_TEST(Lesson10Engine, DecodesNeverStallBehindALongPrompt, 3) {
   ASSERT_EQ(reqs.back().prompt.size(), 180u);
   ServingEngine engine(m, {.max_running = 4, .token_budget = 16});
   for (const auto& r : reqs) engine.submit(r);
-  const auto results = engine.run();
+  const auto results = run_bounded(engine);
   for (int i = 0; i < 3; ++i) {
     const GenerationResult& r = results[static_cast<size_t>(i)];
     EXPECT_EQ(r.finish_step - r.first_token_step, static_cast<int>(r.tokens.size()))
@@ -169,10 +185,14 @@ GRADED_TEST(Lesson10Engine, PreemptedSequencesResumeWithTheSameTokens, 2) {
     ServingEngine engine(std::make_unique<CpuChunkForward>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
                          {.max_running = 4, .token_budget = 8});
     for (const auto& r : reqs) engine.submit(r);
-    const auto results = engine.run();
+    const auto results = run_bounded(engine);
     int preemptions = 0;
     for (const auto& r : results) preemptions += r.preemptions;
     EXPECT_GT(preemptions, 0) << "the pool was meant to run dry";
+    for (const ServingStepLog& s : engine.log())
+      EXPECT_FALSE(s.preempted > 0 && s.admitted > 0)
+          << "step " << s.step << " preempted " << s.preempted << " and admitted " << s.admitted
+          << ": a step that had to preempt admits nobody (the memory it freed is for its decodes)";
     expect_solo_tokens(m, reqs, results);
     const auto& paged = dynamic_cast<const PagedKVManager&>(engine.memory());
     EXPECT_EQ(paged.pool().allocator().num_free(), paged.pool().num_blocks()) << "every block back in the pool";
@@ -193,7 +213,7 @@ GRADED_TEST(Lesson10Engine, PrefixCacheHitsAreNotFedAgain, 2) {
   ServingEngine engine(std::move(forward), std::make_unique<PrefixKVManager>(m.config, 64, 4),
                        {.max_running = 2, .token_budget = 32});
   for (const auto& r : reqs) engine.submit(r);
-  const auto results = engine.run();
+  const auto results = run_bounded(engine);
   expect_solo_tokens(m, reqs, results);
   long fed = 0, prompt = 0, cached = 0;
   for (const auto& call : counter.calls) fed += call.tokens;
@@ -214,7 +234,7 @@ GRADED_TEST(Lesson10Engine, AnIdleEngineDoesNothing, 1) {
   EXPECT_TRUE(engine.step());
   EXPECT_EQ(engine.log()[0].forwards, 0);
   EXPECT_EQ(engine.log()[1].forwards, 0);
-  const auto results = engine.run();
+  const auto results = run_bounded(engine);
   EXPECT_EQ(results[0].first_token_step, 2);
   EXPECT_EQ(results[0].tokens.size(), 3u);
   EXPECT_FALSE(engine.step());
