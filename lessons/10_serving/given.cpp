@@ -95,16 +95,35 @@ void ServingEngine::submit(GenerationRequest r) {
   require(need <= static_cast<size_t>(memory_->capacity_tokens()), "ServingEngine::submit: request ", r.id,
           ": prompt of ", r.prompt.size(), " tokens + max_new_tokens ", r.max_new_tokens, " exceeds the ",
           memory_->capacity_tokens(), " positions the KV memory can give one sequence");
-  for (const auto& q : requests_)
-    require(q.id != r.id, "ServingEngine::submit: request id ", r.id, " was already submitted");
+  require(!index_of_.contains(r.id), "ServingEngine::submit: request id ", r.id, " was already submitted");
   if (!requests_.empty())  // (require() evaluates its message's parts even when the check passes)
     require(r.arrival_step >= requests_.back().arrival_step, "ServingEngine::submit: request ", r.id,
             " arrives at step ", r.arrival_step, ", before the previous request (", requests_.back().arrival_step,
             "): submit in arrival order");
   queue_.add(static_cast<int>(requests_.size()), r.arrival_step);
+  index_of_.emplace(r.id, requests_.size());
+  cancelled_.push_back(0);
   results_.push_back({r.id, {}, r.arrival_step, 0, 0, 0, 0});
   requests_.push_back(std::move(r));
   paused_.emplace_back();
+}
+
+bool ServingEngine::cancel(int id) {
+  const auto it = index_of_.find(id);
+  require(it != index_of_.end(), "ServingEngine::cancel: request id ", id, " was never submitted");
+  const size_t index = it->second;
+  if (cancelled_[index] || results_[index].finish_step > 0) return false;
+  cancelled_[index] = 1;
+  results_[index].finish_step = now_;
+  const auto seq = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->index == index; });
+  if (seq != running_.end()) {
+    memory_->close(std::move((*seq)->cache));
+    running_.erase(seq);
+  } else {
+    paused_[index].reset();  // waiting (perhaps preempted): admit_next() will skip it
+    ++cancelled_waiting_;
+  }
+  return true;
 }
 
 std::vector<int> ServingEngine::history(size_t index) const {
@@ -135,12 +154,19 @@ int ServingEngine::make_room() {
 }
 
 ServingEngine::Sequence* ServingEngine::admit_next() {
-  const std::vector<int> ids = queue_.admit(now_, static_cast<int>(running_.size()));
-  if (ids.empty()) return nullptr;
-  const size_t index = static_cast<size_t>(ids.front());
-  for (size_t b = ids.size(); b-- > 1;) queue_.push_front(ids[b], requests_[ids[b]].arrival_step);
+  size_t index = 0;
+  for (;;) {
+    const std::vector<int> ids = queue_.admit(now_, static_cast<int>(running_.size()));
+    if (ids.empty()) return nullptr;
+    index = static_cast<size_t>(ids.front());
+    for (size_t b = ids.size(); b-- > 1;) queue_.push_front(ids[b], requests_[ids[b]].arrival_step);
+    if (!cancelled_[index]) break;
+    --cancelled_waiting_;  // withdrawn while it waited: drop it
+  }
   std::vector<int> tokens = history(index);
-  const bool resumed = paused_[index] != nullptr;
+  // Preempted after its first token: it resumes, its history fed again and its next token kept.
+  // Preempted while its prompt was being fed: it had sampled nothing, and starts over as new.
+  const bool resumed = paused_[index] != nullptr && !results_[index].tokens.empty();
   if (resumed) tokens.pop_back();  // its last token is fed by its next decode
   std::unique_ptr<KVStore> cache = memory_->open_for(tokens);
   if (!cache) {
@@ -166,7 +192,8 @@ ServingEngine::Sequence* ServingEngine::admit_next() {
     running_.back()->prefill = std::move(tokens);
     running_.back()->resumed = true;
   } else {
-    results_[index].cached_tokens = cache->length();
+    if (paused_[index] == nullptr) results_[index].cached_tokens = cache->length();  // at its first start
+    paused_[index].reset();
     running_.push_back(std::make_unique<Sequence>(
         Sequence{index, Sampler(requests_[index].sampling), std::move(cache), std::move(tokens), false, 0, false}));
   }

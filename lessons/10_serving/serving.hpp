@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
@@ -145,6 +146,11 @@ class ServingEngine {
 
   /// Queues a request (BatchEngine::submit's checks). Given.
   void submit(GenerationRequest request);
+  /// Withdraws request `id` (a server's client went away): a running sequence leaves the batch
+  /// and its memory is freed at once; a waiting one is never admitted. Its result keeps the
+  /// tokens it had. Returns false, doing nothing, if it had already finished or was cancelled.
+  /// Throws for an id never submitted. Call it between steps. Given.
+  bool cancel(int id);
 
   /// Yours. One step: schedule(), one forward over the plan's chunks (none if the plan is
   /// empty), postprocess, end_step(); true. When nothing runs and nothing waits: false, and
@@ -172,8 +178,12 @@ class ServingEngine {
   ChunkForward& forward() { return *forward_; }
   /// The step being planned or run (the next log entry's number).
   int now() const { return now_; }
+  /// Requests submitted and not yet admitted (or preempted and not yet resumed), cancelled ones aside.
+  int waiting() const { return queue_.waiting() - cancelled_waiting_; }
+  /// Whether the request at submission index `index` has finished (EOS or max_new_tokens).
+  bool finished(size_t index) const { return results_.at(index).finish_step > 0 && !cancelled_.at(index); }
   /// Whether nothing runs and nothing waits.
-  bool idle() const { return running_.empty() && queue_.waiting() == 0; }
+  bool idle() const { return running_.empty() && waiting() == 0; }
 
   // Given helpers for step() and schedule().
 
@@ -185,7 +195,8 @@ class ServingEngine {
   /// Admits the oldest request that has arrived, if the batch has a free place (max_running) and
   /// the memory can hold its prefill now without taking what the running sequences need for
   /// their next position; returns its Sequence (now the newest in running()), or nullptr,
-  /// leaving the queue as it was. A resumed request keeps its sampler and next token.
+  /// leaving the queue as it was. A resumed request keeps its sampler and next token; one
+  /// preempted before its first token (in the middle of its prompt) starts over as new.
   /// Throws if the memory cannot hold a request even with nothing running.
   Sequence* admit_next();
   /// Records token `token` sampled by `seq`: appended to its result (its first token sets
@@ -207,6 +218,9 @@ class ServingEngine {
   std::vector<std::unique_ptr<Sequence>> running_;  ///< oldest admitted first
   std::vector<std::unique_ptr<Sequence>> paused_;   ///< by submission index: preempted, without memory
   std::vector<ServingStepLog> log_;
+  std::unordered_map<int, size_t> index_of_;  ///< request id -> submission index
+  std::vector<char> cancelled_;               ///< by submission index
+  int cancelled_waiting_ = 0;                 ///< cancelled requests still in queue_, skipped by admit_next()
   ServingStepLog current_;
   int now_ = 0;
 };

@@ -199,6 +199,28 @@ GRADED_TEST(Lesson10Engine, PreemptedSequencesResumeWithTheSameTokens, 2) {
   }
 }
 
+GRADED_TEST(Lesson10Engine, AHundredRequestsOnATinyPoolEqualSoloRuns, 2) {
+  // 100 requests, 10 arriving per step, 16 at once on 20 blocks of 16 positions: sequences are
+  // preempted while decoding and while their prompt is still being fed (those start over).
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<GenerationRequest> reqs;
+  const std::string words[] = {"The ", "A fool", "Love is", "You will", "Why", "Q: What", "Never ", "If you"};
+  for (int i = 0; i < 100; ++i) {
+    const std::string prompt = words[i % 8] + std::string(static_cast<size_t>(i % 5), '.');
+    const SamplingParams sampling = i % 4 == 1 ? SamplingParams{.temperature = 0.8f, .seed = 7u + i}
+                                               : SamplingParams{.temperature = 0.0f};
+    reqs.push_back({i + 1, ByteTokenizer::encode(prompt), 8 + i % 24, sampling, i / 10});
+  }
+  ServingEngine engine(std::make_unique<CpuChunkForward>(m), std::make_unique<PagedKVManager>(m.config, 20, 16),
+                       {.max_running = 16, .token_budget = 32});
+  for (const auto& r : reqs) engine.submit(r);
+  const auto results = run_bounded(engine);
+  int preemptions = 0;
+  for (const auto& r : results) preemptions += r.preemptions;
+  EXPECT_GT(preemptions, 0) << "the pool was meant to run dry";
+  expect_solo_tokens(m, reqs, results);
+}
+
 GRADED_TEST(Lesson10Engine, PrefixCacheHitsAreNotFedAgain, 2) {
   // Lesson 05's memory hands a newcomer the K/V of a finished request's shared prefix: only the
   // rest of its prompt is fed.

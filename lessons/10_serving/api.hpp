@@ -1,0 +1,125 @@
+/// @file api.hpp
+/// @brief Lesson 10's OpenAI-compatible request contract: what a JSON body must hold before the
+/// engine sees it, and the error a client gets when it does not.
+///
+/// A server's first job is to say no, clearly. Every field a client sends is checked before a
+/// request reaches the engine: a wrong type, a value out of range, a model this server does not
+/// serve, a prompt longer than the context. Each gets an HTTP 4xx with OpenAI's error body, which
+/// names the offending field, so that existing clients (and their users) see what went wrong.
+/// Nothing is clamped or truncated in silence: a prompt that does not fit is refused, not cut.
+///
+/// You write parse_completion_request(). The JSON parsing and the typed field readers are given.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+
+namespace infer {
+
+/// A request the server refuses: an HTTP status and OpenAI's error body.
+///
+///     {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
+class ApiError : public Error {
+ public:
+  /// `status`: 400 (bad request), 404 (unknown model), 413 (body too large), 500, 503.
+  /// `param`: the offending field ("" when none); `code`: a machine-readable reason ("" when none).
+  ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
+  /// The HTTP status.
+  int status() const { return status_; }
+  /// The offending field, or "".
+  const std::string& param() const { return param_; }
+  /// The machine-readable reason, or "".
+  const std::string& code() const { return code_; }
+  /// OpenAI's error type: "invalid_request_error" below 500, "server_error" from 500.
+  std::string type() const;
+  /// The JSON error body.
+  std::string body() const;
+
+ private:
+  int status_;
+  std::string param_, code_;
+};
+
+/// The two endpoints that generate text.
+enum class Endpoint {
+  Completions,      ///< POST /v1/completions: "prompt"
+  ChatCompletions,  ///< POST /v1/chat/completions: "messages"
+};
+
+/// What the server serves: the model's name (the "model" field must equal it) and shape.
+struct ApiModel {
+  std::string name;    ///< e.g. "tiny-fortunes"
+  ModelConfig config;  ///< context length, vocabulary, BOS
+};
+
+/// A request that passed every check, ready for the engine.
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::Completions;  ///< where it came
+  std::vector<int> prompt;                    ///< token ids, BOS first, every id in the vocabulary
+  int max_tokens = 16;                        ///< new tokens at most; prompt.size() + max_tokens <= the context
+  SamplingParams sampling;                    ///< temperature, top_p, top_k, seed
+  bool stream = false;                        ///< answer with server-sent events
+  bool include_usage = false;                 ///< stream_options.include_usage: a last event with token counts
+};
+
+/// Yours. Checks a request body and turns it into a CompletionRequest, or throws ApiError.
+///
+/// Fields (OpenAI's names; absent and null mean "the default"; fields not listed are ignored):
+///
+/// | field | type | rule | default |
+/// | --- | --- | --- | --- |
+/// | model | string | required; must equal model.name (else 404, code "model_not_found") | |
+/// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first; ids are taken as they are, each in [0, vocab) and at least one | |
+/// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "user" or "assistant"; content a string; rendered by chat_prompt() | |
+/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens) | completions: 16; chat: what the context leaves |
+/// | temperature | number | in [0, 2] | 1 |
+/// | top_p | number | in (0, 1] | 1 |
+/// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token) | 0 |
+/// | seed | integer | >= 0 | 0 |
+/// | n | integer | must be 1 | 1 |
+/// | stream | boolean | | false |
+/// | stream_options | object | {"include_usage": boolean} | |
+///
+/// Every error is an ApiError with status 400 and `param` set to the field's name, except:
+/// the body is not a JSON object (400, param ""); an unknown model (404, "model"); a prompt
+/// and max_tokens that do not fit in the context together (400, param "max_tokens" when
+/// max_tokens was given, else "prompt" or "messages", code "context_length_exceeded"). A
+/// completions request's default of 16 does not shrink to fit: the request is refused like any other.
+CompletionRequest parse_completion_request(std::string_view body, Endpoint endpoint, const ApiModel& model);
+
+// ------------------------------------------------------------------ given --
+
+/// Parses `body` as a JSON object. Throws ApiError 400 (param "") for invalid JSON or a value
+/// that is not an object. Given.
+nlohmann::json parse_json_object(std::string_view body);
+
+/// Typed readers of `obj[name]` (given): std::nullopt when the field is absent or null; ApiError
+/// 400 with param `name` when it has another type ("expected an integer, got a string").
+/// get_integer() accepts only whole numbers (3, not 3.5 and not true); get_number() any number.
+std::optional<long long> get_integer(const nlohmann::json& obj, const std::string& name);
+/// Any number (an integer too).
+std::optional<double> get_number(const nlohmann::json& obj, const std::string& name);
+/// true or false.
+std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name);
+/// A string.
+std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
+
+/// One message of a chat.
+struct ChatMessage {
+  std::string role;     ///< "system", "user" or "assistant"
+  std::string content;  ///< its text
+};
+
+/// The prompt text of a chat (given). The bundled models were trained on plain text and know no
+/// roles, so the template is plain too: the messages' contents in order, joined by newlines.
+/// Real chat models each have their own template.
+std::string chat_prompt(const std::vector<ChatMessage>& messages);
+
+}  // namespace infer

@@ -1,0 +1,86 @@
+// Lesson 10: the JSON plumbing of the OpenAI-compatible API (given).
+#include "lessons/10_serving/api.hpp"
+
+namespace infer {
+
+using nlohmann::json;
+
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
+    : Error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+
+std::string ApiError::type() const { return status_ >= 500 ? "server_error" : "invalid_request_error"; }
+
+std::string ApiError::body() const {
+  json err = {{"message", what()}, {"type", type()}, {"param", nullptr}, {"code", nullptr}};
+  if (!param_.empty()) err["param"] = param_;
+  if (!code_.empty()) err["code"] = code_;
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json parse_json_object(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    throw ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON");
+  if (!j.is_object())
+    throw ApiError(400, cat("The request body must be a JSON object, got ", j.type_name()));
+  return j;
+}
+
+namespace {
+
+const json* field(const json& obj, const std::string& name) {
+  const auto it = obj.find(name);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+[[noreturn]] void wrong_type(const std::string& name, const char* expected, const json& got) {
+  throw ApiError(400, cat("'", name, "' must be ", expected, ", got ", got.type_name(), " (", got.dump(), ")"), name);
+}
+
+}  // namespace
+
+std::optional<long long> get_integer(const json& obj, const std::string& name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) return v->get<long long>();
+  if (v->is_number_unsigned()) {  // above the signed range
+    throw ApiError(400, cat("'", name, "' is too large: ", v->dump()), name);
+  }
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (d == static_cast<double>(static_cast<long long>(d)) && d > -9e18 && d < 9e18) return static_cast<long long>(d);
+  }
+  wrong_type(name, "an integer", *v);
+}
+
+std::optional<double> get_number(const json& obj, const std::string& name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (v->is_number()) return v->get<double>();
+  wrong_type(name, "a number", *v);
+}
+
+std::optional<bool> get_bool(const json& obj, const std::string& name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (v->is_boolean()) return v->get<bool>();
+  wrong_type(name, "a boolean", *v);
+}
+
+std::optional<std::string> get_string(const json& obj, const std::string& name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (v->is_string()) return v->get<std::string>();
+  wrong_type(name, "a string", *v);
+}
+
+std::string chat_prompt(const std::vector<ChatMessage>& messages) {
+  std::string text;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i > 0) text += '\n';
+    text += messages[i].content;
+  }
+  return text;
+}
+
+}  // namespace infer

@@ -1,0 +1,198 @@
+// Lesson 10: the load generator (./course load).
+//
+//   build/solutions/bin/lesson10_load [--host H] [--port P] [--model NAME] [--users N]
+//       [--duration S] [--think S] [--max-tokens T] [--prompts FILE] [--seed X]
+//       [--label TEXT] [--csv FILE]
+//
+// N users, each in its own thread, each sending streaming requests to /v1/completions one after
+// another until --duration seconds have passed, waiting an exponential time (mean --think
+// seconds) before each: every user's requests arrive as a Poisson process, slowed by their own
+// waiting. Prompts come from --prompts (one per line) or from a synthetic mix: one of four shared
+// "system prompts" (about 100 bytes each, the prefix cache's case) and a short question.
+//
+// Reports, over every request: total tokens/s (every completion token over the run's wall time),
+// tokens/s per user (each request's tokens over its own time from sending to [DONE], averaged: the
+// speed at which a user sees text arrive), time to first token, inter-token latency and whole
+// request latency (p50, p99), and the requests that failed (not 200, an error event, no
+// `data: [DONE]`) or came back twice. --csv appends one row per run.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/options.hpp"
+#include "lessons/10_serving/server.hpp"
+
+using namespace infer;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Record {
+  int user = 0;
+  bool ok = false;
+  int events_done = 0;  // data: [DONE] count (exactly 1 when ok)
+  int tokens = 0;       // completion tokens, as the server counted them
+  double start = 0, ttft = 0, latency = 0;
+  std::vector<double> itl;
+  std::string id;
+};
+
+std::vector<std::string> synthetic_prompts() {
+  const std::vector<std::string> systems = {
+      "You are a fortune teller at a night market. You answer every question with one short fortune. ",
+      "The following is a collection of proverbs from many lands, each on its own line, old and new. ",
+      "Q: What do the stars say about tomorrow? A: They say the road is long but the company is good. ",
+      "A fortune cookie says: patience is a virtue, luck is a habit, and tomorrow is another day. Q: ",
+  };
+  const std::vector<std::string> questions = {"Will I be rich?", "What about love?", "Is today lucky?",
+                                              "Should I travel?", "Why the moon?", "Tell me more."};
+  std::vector<std::string> prompts;
+  for (const auto& s : systems)
+    for (const auto& q : questions) prompts.push_back(s + q);
+  return prompts;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson10_load",
+                       {"--host", "--port", "--model", "--users", "--duration", "--think", "--max-tokens", "--prompts",
+                        "--seed", "--label", "--csv"});
+    const std::string host = opts.text("--host", "127.0.0.1");
+    const int port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
+    const std::string model = opts.text("--model", "tiny-fortunes");
+    const int users = static_cast<int>(opts.number("--users", 8, 1, 4096));
+    const double duration = opts.real("--duration", 10.0);
+    const double think = opts.real("--think", 0.05);
+    require(duration > 0 && think >= 0, "lesson10_load: --duration must be > 0 and --think >= 0, got ", duration, " and ", think);
+    const int max_tokens = static_cast<int>(opts.number("--max-tokens", 64, 1));
+    const uint64_t seed = static_cast<uint64_t>(opts.number("--seed", 1, 0));
+    const std::string label = opts.text("--label", "");
+
+    std::vector<std::string> prompts;
+    if (opts.has("--prompts")) {
+      std::ifstream in(opts.text("--prompts", ""));
+      require(in.good(), "lesson10_load: cannot read ", opts.text("--prompts", ""));
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) prompts.push_back(line);
+      require(!prompts.empty(), "lesson10_load: no prompts in ", opts.text("--prompts", ""));
+    } else {
+      prompts = synthetic_prompts();
+    }
+    {
+      const auto [status, body] = http_get(host, port, "/health");
+      require(status == 200, "lesson10_load: no healthy server at http://", host, ":", port,
+              " (start one with ./course serve); /health answered ", status, " ", body);
+    }
+
+    std::mutex mutex;
+    std::vector<Record> records;
+    std::atomic<int> sent{0};
+    const auto t0 = Clock::now();
+    const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+    std::vector<std::thread> threads;
+    for (int u = 0; u < users; ++u)
+      threads.emplace_back([&, u] {
+        std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(u));
+        std::exponential_distribution<double> wait(think > 0 ? 1.0 / think : 1.0);
+        while (true) {
+          if (think > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait(rng)));
+          if (since(Clock::now()) >= duration) break;
+          const int n = sent++;
+          const nlohmann::json body = {{"model", model},
+                                       {"prompt", prompts[rng() % prompts.size()]},
+                                       {"max_tokens", max_tokens},
+                                       {"temperature", 0.8},
+                                       {"seed", n},
+                                       {"stream", true},
+                                       {"stream_options", {{"include_usage", true}}}};
+          Record r;
+          r.user = u;
+          const auto start = Clock::now();
+          r.start = since(start);
+          Clock::time_point last = start;
+          bool error = false;
+          const HttpReply reply = http_post(host, port, "/v1/completions", body.dump(), [&](const std::string& e) {
+            const auto now = Clock::now();
+            if (e == "[DONE]") {
+              ++r.events_done;
+              return true;
+            }
+            const auto j = nlohmann::json::parse(e, nullptr, false);
+            if (j.is_discarded() || j.contains("error")) {
+              error = true;
+              return true;
+            }
+            if (r.id.empty() && j.contains("id")) r.id = j["id"].get<std::string>();
+            if (j.contains("usage") && j["usage"].is_object()) r.tokens = j["usage"]["completion_tokens"].get<int>();
+            if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
+              if (r.ttft == 0) {
+                r.ttft = std::chrono::duration<double>(now - start).count();
+              } else {
+                r.itl.push_back(std::chrono::duration<double>(now - last).count());
+              }
+              last = now;
+            }
+            return true;
+          });
+          r.latency = std::chrono::duration<double>(Clock::now() - start).count();
+          r.ok = reply.status == 200 && !error && r.events_done == 1;
+          std::lock_guard lock(mutex);
+          records.push_back(std::move(r));
+        }
+      });
+    for (auto& t : threads) t.join();
+
+    double end = 0;
+    long tokens = 0;
+    int failed = 0, duplicated = 0;
+    std::vector<double> ttft, itl, latency;
+    std::set<std::string> ids;
+    for (const Record& r : records) {
+      end = std::max(end, r.start + r.latency);
+      if (!r.ok) {
+        ++failed;
+        continue;
+      }
+      if (!ids.insert(r.id).second) ++duplicated;
+      tokens += r.tokens;
+      ttft.push_back(r.ttft);
+      latency.push_back(r.latency);
+      itl.insert(itl.end(), r.itl.begin(), r.itl.end());
+    }
+    const double total_rate = end > 0 ? static_cast<double>(tokens) / end : 0.0;
+    double user_rate = 0;  // the speed a user watches a stream come in: tokens over the request's time
+    for (const Record& r : records)
+      if (r.ok && r.latency > 0) user_rate += r.tokens / r.latency / static_cast<double>(latency.size());
+    const auto p = [](std::vector<double> v, double q) { return v.empty() ? 0.0 : percentile(v, q); };
+    std::printf("%s%d user%s, %.1f s: %zu requests (%d failed, %d duplicated), %ld tokens\n",
+                label.empty() ? "" : (label + ": ").c_str(), users, users == 1 ? "" : "s", end, records.size(), failed,
+                duplicated, tokens);
+    std::printf("  total %.0f tokens/s, per user %.1f tokens/s\n", total_rate, user_rate);
+    std::printf("  TTFT p50 %.1f ms, p99 %.1f ms; inter-token p50 %.2f ms, p99 %.2f ms; request p50 %.0f ms, p99 %.0f ms\n",
+                1e3 * p(ttft, 50), 1e3 * p(ttft, 99), 1e3 * p(itl, 50), 1e3 * p(itl, 99), 1e3 * p(latency, 50),
+                1e3 * p(latency, 99));
+    if (opts.has("--csv")) {
+      const std::string path = opts.text("--csv", "");
+      const bool fresh = !std::ifstream(path).good();
+      std::ofstream csv(path, std::ios::app);
+      if (fresh)
+        csv << "label,users,seconds,requests,failed,duplicated,tokens,total_tokens_per_s,user_tokens_per_s,"
+               "ttft_p50_s,ttft_p99_s,itl_p50_s,itl_p99_s,latency_p50_s,latency_p99_s\n";
+      csv << label << "," << users << "," << end << "," << records.size() << "," << failed << "," << duplicated << ","
+          << tokens << "," << total_rate << "," << user_rate << "," << p(ttft, 50) << "," << p(ttft, 99) << ","
+          << p(itl, 50) << "," << p(itl, 99) << "," << p(latency, 50) << "," << p(latency, 99) << "\n";
+    }
+    return failed == 0 && duplicated == 0 ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

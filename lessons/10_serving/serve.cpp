@@ -1,0 +1,85 @@
+// Lesson 10: the OpenAI-compatible server on a model (./course serve).
+//
+//   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
+//       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
+//       [--naive] [--threads N]
+//
+// The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
+// lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
+// positions; by default enough for every running sequence's whole context). --naive serves one
+// request at a time through lesson 00's forward() instead: the baseline of the lesson's table.
+// Ctrl-C stops it.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <omp.h>
+
+#include "common/options.hpp"
+#include "common/weights.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/10_serving/server.hpp"
+
+using namespace infer;
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson10_serve",
+                       {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
+                        "--block-size", "--threads"},
+                       {"--naive", "--no-prefix-cache"});
+    const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
+    const ModelWeights model = load_model(dir);
+    const ModelConfig& c = model.config;
+    const std::string name = opts.text("--name", std::filesystem::path(dir).lexically_normal().filename().string() == ""
+                                                     ? std::filesystem::path(dir).parent_path().filename().string()
+                                                     : std::filesystem::path(dir).lexically_normal().filename().string());
+    omp_set_num_threads(static_cast<int>(opts.number("--threads", 1, 1)));
+    ServerOptions so;
+    so.host = opts.text("--host", "127.0.0.1");
+    so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
+    const ServingOptions engine_opts{static_cast<int>(opts.number("--max-running", 32, 1)),
+                                     static_cast<int>(opts.number("--token-budget", 64, 1))};
+    const int block = static_cast<int>(opts.number("--block-size", 16, 1));
+    const int per_seq = (c.max_position_embeddings + block - 1) / block;
+    const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
+
+    std::unique_ptr<Server> server;
+    std::string what;
+    if (opts.has("--naive")) {
+      server = std::make_unique<Server>(model, ApiModel{name, c}, so);
+      what = "naive: one request at a time, lesson 00's forward, no cache";
+    } else {
+      std::unique_ptr<KVManager> memory;
+      if (opts.has("--no-prefix-cache"))
+        memory = std::make_unique<PagedKVManager>(c, blocks, block);
+      else
+        memory = std::make_unique<PrefixKVManager>(c, blocks, block);
+      auto engine = std::make_unique<ServingEngine>(std::make_unique<CpuChunkForward>(model), std::move(memory), engine_opts);
+      server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
+      what = cat("engine: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
+                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache");
+    }
+    // Ctrl-C and SIGTERM are taken by this thread alone (blocked before the server's threads start).
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    const int port = server->start();
+    std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());
+    std::printf("try:  curl -N http://%s:%d/v1/completions -H 'Content-Type: application/json' \\\n"
+                "        -d '{\"model\": \"%s\", \"prompt\": \"The secret of\", \"max_tokens\": 60, \"stream\": true}'\n"
+                "Ctrl-C stops it.\n",
+                so.host.c_str(), port, name.c_str());
+    std::fflush(stdout);
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::printf("\nstopping\n");
+    server->stop();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

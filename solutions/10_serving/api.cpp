@@ -1,0 +1,117 @@
+// Lesson 10, reference: checking an OpenAI-style request before the engine sees it.
+#include "common/tokenizer.hpp"
+#include "lessons/10_serving/api.hpp"
+
+namespace infer {
+
+using nlohmann::json;
+
+namespace {
+
+std::vector<int> completion_prompt(const json& body, const ApiModel& model) {
+  const auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
+  if (it->is_string()) return ByteTokenizer::encode(it->get<std::string>());
+  if (!it->is_array() || it->empty())
+    throw ApiError(400, cat("'prompt' must be a string or a non-empty array of token ids, got ", it->type_name()),
+                   "prompt");
+  std::vector<int> ids;
+  for (const json& v : *it) {
+    if (!v.is_number_integer())
+      throw ApiError(400, cat("'prompt' as an array must hold token ids (integers), got ", v.type_name(),
+                              " (one prompt per request)"),
+                     "prompt");
+    const long long id = v.get<long long>();
+    if (id < 0 || id >= model.config.vocab_size)
+      throw ApiError(400, cat("'prompt' holds token id ", id, ", outside the vocabulary [0, ", model.config.vocab_size, ")"),
+                     "prompt");
+    ids.push_back(static_cast<int>(id));
+  }
+  return ids;
+}
+
+std::vector<int> chat_messages_prompt(const json& body) {
+  const auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) throw ApiError(400, "'messages' is required", "messages");
+  if (!it->is_array() || it->empty())
+    throw ApiError(400, cat("'messages' must be a non-empty array of messages, got ",
+                            it->is_array() ? "an empty array" : it->type_name()),
+                   "messages");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = cat("messages[", i, "]");
+    if (!m.is_object()) throw ApiError(400, cat("'", where, "' must be an object, got ", m.type_name()), "messages");
+    const auto role = get_string(m, "role"), content = get_string(m, "content");
+    if (!role || (*role != "system" && *role != "user" && *role != "assistant"))
+      throw ApiError(400, cat("'", where, ".role' must be \"system\", \"user\" or \"assistant\""), "messages");
+    if (!content) throw ApiError(400, cat("'", where, ".content' is required"), "messages");
+    messages.push_back({*role, *content});
+  }
+  return ByteTokenizer::encode(chat_prompt(messages));
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(std::string_view text, Endpoint endpoint, const ApiModel& model) {
+  const json body = parse_json_object(text);
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+
+  const auto name = get_string(body, "model");
+  if (!name) throw ApiError(400, "'model' is required", "model");
+  if (*name != model.name)
+    throw ApiError(404, cat("The model '", *name, "' does not exist; this server serves '", model.name, "'"), "model",
+                   "model_not_found");
+
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  r.prompt = chat ? chat_messages_prompt(body) : completion_prompt(body, model);
+
+  std::optional<long long> max_tokens = get_integer(body, "max_tokens");
+  std::string max_param = "max_tokens";
+  if (chat && !max_tokens) {
+    max_tokens = get_integer(body, "max_completion_tokens");
+    max_param = "max_completion_tokens";
+  }
+  if (max_tokens && *max_tokens < 1)
+    throw ApiError(400, cat("'", max_param, "' must be >= 1, got ", *max_tokens), max_param);
+  const long context = model.config.max_position_embeddings;
+  const long prompt = static_cast<long>(r.prompt.size());
+  const long wanted = max_tokens ? static_cast<long>(std::min<long long>(*max_tokens, 1LL << 40))
+                                 : (chat ? context - prompt : 16);
+  if (prompt + std::max(wanted, 1L) > context)
+    throw ApiError(400,
+                   cat("This model's maximum context length is ", context, " tokens. However, you requested ",
+                       prompt + std::max(wanted, 1L), " tokens (", prompt, " in the ", chat ? "messages" : "prompt",
+                       ", ", std::max(wanted, 1L), " in the completion). Please reduce the length of the ",
+                       chat ? "messages" : "prompt", " or completion."),
+                   max_tokens ? max_param : (chat ? "messages" : "prompt"), "context_length_exceeded");
+  r.max_tokens = static_cast<int>(wanted);
+
+  if (const auto t = get_number(body, "temperature")) {
+    if (!(*t >= 0.0 && *t <= 2.0)) throw ApiError(400, cat("'temperature' must be in [0, 2], got ", *t), "temperature");
+    r.sampling.temperature = static_cast<float>(*t);
+  }
+  if (const auto p = get_number(body, "top_p")) {
+    if (!(*p > 0.0 && *p <= 1.0)) throw ApiError(400, cat("'top_p' must be in (0, 1], got ", *p), "top_p");
+    r.sampling.top_p = static_cast<float>(*p);
+  }
+  if (const auto k = get_integer(body, "top_k")) {
+    if (*k < -1) throw ApiError(400, cat("'top_k' must be >= 0, or -1 (every token), got ", *k), "top_k");
+    r.sampling.top_k = *k <= 0 ? 0 : static_cast<int>(std::min<long long>(*k, model.config.vocab_size));
+  }
+  if (const auto seed = get_integer(body, "seed")) {
+    if (*seed < 0) throw ApiError(400, cat("'seed' must be >= 0, got ", *seed), "seed");
+    r.sampling.seed = static_cast<uint64_t>(*seed);
+  }
+  if (const auto n = get_integer(body, "n"); n && *n != 1)
+    throw ApiError(400, cat("'n' must be 1 (one choice per request), got ", *n), "n");
+  r.stream = get_bool(body, "stream").value_or(false);
+  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) throw ApiError(400, cat("'stream_options' must be an object, got ", it->type_name()), "stream_options");
+    r.include_usage = get_bool(*it, "include_usage").value_or(false);
+  }
+  return r;
+}
+
+}  // namespace infer

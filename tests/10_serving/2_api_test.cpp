@@ -1,0 +1,142 @@
+// Lesson 10: checking requests before the engine sees them (parse_completion_request). Each bad
+// request must be refused with OpenAI's error: the right status and the offending field named.
+#include <string>
+#include <vector>
+
+#include "common/testing/graded.hpp"
+#include "common/testing/models.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/10_serving/api.hpp"
+
+namespace infer {
+namespace {
+
+ApiModel tiny() { return {"tiny-fortunes", testing::bundled_model().config}; }
+
+struct Bad {
+  const char* why;
+  Endpoint endpoint;
+  std::string body;
+  int status;
+  const char* param;
+  const char* code = "";
+};
+
+std::string long_prompt(size_t bytes) { return std::string(bytes, 'a'); }
+
+std::vector<Bad> bad_requests() {
+  const auto C = Endpoint::Completions, Chat = Endpoint::ChatCompletions;
+  return {
+      {"not JSON", C, R"({"model": "tiny-fortunes", "prompt": )", 400, ""},
+      {"JSON, not an object", C, R"(["tiny-fortunes"])", 400, ""},
+      {"no model", C, R"({"prompt": "hi"})", 400, "model"},
+      {"model of the wrong type", C, R"({"model": 7, "prompt": "hi"})", 400, "model"},
+      {"an unknown model", C, R"({"model": "gpt-4", "prompt": "hi"})", 404, "model", "model_not_found"},
+      {"no prompt", C, R"({"model": "tiny-fortunes"})", 400, "prompt"},
+      {"prompt of the wrong type", C, R"({"model": "tiny-fortunes", "prompt": 12})", 400, "prompt"},
+      {"an empty array of ids", C, R"({"model": "tiny-fortunes", "prompt": []})", 400, "prompt"},
+      {"an id outside the vocabulary", C, R"({"model": "tiny-fortunes", "prompt": [1, 300]})", 400, "prompt"},
+      {"a negative id", C, R"({"model": "tiny-fortunes", "prompt": [1, -4]})", 400, "prompt"},
+      {"several prompts", C, R"({"model": "tiny-fortunes", "prompt": ["a", "b"]})", 400, "prompt"},
+      {"negative max_tokens", C, R"({"model": "tiny-fortunes", "prompt": "hi", "max_tokens": -5})", 400, "max_tokens"},
+      {"zero max_tokens", C, R"({"model": "tiny-fortunes", "prompt": "hi", "max_tokens": 0})", 400, "max_tokens"},
+      {"max_tokens as a string", C, R"({"model": "tiny-fortunes", "prompt": "hi", "max_tokens": "10"})", 400, "max_tokens"},
+      {"fractional max_tokens", C, R"({"model": "tiny-fortunes", "prompt": "hi", "max_tokens": 2.5})", 400, "max_tokens"},
+      {"top_p of 0", C, R"({"model": "tiny-fortunes", "prompt": "hi", "top_p": 0})", 400, "top_p"},
+      {"top_p above 1", C, R"({"model": "tiny-fortunes", "prompt": "hi", "top_p": 1.5})", 400, "top_p"},
+      {"top_p as a string", C, R"({"model": "tiny-fortunes", "prompt": "hi", "top_p": "0.9"})", 400, "top_p"},
+      {"negative temperature", C, R"({"model": "tiny-fortunes", "prompt": "hi", "temperature": -0.1})", 400, "temperature"},
+      {"temperature above 2", C, R"({"model": "tiny-fortunes", "prompt": "hi", "temperature": 2.5})", 400, "temperature"},
+      {"top_k below -1", C, R"({"model": "tiny-fortunes", "prompt": "hi", "top_k": -2})", 400, "top_k"},
+      {"a negative seed", C, R"({"model": "tiny-fortunes", "prompt": "hi", "seed": -1})", 400, "seed"},
+      {"n of 2", C, R"({"model": "tiny-fortunes", "prompt": "hi", "n": 2})", 400, "n"},
+      {"stream as a string", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stream": "yes"})", 400, "stream"},
+      {"a prompt longer than the context", C,
+       R"({"model": "tiny-fortunes", "prompt": ")" + long_prompt(300) + R"("})", 400, "prompt", "context_length_exceeded"},
+      {"a prompt and the default 16 over the context", C,
+       R"({"model": "tiny-fortunes", "prompt": ")" + long_prompt(245) + R"("})", 400, "prompt", "context_length_exceeded"},
+      {"max_tokens over what the context leaves", C,
+       R"({"model": "tiny-fortunes", "prompt": "hi", "max_tokens": 1000})", 400, "max_tokens", "context_length_exceeded"},
+      {"chat: no messages", Chat, R"({"model": "tiny-fortunes"})", 400, "messages"},
+      {"chat: empty messages", Chat, R"({"model": "tiny-fortunes", "messages": []})", 400, "messages"},
+      {"chat: messages not an array", Chat, R"({"model": "tiny-fortunes", "messages": "hi"})", 400, "messages"},
+      {"chat: a message without content", Chat, R"({"model": "tiny-fortunes", "messages": [{"role": "user"}]})", 400,
+       "messages"},
+      {"chat: an unknown role", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "wizard", "content": "hi"}]})", 400, "messages"},
+      {"chat: a prompt longer than the context", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": ")" + long_prompt(400) + R"("}]})", 400,
+       "messages", "context_length_exceeded"},
+      {"chat: negative max_completion_tokens", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})",
+       400, "max_completion_tokens"},
+  };
+}
+
+GRADED_TEST(Lesson10Api, BadRequestsAreRefusedWithTheirField, 4) {
+  const ApiModel model = tiny();
+  for (const Bad& b : bad_requests()) {
+    try {
+      parse_completion_request(b.body, b.endpoint, model);
+      ADD_FAILURE() << b.why << ": accepted; expected HTTP " << b.status << " naming '" << b.param << "'";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), b.status) << b.why << ": " << e.what();
+      EXPECT_EQ(e.param(), b.param) << b.why << ": the error must name the offending field (" << e.what() << ")";
+      if (*b.code) {
+        EXPECT_EQ(e.code(), b.code) << b.why << ": " << e.what();
+      }
+    } catch (const NotImplemented&) {
+      throw;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << b.why << ": threw something other than ApiError: " << e.what();
+    }
+  }
+}
+
+GRADED_TEST(Lesson10Api, GoodRequestsBecomeEngineRequests, 3) {
+  const ApiModel model = tiny();
+  const CompletionRequest a = parse_completion_request(
+      R"({"model": "tiny-fortunes", "prompt": "Hi!", "max_tokens": 40, "temperature": 0.5, "top_p": 0.9,
+          "top_k": 20, "seed": 7, "stream": true, "stream_options": {"include_usage": true}, "user": "ignored"})",
+      Endpoint::Completions, model);
+  EXPECT_EQ(a.prompt, ByteTokenizer::encode("Hi!")) << "a string prompt is encoded with BOS first";
+  EXPECT_EQ(a.max_tokens, 40);
+  EXPECT_FLOAT_EQ(a.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(a.sampling.top_p, 0.9f);
+  EXPECT_EQ(a.sampling.top_k, 20);
+  EXPECT_EQ(a.sampling.seed, 7u);
+  EXPECT_TRUE(a.stream);
+  EXPECT_TRUE(a.include_usage);
+  EXPECT_EQ(a.endpoint, Endpoint::Completions);
+
+  const CompletionRequest d = parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "top_k": -1,
+      "temperature": null})", Endpoint::Completions, model);
+  EXPECT_EQ(d.max_tokens, 16) << "completions: max_tokens defaults to 16";
+  EXPECT_FLOAT_EQ(d.sampling.temperature, 1.0f) << "absent or null: the default";
+  EXPECT_FLOAT_EQ(d.sampling.top_p, 1.0f);
+  EXPECT_EQ(d.sampling.top_k, 0) << "top_k -1 keeps every token, as 0 does";
+  EXPECT_EQ(d.sampling.seed, 0u);
+  EXPECT_FALSE(d.stream);
+
+  const CompletionRequest ids =
+      parse_completion_request(R"({"model": "tiny-fortunes", "prompt": [1, 80, 90], "max_tokens": 253})",
+                               Endpoint::Completions, model);
+  EXPECT_EQ(ids.prompt, (std::vector<int>{1, 80, 90})) << "token ids are taken as they are";
+  EXPECT_EQ(ids.max_tokens, 253) << "3 + 253 = 256 positions: exactly the context fits";
+
+  const CompletionRequest chat = parse_completion_request(
+      R"({"model": "tiny-fortunes", "messages": [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Why?"}], "max_completion_tokens": 5})",
+      Endpoint::ChatCompletions, model);
+  EXPECT_EQ(chat.prompt, ByteTokenizer::encode(chat_prompt({{"system", "Be brief."}, {"user", "Why?"}})))
+      << "a chat's prompt is chat_prompt() of its messages, encoded with BOS";
+  EXPECT_EQ(chat.max_tokens, 5) << "chat accepts max_completion_tokens";
+  EXPECT_EQ(chat.endpoint, Endpoint::ChatCompletions);
+
+  const CompletionRequest rest = parse_completion_request(
+      R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "Why?"}]})", Endpoint::ChatCompletions, model);
+  EXPECT_EQ(rest.max_tokens, 256 - static_cast<int>(rest.prompt.size())) << "chat: max_tokens defaults to what the context leaves";
+}
+
+}  // namespace
+}  // namespace infer
