@@ -71,7 +71,8 @@ struct CompletionRequest {
 
 /// Yours. Checks a request body and turns it into a CompletionRequest, or throws ApiError.
 ///
-/// Fields (OpenAI's names; absent and null mean "the default"; fields not listed are ignored):
+/// Fields (OpenAI's names; absent and null mean "the default"; fields not listed are ignored,
+/// after the server's refuse_unsupported() has refused those that ask for something it lacks):
 ///
 /// | field | type | rule | default |
 /// | --- | --- | --- | --- |
@@ -110,6 +111,13 @@ std::optional<double> get_number(const nlohmann::json& obj, const std::string& n
 std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name);
 /// A string.
 std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
+
+/// Refuses (ApiError 400, param the field) the OpenAI fields this server does not implement when
+/// they ask for something: `stop`, `logprobs`, `echo`, `suffix`, `best_of` above 1, penalties,
+/// `logit_bias`, `tools`, a `response_format` other than text. A client that sends `"stop": ["\n"]`
+/// would otherwise get text past its stop sequence, in silence. Absent, null and default values
+/// pass. The server calls it before parse_completion_request(). Given.
+void refuse_unsupported(const nlohmann::json& body);
 
 /// One message of a chat.
 struct ChatMessage {

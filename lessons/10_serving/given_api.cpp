@@ -1,4 +1,7 @@
 // Lesson 10: the JSON plumbing of the OpenAI-compatible API (given).
+#include <climits>
+#include <cmath>
+
 #include "lessons/10_serving/api.hpp"
 
 namespace infer {
@@ -42,13 +45,12 @@ const json* field(const json& obj, const std::string& name) {
 std::optional<long long> get_integer(const json& obj, const std::string& name) {
   const json* v = field(obj, name);
   if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<long long>();
-  if (v->is_number_unsigned()) {  // above the signed range
+  if (v->is_number_unsigned() && v->get<unsigned long long>() > static_cast<unsigned long long>(LLONG_MAX))
     throw ApiError(400, cat("'", name, "' is too large: ", v->dump()), name);
-  }
+  if (v->is_number_integer()) return v->get<long long>();
   if (v->is_number_float()) {
     const double d = v->get<double>();
-    if (d == static_cast<double>(static_cast<long long>(d)) && d > -9e18 && d < 9e18) return static_cast<long long>(d);
+    if (d > -9e18 && d < 9e18 && std::trunc(d) == d) return static_cast<long long>(d);  // 3.0, not 3.5 or 1e300
   }
   wrong_type(name, "an integer", *v);
 }
@@ -72,6 +74,29 @@ std::optional<std::string> get_string(const json& obj, const std::string& name) 
   if (!v) return std::nullopt;
   if (v->is_string()) return v->get<std::string>();
   wrong_type(name, "a string", *v);
+}
+
+void refuse_unsupported(const json& body) {
+  const auto given = [&](const char* name) -> const json* {
+    const auto it = body.find(name);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  const auto refuse = [](const std::string& name, const std::string& what) {
+    throw ApiError(400, cat("'", name, "' is not supported by this server (", what, ")"), name);
+  };
+  for (const char* name : {"stop", "logit_bias", "tools", "functions"})
+    if (const json* v = given(name); v && !(v->is_array() || v->is_object() ? v->empty() : v->is_string() && v->get<std::string>().empty()))
+      refuse(name, "leave it out or null");
+  for (const char* name : {"logprobs", "echo", "top_logprobs"})
+    if (const json* v = given(name); v && !(v->is_boolean() && !v->get<bool>()) && !(v->is_number() && v->get<double>() == 0))
+      refuse(name, "leave it out, null or false");
+  for (const char* name : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = given(name); v && !(v->is_number() && v->get<double>() == 0))
+      refuse(name, "leave it out, null or 0");
+  if (const json* v = given("best_of"); v && !(v->is_number() && v->get<double>() == 1)) refuse("best_of", "only 1");
+  if (const json* v = given("suffix"); v && !(v->is_string() && v->get<std::string>().empty())) refuse("suffix", "leave it out or null");
+  if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
+    refuse("response_format", "only {\"type\": \"text\"}");
 }
 
 std::string chat_prompt(const std::vector<ChatMessage>& messages) {

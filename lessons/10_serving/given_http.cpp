@@ -95,6 +95,7 @@ struct Job {
   std::string finish_reason;  // "stop" (EOS), "length" (max_tokens), "cancelled", "error"
   int error_status = 0;       // with "error"
   std::string error;
+  bool accepted = false;      // taken by the engine (submit() passed); naive: queued
 };
 
 }  // namespace
@@ -127,13 +128,14 @@ struct Server::Impl {
   long prompt_tokens = 0, cached_tokens = 0, generation_tokens = 0;
   int running = 0, waiting = 0;
   long kv_reserved = 0, kv_capacity = 0;
-  long steps = 0;
+  long steps = 0, preemptions = 0;
   Histogram ttft{latency_bounds()}, tpot{latency_bounds()}, itl{latency_bounds()};
 
   Impl(ApiModel m, ServerOptions o) : model(std::move(m)), options(std::move(o)) {}
 
   // ---- handlers' side
 
+  /// Hands a job to the engine thread, or fails it at once (shutting down, engine broken).
   void enqueue(const std::shared_ptr<Job>& job) {
     std::lock_guard lock(mutex);
     job->id = next_id++;
@@ -141,7 +143,12 @@ struct Server::Impl {
       fail(*job, stopping ? 503 : 500, stopping ? "the server is shutting down" : broken);
       return;
     }
+    if (!engine) {  // naive: nothing can refuse it after this
+      std::lock_guard job_lock(job->mutex);
+      job->accepted = true;
+    }
     ++open_jobs;
+    engine_idle = false;  // wait_idle() must wait for it, even if it ends within one iteration
     inbox.push_back(job);
     wake.notify_all();
   }
@@ -165,7 +172,8 @@ struct Server::Impl {
   // ---- the engine thread's side
 
   /// Appends `tokens` to the job (time `t`), recording latencies; `reason` non-empty ends it.
-  void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached) {
+  void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached,
+               int preempted = 0) {
     size_t before = 0;
     Clock::time_point last;
     {
@@ -186,6 +194,7 @@ struct Server::Impl {
     if (before == 0 && !fresh.empty()) first_token[job.id] = t;
     if (!reason.empty()) {
       ++finished_by_reason[reason];
+      preemptions += preempted;
       prompt_tokens += static_cast<long>(job.request.prompt.size());
       cached_tokens += cached;
       const size_t n = before + fresh.size();
@@ -203,11 +212,20 @@ struct Server::Impl {
     return it == last_token.end() ? job.arrived : it->second;
   }
 
+  /// Ends queued or running jobs with an error. A job the engine had accepted is counted as
+  /// ended in error; one it had not is counted by its handler, as refused (reply_error()).
   void fail_open(std::vector<std::shared_ptr<Job>>& jobs, int status, const std::string& message) {
     for (auto& job : jobs) {
+      bool accepted = false;
+      {
+        std::lock_guard job_lock(job->mutex);
+        accepted = job->accepted;
+      }
       fail(*job, status, message);
       std::lock_guard lock(mutex);
-      ++finished_by_reason["error"];
+      if (accepted) ++finished_by_reason["error"];
+      first_token.erase(job->id);
+      last_token.erase(job->id);
       --open_jobs;
       quiet.notify_all();
     }
@@ -241,7 +259,10 @@ struct Server::Impl {
         try {
           e.submit({job->id, job->request.prompt, job->request.max_tokens, job->request.sampling, e.now()});
           active[job->id] = {job, e.results().size() - 1, 0};
-        } catch (const std::exception& ex) {  // the request does not fit this engine's memory
+          std::lock_guard job_lock(job->mutex);
+          job->accepted = true;
+          job->changed.notify_all();
+        } catch (const std::exception& ex) {  // refused by the engine's own checks: a 400 from the handler
           std::vector<std::shared_ptr<Job>> one{job};
           fail_open(one, 400, ex.what());
         }
@@ -250,7 +271,8 @@ struct Server::Impl {
         const auto it = active.find(id);
         if (it == active.end()) continue;  // already ended
         e.cancel(id);
-        deliver(*it->second.job, {}, Clock::now(), "cancelled", e.results()[it->second.index].cached_tokens);
+        const GenerationResult& res = e.results()[it->second.index];
+        deliver(*it->second.job, {}, Clock::now(), "cancelled", res.cached_tokens, res.preemptions);
         active.erase(it);
       }
       bool stepped = false;
@@ -266,13 +288,16 @@ struct Server::Impl {
             broken = cat("the engine failed: ", ex.what());
           }
           fail_open(open, 500, cat("the engine failed: ", ex.what()));
-          std::lock_guard lock(mutex);
-          for (auto& job : inbox) fail(*job, 500, broken);
-          finished_by_reason["error"] += static_cast<long>(inbox.size());
-          open_jobs -= static_cast<int>(inbox.size());
-          inbox.clear();
-          engine_idle = true;
-          quiet.notify_all();
+          std::vector<std::shared_ptr<Job>> queued;
+          {
+            std::lock_guard lock(mutex);
+            queued.assign(inbox.begin(), inbox.end());
+            inbox.clear();
+            engine_idle = true;
+            running = waiting = 0;
+            kv_reserved = 0;
+          }
+          fail_open(queued, 500, broken);
           break;  // nothing more can be trusted of this engine
         }
       }
@@ -285,13 +310,13 @@ struct Server::Impl {
           std::span<const int> fresh(res.tokens.data() + a.sent, res.tokens.size() - a.sent);
           const std::string reason =
               !done ? "" : (!res.tokens.empty() && res.tokens.back() == e.forward().config().eos_token_id ? "stop" : "length");
-          deliver(*a.job, fresh, now, reason, res.cached_tokens);
+          deliver(*a.job, fresh, now, reason, res.cached_tokens, res.preemptions);
           a.sent = res.tokens.size();
         }
         it = done ? active.erase(it) : std::next(it);
       }
       std::lock_guard lock(mutex);
-      if (stepped) ++steps;
+      if (stepped && !e.log().empty() && e.log().back().forwards > 0) ++steps;
       running = static_cast<int>(e.running().size());
       waiting = e.waiting();
       kv_reserved = e.memory().reserved_tokens();
@@ -301,6 +326,18 @@ struct Server::Impl {
     std::vector<std::shared_ptr<Job>> open;
     for (auto& [id, a] : active) open.push_back(a.job);
     fail_open(open, 503, "the server is shutting down");
+    drain_inbox();
+  }
+
+  /// Fails whatever is still queued (at shutdown).
+  void drain_inbox() {
+    std::vector<std::shared_ptr<Job>> queued;
+    {
+      std::lock_guard lock(mutex);
+      queued.assign(inbox.begin(), inbox.end());
+      inbox.clear();
+    }
+    fail_open(queued, 503, "the server is shutting down");
   }
 
   void naive_loop() {
@@ -318,13 +355,17 @@ struct Server::Impl {
         engine_idle = false;
       }
       std::vector<int> tokens = job->request.prompt;
-      Sampler sampler(job->request.sampling);
       std::string reason = "length";
       try {
+        Sampler sampler(job->request.sampling);
         for (int i = 0; i < job->request.max_tokens; ++i) {
           {
             std::lock_guard lock(mutex);
-            if (cancels.erase(job->id) || stopping) {
+            if (stopping) {
+              reason = "shutdown";
+              break;
+            }
+            if (cancels.erase(job->id)) {
               reason = "cancelled";
               break;
             }
@@ -335,12 +376,18 @@ struct Server::Impl {
           const bool eos = next == m.config.eos_token_id;
           if (eos) reason = "stop";
           const bool last = eos || i + 1 == job->request.max_tokens;
+          {
+            std::lock_guard lock(mutex);
+            ++steps;
+          }
           deliver(*job, std::span<const int>(&tokens.back(), 1), Clock::now(), last ? reason : "", 0);
           if (last) break;
-          std::lock_guard lock(mutex);
-          ++steps;
         }
         if (reason == "cancelled") deliver(*job, {}, Clock::now(), reason, 0);
+        if (reason == "shutdown") {
+          std::vector<std::shared_ptr<Job>> one{job};
+          fail_open(one, 503, "the server is shutting down");
+        }
       } catch (const std::exception& ex) {
         std::vector<std::shared_ptr<Job>> one{job};
         fail_open(one, 500, cat("the naive decoder failed: ", ex.what()));
@@ -351,15 +398,14 @@ struct Server::Impl {
       cancels.erase(job->id);  // a hang-up that came after the request ended
       quiet.notify_all();
     }
-    std::lock_guard lock(mutex);
-    for (auto& job : inbox) fail(*job, 503, "the server is shutting down");
-    inbox.clear();
+    drain_inbox();
   }
 
   // ---- HTTP
 
-  void reply_error(httplib::Response& res, const ApiError& e) {
-    {
+  /// Answers with OpenAI's error body; `refused`: count it as a request refused before the engine.
+  void reply_error(httplib::Response& res, const ApiError& e, bool refused = true) {
+    if (refused) {
       std::lock_guard lock(mutex);
       ++rejected_by_status[e.status()];
     }
@@ -408,6 +454,7 @@ struct Server::Impl {
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
     auto job = std::make_shared<Job>();
     try {
+      refuse_unsupported(parse_json_object(req.body));
       job->request = parse_completion_request(req.body, endpoint, model);
     } catch (const ApiError& e) {
       reply_error(res, e);
@@ -418,12 +465,24 @@ struct Server::Impl {
     }
     job->arrived = Clock::now();
     enqueue(job);
+    {
+      // Until the engine has taken it, a request can still be refused, with a status of its own.
+      std::unique_lock lock(job->mutex);
+      job->changed.wait(lock, [&] { return job->accepted || job->finished; });
+      if (!job->accepted) {
+        const ApiError e(job->error_status, job->error);
+        lock.unlock();
+        reply_error(res, e);
+        return;
+      }
+    }
     if (!job->request.stream) {
       std::unique_lock lock(job->mutex);
       job->changed.wait(lock, [&] { return job->finished; });
       if (job->finish_reason == "error") {
+        const ApiError e(job->error_status, job->error);
         lock.unlock();
-        reply_error(res, ApiError(job->error_status, job->error));
+        reply_error(res, e, /*refused=*/false);  // counted as ended in error
         return;
       }
       res.set_content(dump(completion_body(*job, ByteTokenizer::decode(job->tokens), static_cast<int>(job->tokens.size()),
@@ -521,7 +580,8 @@ struct Server::Impl {
     counter("course_prompt_tokens_cached_total", "Of those, tokens found in the prefix cache (not computed).",
             cached_tokens);
     counter("course_generation_tokens_total", "Tokens generated (EOS included).", generation_tokens);
-    counter("course_engine_steps_total", "Engine steps that ran a forward.", steps);
+    counter("course_engine_steps_total", "Engine steps that ran a forward (naive: forwards).", steps);
+    counter("course_preemptions_total", "Times the requests that ended were preempted.", preemptions);
     gauge("course_requests_running", "Requests in the engine's batch.", running);
     gauge("course_requests_waiting", "Requests queued for the batch.", waiting);
     gauge("course_kv_reserved_tokens", "KV memory reserved, in positions (blocks x block size when paged).",
@@ -572,6 +632,15 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
+    // httplib enforces max_body_bytes through Content-Length only: a body sent without one
+    // (chunked) would be read whole, however large. Such requests are refused before reading.
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.method == "POST" && !req.has_header("Content-Length")) {
+        reply_error(res, ApiError(411, "A request body needs a Content-Length header on this server"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
     // Errors httplib itself answers (no such route, a body over the limit): OpenAI's error body too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                        httplib::Response& res) {
@@ -601,6 +670,11 @@ Server::Server(std::unique_ptr<ServingEngine> engine, ApiModel model, ServerOpti
     : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
   require(engine != nullptr, "Server: no engine");
   impl_->engine = std::move(engine);
+  // The context a client can use is what one sequence can hold: the model's, or less if the KV
+  // memory is smaller. Requests are checked (and /v1/models answers) against that.
+  ModelConfig& c = impl_->model.config;
+  c.max_position_embeddings = std::min(c.max_position_embeddings, impl_->engine->memory().capacity_tokens());
+  impl_->kv_capacity = impl_->engine->memory().capacity_tokens();
 }
 
 Server::Server(const ModelWeights& weights, ApiModel model, ServerOptions options)
@@ -627,6 +701,9 @@ int Server::start() {
   s.started = true;
   s.worker = std::thread([&s] { s.engine ? s.engine_loop() : s.naive_loop(); });
   s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  // httplib's stop() does nothing until the listener runs: a stop() right after start() would
+  // otherwise leave the listener in accept() for ever.
+  for (int i = 0; i < 5000 && !s.http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return s.bound_port;
 }
 
@@ -640,11 +717,7 @@ void Server::stop() {
     s.wake.notify_all();
   }
   if (s.worker.joinable()) s.worker.join();  // fails what is open, which wakes the handlers
-  {
-    std::lock_guard lock(s.mutex);
-    for (auto& job : s.inbox) Impl::fail(*job, 503, "the server is shutting down");
-    s.inbox.clear();
-  }
+  s.drain_inbox();                           // what came in since
   s.http.stop();
   if (s.listener.joinable()) s.listener.join();
 }

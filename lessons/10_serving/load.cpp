@@ -126,13 +126,15 @@ int main(int argc, char** argv) {
               return true;
             }
             const auto j = nlohmann::json::parse(e, nullptr, false);
-            if (j.is_discarded() || j.contains("error")) {
+            if (j.is_discarded() || !j.is_object() || j.contains("error")) {
               error = true;
               return true;
             }
-            if (r.id.empty() && j.contains("id")) r.id = j["id"].get<std::string>();
-            if (j.contains("usage") && j["usage"].is_object()) r.tokens = j["usage"]["completion_tokens"].get<int>();
-            if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
+            if (r.id.empty() && j.value("id", nlohmann::json()).is_string()) r.id = j["id"].get<std::string>();
+            if (j.contains("usage") && j["usage"].is_object()) r.tokens = j["usage"].value("completion_tokens", 0);
+            const nlohmann::json choices = j.value("choices", nlohmann::json::array());
+            if (choices.is_array() && !choices.empty() && choices[0].is_object() &&
+                choices[0].value("text", nlohmann::json()).is_string() && !choices[0]["text"].get<std::string>().empty()) {
               if (r.ttft == 0) {
                 r.ttft = std::chrono::duration<double>(now - start).count();
               } else {

@@ -42,11 +42,13 @@ std::vector<int> chat_messages_prompt(const json& body) {
     const json& m = (*it)[i];
     const std::string where = cat("messages[", i, "]");
     if (!m.is_object()) throw ApiError(400, cat("'", where, "' must be an object, got ", m.type_name()), "messages");
-    const auto role = get_string(m, "role"), content = get_string(m, "content");
-    if (!role || (*role != "system" && *role != "user" && *role != "assistant"))
+    const auto role = m.find("role"), content = m.find("content");
+    const auto known = [](const std::string& r) { return r == "system" || r == "user" || r == "assistant"; };
+    if (role == m.end() || !role->is_string() || !known(role->get<std::string>()))
       throw ApiError(400, cat("'", where, ".role' must be \"system\", \"user\" or \"assistant\""), "messages");
-    if (!content) throw ApiError(400, cat("'", where, ".content' is required"), "messages");
-    messages.push_back({*role, *content});
+    if (content == m.end() || !content->is_string())
+      throw ApiError(400, cat("'", where, ".content' must be a string"), "messages");
+    messages.push_back({role->get<std::string>(), content->get<std::string>()});
   }
   return ByteTokenizer::encode(chat_prompt(messages));
 }
@@ -93,8 +95,9 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
     r.sampling.temperature = static_cast<float>(*t);
   }
   if (const auto p = get_number(body, "top_p")) {
-    if (!(*p > 0.0 && *p <= 1.0)) throw ApiError(400, cat("'top_p' must be in (0, 1], got ", *p), "top_p");
-    r.sampling.top_p = static_cast<float>(*p);
+    const float top_p = static_cast<float>(*p);  // checked as the sampler will hold it: 1e-50 is 0 in a float
+    if (!(top_p > 0.0f && top_p <= 1.0f)) throw ApiError(400, cat("'top_p' must be in (0, 1], got ", *p), "top_p");
+    r.sampling.top_p = top_p;
   }
   if (const auto k = get_integer(body, "top_k")) {
     if (*k < -1) throw ApiError(400, cat("'top_k' must be >= 0, or -1 (every token), got ", *k), "top_k");
