@@ -77,22 +77,25 @@ struct CompletionRequest {
 /// | field | type | rule | default |
 /// | --- | --- | --- | --- |
 /// | model | string | required; must equal model.name (else 404, code "model_not_found") | |
-/// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first; ids are taken as they are, each in [0, vocab) and at least one | |
+/// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first (an empty string is just BOS); ids are JSON integers (1.0 is refused), taken as they are, each in [0, vocab), at least one | |
 /// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "user" or "assistant"; content a string; rendered by chat_prompt() | |
-/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens) | completions: 16; chat: what the context leaves |
-/// | temperature | number | in [0, 2] | 1 |
-/// | top_p | number | in (0, 1] | 1 |
-/// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token) | 0 |
+/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
+/// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
+/// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
+/// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary) | 0 |
 /// | seed | integer | >= 0 | 0 |
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
 /// | stream_options | object | {"include_usage": boolean} | |
 ///
-/// Every error is an ApiError with status 400 and `param` set to the field's name, except:
+/// Every error is an ApiError with status 400 and `param` set to the top-level field's name (also
+/// for a mistake inside it: a message's role is "messages", include_usage is "stream_options"),
+/// except:
 /// the body is not a JSON object (400, param ""); an unknown model (404, "model"); a prompt
 /// and max_tokens that do not fit in the context together (400, param "max_tokens" when
 /// max_tokens was given, else "prompt" or "messages", code "context_length_exceeded"). A
 /// completions request's default of 16 does not shrink to fit: the request is refused like any other.
+/// A body with several mistakes may be refused for any one of them.
 CompletionRequest parse_completion_request(std::string_view body, Endpoint endpoint, const ApiModel& model);
 
 // ------------------------------------------------------------------ given --

@@ -50,7 +50,10 @@ std::optional<long long> get_integer(const json& obj, const std::string& name) {
   if (v->is_number_integer()) return v->get<long long>();
   if (v->is_number_float()) {
     const double d = v->get<double>();
-    if (d > -9e18 && d < 9e18 && std::trunc(d) == d) return static_cast<long long>(d);  // 3.0, not 3.5 or 1e300
+    if (std::trunc(d) == d) {  // 3.0, not 3.5
+      if (d > -9e18 && d < 9e18) return static_cast<long long>(d);
+      throw ApiError(400, cat("'", name, "' is too large: ", v->dump()), name);
+    }
   }
   wrong_type(name, "an integer", *v);
 }

@@ -174,11 +174,15 @@ struct Server::Impl {
   /// Appends `tokens` to the job (time `t`), recording latencies; `reason` non-empty ends it.
   void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached,
                int preempted = 0) {
+    // The metrics first, the client then: whoever reads /metrics after an answer finds it counted.
     size_t before = 0;
-    Clock::time_point last;
     {
       std::lock_guard lock(job.mutex);
       before = job.tokens.size();
+    }
+    record(job, before, fresh.size(), t, reason, cached, preempted);
+    {
+      std::lock_guard lock(job.mutex);
       job.tokens.insert(job.tokens.end(), fresh.begin(), fresh.end());
       if (!reason.empty()) {
         job.finished = true;
@@ -186,24 +190,40 @@ struct Server::Impl {
       }
       job.changed.notify_all();
     }
+    if (!reason.empty()) {
+      std::lock_guard lock(mutex);
+      --open_jobs;
+      quiet.notify_all();
+    }
+  }
+
+  /// Counts `n` new tokens of `job` (which had `before`) at time `t`, and its end if `reason`.
+  void record(const Job& job, size_t before, size_t n, Clock::time_point t, const std::string& reason, int cached,
+              int preempted) {
     std::lock_guard lock(mutex);
-    generation_tokens += static_cast<long>(fresh.size());
-    if (before == 0 && !fresh.empty()) ttft.observe(seconds_between(job.arrived, t));
-    for (size_t i = before == 0 ? 1 : 0; i < fresh.size(); ++i) itl.observe(i == 0 ? seconds_between(job_last(job), t) : 0.0);
-    if (!fresh.empty()) last_token[job.id] = t;
-    if (before == 0 && !fresh.empty()) first_token[job.id] = t;
+    generation_tokens += static_cast<long>(n);
+    if (n > 0) {
+      // The first token measures TTFT; each later one the gap since the one before it (tokens
+      // that come in one step share its time).
+      if (before == 0) {
+        ttft.observe(seconds_between(job.arrived, t));
+        first_token[job.id] = t;
+      } else {
+        itl.observe(seconds_between(job_last(job), t));
+      }
+      for (size_t i = 1; i < n; ++i) itl.observe(0.0);
+      last_token[job.id] = t;
+    }
     if (!reason.empty()) {
       ++finished_by_reason[reason];
       preemptions += preempted;
       prompt_tokens += static_cast<long>(job.request.prompt.size());
       cached_tokens += cached;
-      const size_t n = before + fresh.size();
-      if (reason != "cancelled" && n >= 2 && first_token.count(job.id))
-        tpot.observe(seconds_between(first_token[job.id], t) / static_cast<double>(n - 1));
+      const size_t total = before + n;
+      if (reason != "cancelled" && total >= 2 && first_token.count(job.id))
+        tpot.observe(seconds_between(first_token[job.id], t) / static_cast<double>(total - 1));
       first_token.erase(job.id);
       last_token.erase(job.id);
-      --open_jobs;
-      quiet.notify_all();
     }
   }
   std::unordered_map<int, Clock::time_point> first_token, last_token;  // under `mutex`
@@ -302,6 +322,15 @@ struct Server::Impl {
         }
       }
       const auto now = Clock::now();
+      {  // the gauges before the answers, as the counters (deliver())
+        std::lock_guard lock(mutex);
+        if (stepped && !e.log().empty() && e.log().back().forwards > 0) ++steps;
+        running = static_cast<int>(e.running().size());
+        waiting = e.waiting();
+        kv_reserved = e.memory().reserved_tokens();
+        engine_idle = e.idle();
+        quiet.notify_all();
+      }
       for (auto it = active.begin(); it != active.end();) {
         Active& a = it->second;
         const GenerationResult& res = e.results()[a.index];
@@ -315,13 +344,6 @@ struct Server::Impl {
         }
         it = done ? active.erase(it) : std::next(it);
       }
-      std::lock_guard lock(mutex);
-      if (stepped && !e.log().empty() && e.log().back().forwards > 0) ++steps;
-      running = static_cast<int>(e.running().size());
-      waiting = e.waiting();
-      kv_reserved = e.memory().reserved_tokens();
-      engine_idle = e.idle();
-      quiet.notify_all();
     }
     std::vector<std::shared_ptr<Job>> open;
     for (auto& [id, a] : active) open.push_back(a.job);
@@ -584,7 +606,8 @@ struct Server::Impl {
     counter("course_preemptions_total", "Times the requests that ended were preempted.", preemptions);
     gauge("course_requests_running", "Requests in the engine's batch.", running);
     gauge("course_requests_waiting", "Requests queued for the batch.", waiting);
-    gauge("course_kv_reserved_tokens", "KV memory reserved, in positions (blocks x block size when paged).",
+    gauge("course_kv_reserved_tokens",
+          "KV memory reserved, in positions (blocks x block size when paged), the prefix cache's blocks included.",
           static_cast<double>(kv_reserved));
     gauge("course_kv_capacity_tokens", "The most positions one sequence can hold.", static_cast<double>(kv_capacity));
     gauge("course_prefix_cache_hit_rate", "Cached prompt tokens over prompt tokens, of the requests that ended.",

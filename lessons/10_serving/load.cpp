@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
     {
       const auto [status, body] = http_get(host, port, "/health");
       require(status == 200, "lesson10_load: no healthy server at http://", host, ":", port,
-              " (start one with ./course serve); /health answered ", status, " ", body);
+              " (start one with ./course serve): ",
+              status == 0 ? std::string("could not connect") : cat("/health answered ", status, " ", body));
     }
 
     std::mutex mutex;

@@ -91,8 +91,10 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   r.max_tokens = static_cast<int>(wanted);
 
   if (const auto t = get_number(body, "temperature")) {
-    if (!(*t >= 0.0 && *t <= 2.0)) throw ApiError(400, cat("'temperature' must be in [0, 2], got ", *t), "temperature");
-    r.sampling.temperature = static_cast<float>(*t);
+    const float temperature = static_cast<float>(*t);
+    if (!(temperature >= 0.0f && temperature <= 2.0f))
+      throw ApiError(400, cat("'temperature' must be in [0, 2], got ", *t), "temperature");
+    r.sampling.temperature = temperature;
   }
   if (const auto p = get_number(body, "top_p")) {
     const float top_p = static_cast<float>(*p);  // checked as the sampler will hold it: 1e-50 is 0 in a float
