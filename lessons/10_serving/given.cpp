@@ -147,7 +147,9 @@ int ServingEngine::make_room() {
     memory_->close(std::move(victim->cache));  // not release(): what it frees must stay free
     ++results_[index].preemptions;
     queue_.push_front(static_cast<int>(index), requests_[index].arrival_step);
-    paused_[index] = std::move(victim);  // keeps its sampler and its next token
+    // One that has sampled keeps its sampler and its next token, to resume; one preempted in the
+    // middle of its prompt has sampled nothing, and will start over as new.
+    if (!results_[index].tokens.empty()) paused_[index] = std::move(victim);
   }
   current_.preempted += victims;
   return victims;
@@ -164,9 +166,7 @@ ServingEngine::Sequence* ServingEngine::admit_next() {
     --cancelled_waiting_;  // withdrawn while it waited: drop it
   }
   std::vector<int> tokens = history(index);
-  // Preempted after its first token: it resumes, its history fed again and its next token kept.
-  // Preempted while its prompt was being fed: it had sampled nothing, and starts over as new.
-  const bool resumed = paused_[index] != nullptr && !results_[index].tokens.empty();
+  const bool resumed = paused_[index] != nullptr;
   if (resumed) tokens.pop_back();  // its last token is fed by its next decode
   std::unique_ptr<KVStore> cache = memory_->open_for(tokens);
   if (!cache) {
@@ -192,8 +192,7 @@ ServingEngine::Sequence* ServingEngine::admit_next() {
     running_.back()->prefill = std::move(tokens);
     running_.back()->resumed = true;
   } else {
-    if (paused_[index] == nullptr) results_[index].cached_tokens = cache->length();  // at its first start
-    paused_[index].reset();
+    if (results_[index].preemptions == 0) results_[index].cached_tokens = cache->length();  // at its first start
     running_.push_back(std::make_unique<Sequence>(
         Sequence{index, Sampler(requests_[index].sampling), std::move(cache), std::move(tokens), false, 0, false}));
   }

@@ -260,10 +260,6 @@ struct Server::Impl {
     };
     std::unordered_map<int, Active> active;
     ServingEngine& e = *engine;
-    {
-      std::lock_guard lock(mutex);
-      kv_capacity = e.memory().capacity_tokens();
-    }
     while (true) {
       std::deque<std::shared_ptr<Job>> arrived;
       std::unordered_set<int> cancelled;

@@ -34,7 +34,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Record {
-  int user = 0;
   bool ok = false;
   int events_done = 0;  // data: [DONE] count (exactly 1 when ok)
   int tokens = 0;       // completion tokens, as the server counted them
@@ -115,7 +114,6 @@ int main(int argc, char** argv) {
                                        {"stream", true},
                                        {"stream_options", {{"include_usage", true}}}};
           Record r;
-          r.user = u;
           const auto start = Clock::now();
           r.start = since(start);
           Clock::time_point last = start;
