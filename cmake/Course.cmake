@@ -88,9 +88,13 @@ function(course_lesson nn topic)
     course_manifest_add("${dir}" lesson${nn}_cuda_tests "${cuda_test_src}" "")
   endif()
 
-  set(progs demo bench)
-  if(lesson_http)  # lessons/NN_topic/serve.cpp, load.cpp: HTTP programs
-    list(APPEND progs serve load)
+  # COURSE_PROGRAMS=OFF (the sanitizer build): no test runs these programs, so they are left out.
+  set(progs "")
+  if(NOT DEFINED COURSE_PROGRAMS OR COURSE_PROGRAMS)
+    set(progs demo bench)
+    if(lesson_http)  # lessons/NN_topic/serve.cpp, load.cpp: HTTP programs
+      list(APPEND progs serve load)
+    endif()
   endif()
   foreach(prog IN LISTS progs)
     if(EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/${prog}.cpp")
@@ -99,7 +103,7 @@ function(course_lesson nn topic)
     endif()
   endforeach()
   # lessons/NN_topic/cuda_bench.cpp: the lesson's GPU measurements (./course gpu-check runs them).
-  if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
+  if(COURSE_HAVE_CUDA AND progs AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
     add_executable(lesson${nn}_cuda_bench "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
     target_link_libraries(lesson${nn}_cuda_bench PRIVATE lesson${nn} course_flags CUDA::cudart CUDA::cublas)
   endif()

@@ -135,7 +135,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   cuda_lessons=$(for nn in $cuda_lessons; do wanted "$nn" && echo "$nn"; done)
   if [ -n "$cuda_lessons" ]; then
     run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 240 "$out/known-wrong.log" \
-      "$PY" tools/known_wrong.py --kernels-only --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
+      "$PY" tools/known_wrong.py --kernels-only --workers 1 --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
       --cmake-arg=-DCOURSE_CUDA=ON "${kw_args[@]}"
   fi
 fi

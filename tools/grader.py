@@ -325,16 +325,22 @@ def student_files(student, lesson):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".cpp", ".hpp", ".h", ".cu")))
 
 
+GIVEN_OBJECT = re.compile(r"given(_\w+)?\.cpp\.")  # given.cpp.o, given_http.cpp.o, given_cuda.cpp.o.d
+
+
 def remove_outputs(build, nn, binaries):
     """Deletes what the student's code of lesson NN went into, so nothing stale is run."""
     # The course's own test objects do not depend on the student and stay; an instructor's extra
     # tests may change between two gradings, so they are rebuilt; every program is relinked.
     shutil.rmtree(os.path.join(build, "CMakeFiles", f"lesson{nn}_extra_tests.dir"), ignore_errors=True)
-    # The student's objects go; the object of the course's own given.cpp, built from the course
-    # tree, may stay (it does not depend on the student).
-    for dirpath, _, filenames in os.walk(os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")):
+    # The student's objects go; the objects of the course's own given*.cpp, built from the course
+    # tree, may stay (they do not depend on the student). Where ccache is installed, a student file
+    # that did not change comes back from its cache: the object the same input and flags make.
+    objects = os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")
+    for dirpath, _, filenames in os.walk(objects):
+        given_dir = re.fullmatch(r"lessons/[0-9]{2}_[^/]+", os.path.relpath(dirpath, objects).replace(os.sep, "/"))
         for f in filenames:
-            if not (f.startswith(("given.cpp.", "given_cuda.cpp.")) and os.sep + "lessons" + os.sep in dirpath + os.sep):
+            if not (given_dir and GIVEN_OBJECT.match(f)):
                 os.remove(os.path.join(dirpath, f))
     for lib in (f"liblesson{nn}_exercise.a",):
         try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Proves that each lesson's catalogue of known-wrong implementations loses points.
 
-    tools/known_wrong.py [--lessons NN ...] [--build DIR] [--list]
+    tools/known_wrong.py [--lessons NN ...] [--build DIR] [--workers N] [--list]
 
 tests/NN_topic/known_wrong/*.patch are small, readable changes to the reference solution
 (solutions/NN_topic/), each one a mistake students make; the lines before the diff say which.
@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +43,11 @@ def main():
     ap.add_argument("--lessons", nargs="*")
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "known-wrong"))
     ap.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    # Each worker's build tree compiles every lesson it grades once: cheap where ccache is
+    # installed (the objects come from the first tree), a whole build each where it is not.
+    ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) if shutil.which("ccache") else 1,
+                    help="entries graded at once, each in its own build tree (default: one per core "
+                         "where ccache is installed, else one)")
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
     ap.add_argument("--cmake-arg", action="append", default=[],
@@ -60,15 +66,12 @@ def main():
             print(f"{os.path.relpath(p, ROOT)}: {describe(p)}")
         return 0
 
-    work = os.path.join(args.build, "work")
-    student = os.path.join(work, "solutions")
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(os.path.join(ROOT, "solutions"), student)
-    configured = False
-    rows, bad = [], []
+    todo = []  # (index, lesson, name, patch)
+    rows = {}  # index -> (lesson, name, points, what)
+    bad = {}  # index -> why the catalogue fails there
     counts = {}
     has_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
-    for patch in patches:
+    for i, patch in enumerate(patches):
         lesson = os.path.basename(os.path.dirname(os.path.dirname(patch)))
         name = os.path.splitext(os.path.basename(patch))[0]
         with open(patch, encoding="utf-8") as f:
@@ -77,52 +80,99 @@ def main():
             continue
         if touches_kernels and not has_gpu:
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
-            rows.append((lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check"))
+            rows[i] = (lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check")
             print(f"  {lesson}/{name}: needs a CUDA device, not checked here", flush=True)
             continue
-        shutil.rmtree(os.path.join(student, lesson))
-        shutil.copytree(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
-        # GIT_CEILING_DIRECTORIES: git apply works on the copy as on a plain directory, never on
-        # the repository the build directory sits in.
-        applied = subprocess.run(["git", "apply", patch], cwd=work, capture_output=True, text=True,
-                                 env=dict(os.environ, GIT_CEILING_DIRECTORIES=os.path.dirname(work)))
-        if applied.returncode != 0:
-            bad.append(f"{lesson}/{name}: the patch no longer applies to the reference:\n{applied.stderr.strip()}")
-            rows.append((lesson, name, "-", "does not apply"))
-            print(f"  {lesson}/{name}: does not apply", flush=True)
-            continue
-        report = os.path.join(args.build, f"{lesson}-{name}.json")
-        t0 = time.monotonic()
-        cmd = [sys.executable, os.path.join(ROOT, "tools", "grader.py"), "--student", student, "--build", args.build,
-               "--lessons", lesson[:2], "--json", report, "--csv", report[:-5] + ".csv",
-               "--junit", report[:-5] + ".junit.xml", "--sandbox", "auto", "--quiet", "--timeout", "60"]
-        if configured:
-            cmd.append("--no-configure")
-        cmd += [f"--cmake-arg={a}" for a in args.cmake_arg]
-        graded = subprocess.run(cmd, capture_output=True, text=True)
-        configured = True
-        if graded.returncode != 0:
-            bad.append(f"{lesson}/{name}: grading did not complete:\n{graded.stdout[-2000:]}{graded.stderr[-2000:]}")
-            rows.append((lesson, name, "-", "grading failed"))
-            print(f"  {lesson}/{name}: grading did not complete", flush=True)
-            continue
-        with open(report) as f:
-            r = json.load(f)
-        caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
-                  for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")]
-        points = f"{r['earned']}/{r['total']}"
-        counts.setdefault(lesson, [0, 0])
-        counts[lesson][1] += 1
-        if r["earned"] < r["total"]:
-            counts[lesson][0] += 1
-            shown = ", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
-            rows.append((lesson, name, points, f"caught by {shown}"))
-        else:
-            bad.append(f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}")
-            rows.append((lesson, name, points, "NOT CAUGHT"))
-            print(f"  {lesson}/{name}: {points}, NOT CAUGHT", flush=True)
-            continue
-        print(f"  {lesson}/{name}: {points} ({time.monotonic() - t0:.0f} s)", flush=True)
+        todo.append((i, lesson, name, patch))
+
+    # Each worker owns a copy of the solutions and a grading build tree, and takes the next entry
+    # when it is done with one: a patch rebuilds one file (the others come from ccache where it is
+    # installed), so one entry is mostly one compiler on one core, and the workers keep every core
+    # busy. Every entry is still graded alone, on a lesson with only its own patch applied.
+    workers = max(1, min(args.workers, len(todo)))
+    jobs = max(1, (os.cpu_count() or 1) // workers)
+    queue = list(reversed(todo))
+    lock = threading.Lock()
+
+    def worker(w):
+        try:
+            grade_entries(w)
+        except Exception as e:  # a worker that dies must not make its entries vanish from the table
+            with lock:
+                bad[-1 - w] = f"worker {w} stopped: {type(e).__name__}: {e}"
+
+    def grade_entries(w):
+        base = os.path.join(args.build, f"w{w}") if workers > 1 else args.build
+        work = os.path.join(base, "work")
+        student = os.path.join(work, "solutions")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(os.path.join(ROOT, "solutions"), student)
+        configured = False
+        while True:
+            with lock:
+                if not queue:
+                    break
+                i, lesson, name, patch = queue.pop()
+            shutil.rmtree(os.path.join(student, lesson))
+            shutil.copytree(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
+            # GIT_CEILING_DIRECTORIES: git apply works on the copy as on a plain directory, never
+            # on the repository the build directory sits in.
+            applied = subprocess.run(["git", "apply", patch], cwd=work, capture_output=True, text=True,
+                                     env=dict(os.environ, GIT_CEILING_DIRECTORIES=os.path.dirname(work)))
+            if applied.returncode != 0:
+                with lock:
+                    bad[i] = f"{lesson}/{name}: the patch no longer applies to the reference:\n{applied.stderr.strip()}"
+                    rows[i] = (lesson, name, "-", "does not apply")
+                    print(f"  {lesson}/{name}: does not apply", flush=True)
+                continue
+            report = os.path.join(base, f"{lesson}-{name}.json")
+            t0 = time.monotonic()
+            cmd = [sys.executable, os.path.join(ROOT, "tools", "grader.py"), "--student", student, "--build", base,
+                   "--lessons", lesson[:2], "--json", report, "--csv", report[:-5] + ".csv",
+                   "--junit", report[:-5] + ".junit.xml", "--sandbox", "auto", "--quiet", "--timeout", "60",
+                   "--jobs", str(jobs)]
+            if configured:
+                cmd.append("--no-configure")
+            cmd += [f"--cmake-arg={a}" for a in args.cmake_arg]
+            graded = subprocess.run(cmd, capture_output=True, text=True)
+            configured = True
+            seconds = time.monotonic() - t0
+            if graded.returncode != 0:
+                with lock:
+                    bad[i] = f"{lesson}/{name}: grading did not complete:\n{graded.stdout[-2000:]}{graded.stderr[-2000:]}"
+                    rows[i] = (lesson, name, "-", "grading failed")
+                    print(f"  {lesson}/{name}: grading did not complete", flush=True)
+                continue
+            with open(report) as f:
+                r = json.load(f)
+            caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
+                      for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")]
+            points = f"{r['earned']}/{r['total']}"
+            with lock:
+                counts.setdefault(lesson, [0, 0])
+                counts[lesson][1] += 1
+                if r["earned"] < r["total"]:
+                    counts[lesson][0] += 1
+                    shown = ", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
+                    rows[i] = (lesson, name, points, f"caught by {shown}")
+                    print(f"  {lesson}/{name}: {points} ({seconds:.0f} s)", flush=True)
+                else:
+                    bad[i] = f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}"
+                    rows[i] = (lesson, name, points, "NOT CAUGHT")
+                    print(f"  {lesson}/{name}: {points}, NOT CAUGHT", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, lesson, name, _ in todo:
+        if i not in rows:
+            rows[i] = (lesson, name, "-", "not graded")
+            bad[i] = f"{lesson}/{name}: not graded (a worker stopped before it)"
+    rows = [rows[i] for i in sorted(rows)]
+    bad = [bad[i] for i in sorted(bad)]
 
     print("\n| lesson | wrong implementation | points | |")
     print("| --- | --- | --- | --- |")
@@ -131,7 +181,6 @@ def main():
     print()
     for lesson, (caught, total) in sorted(counts.items()):
         print(f"{lesson}: {caught} of {total} known-wrong implementations lose points")
-    shutil.rmtree(work, ignore_errors=True)
     if bad:
         print("\n" + "\n\n".join(bad), file=sys.stderr)
         return 1
