@@ -71,6 +71,16 @@ def main():
     bad = {}  # index -> why the catalogue fails there
     counts = {}
     has_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
+    lock = threading.Lock()
+
+    def record(i, lesson, name, points, what, shown, failure=None):
+        """One entry's row of the table and its progress line; failure: why the catalogue fails there."""
+        with lock:
+            rows[i] = (lesson, name, points, what)
+            if failure:
+                bad[i] = failure
+            print(f"  {lesson}/{name}: {shown}", flush=True)
+
     for i, patch in enumerate(patches):
         lesson = os.path.basename(os.path.dirname(os.path.dirname(patch)))
         name = os.path.splitext(os.path.basename(patch))[0]
@@ -80,8 +90,8 @@ def main():
             continue
         if touches_kernels and not has_gpu:
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
-            rows[i] = (lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check")
-            print(f"  {lesson}/{name}: needs a CUDA device, not checked here", flush=True)
+            record(i, lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check",
+                   "needs a CUDA device, not checked here")
             continue
         todo.append((i, lesson, name, patch))
 
@@ -92,7 +102,6 @@ def main():
     workers = max(1, min(args.workers, len(todo)))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     queue = list(reversed(todo))
-    lock = threading.Lock()
 
     def worker(w):
         try:
@@ -120,10 +129,8 @@ def main():
             applied = subprocess.run(["git", "apply", patch], cwd=work, capture_output=True, text=True,
                                      env=dict(os.environ, GIT_CEILING_DIRECTORIES=os.path.dirname(work)))
             if applied.returncode != 0:
-                with lock:
-                    bad[i] = f"{lesson}/{name}: the patch no longer applies to the reference:\n{applied.stderr.strip()}"
-                    rows[i] = (lesson, name, "-", "does not apply")
-                    print(f"  {lesson}/{name}: does not apply", flush=True)
+                record(i, lesson, name, "-", "does not apply", "does not apply",
+                       f"{lesson}/{name}: the patch no longer applies to the reference:\n{applied.stderr.strip()}")
                 continue
             report = os.path.join(base, f"{lesson}-{name}.json")
             t0 = time.monotonic()
@@ -138,28 +145,25 @@ def main():
             configured = True
             seconds = time.monotonic() - t0
             if graded.returncode != 0:
-                with lock:
-                    bad[i] = f"{lesson}/{name}: grading did not complete:\n{graded.stdout[-2000:]}{graded.stderr[-2000:]}"
-                    rows[i] = (lesson, name, "-", "grading failed")
-                    print(f"  {lesson}/{name}: grading did not complete", flush=True)
+                record(i, lesson, name, "-", "grading failed", "grading did not complete",
+                       f"{lesson}/{name}: grading did not complete:\n{graded.stdout[-2000:]}{graded.stderr[-2000:]}")
                 continue
             with open(report) as f:
                 r = json.load(f)
             caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
                       for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")]
             points = f"{r['earned']}/{r['total']}"
+            lost = r["earned"] < r["total"]
             with lock:
-                counts.setdefault(lesson, [0, 0])
-                counts[lesson][1] += 1
-                if r["earned"] < r["total"]:
-                    counts[lesson][0] += 1
-                    shown = ", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
-                    rows[i] = (lesson, name, points, f"caught by {shown}")
-                    print(f"  {lesson}/{name}: {points} ({seconds:.0f} s)", flush=True)
-                else:
-                    bad[i] = f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}"
-                    rows[i] = (lesson, name, points, "NOT CAUGHT")
-                    print(f"  {lesson}/{name}: {points}, NOT CAUGHT", flush=True)
+                tally = counts.setdefault(lesson, [0, 0])
+                tally[0] += lost
+                tally[1] += 1
+            if lost:
+                shown = ", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
+                record(i, lesson, name, points, f"caught by {shown}", f"{points} ({seconds:.0f} s)")
+            else:
+                record(i, lesson, name, points, "NOT CAUGHT", f"{points}, NOT CAUGHT",
+                       f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}")
         shutil.rmtree(work, ignore_errors=True)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
