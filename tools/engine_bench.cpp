@@ -6,7 +6,8 @@
 // 1. This machine's roofs, measured with lesson 01's given functions: the read bandwidth of all
 //    cores streaming 1 GiB, and the float32 FLOP rate of Eigen's matrix product on all cores.
 // 2. Decode tokens/s at batch 1 (lesson 02's forward_cached over a KVCache) and at batches 8 and
-//    32 (lesson 03's forward_batch, through CpuForward::decode), each sequence 16 positions in,
+//    32 (the engine's forward over a step of one-token chunks: CpuRunner, lesson 03's
+//    forward_step), each sequence 16 positions in,
 //    for two models: the bundled tiny-fortunes (1.65M parameters: it lives in the caches) and a
 //    large random model (--model DIR, or by default the 75.9M-parameter shape of `./course
 //    make-model`, made in memory: 304 MB of float32, far bigger than any cache).
@@ -75,15 +76,16 @@ double decode_rate(const ModelWeights& model, int batch, int context, int steps)
       if (run > 0) best = std::min(best, clock.seconds());
     }
   } else {
-    CpuForward forward(model);
-    std::vector<KVStore*> stores;
-    for (auto& cache : caches) {
-      forward.prefill(prompt, *cache);
-      stores.push_back(cache.get());
+    CpuRunner runner(model);
+    StepInput prefill, decode;
+    for (size_t b = 0; b < caches.size(); ++b) {
+      prefill.chunks.push_back({prompt, caches[b].get(), static_cast<int>(b)});
+      decode.chunks.push_back({std::span(&tokens[b], 1), caches[b].get(), static_cast<int>(b)});
     }
+    runner.forward(prefill);
     for (int run = 0; run < 4; ++run) {
       Stopwatch clock;
-      for (int s = 0; s < (run == 0 ? 1 : steps); ++s) forward.decode(tokens, stores);
+      for (int s = 0; s < (run == 0 ? 1 : steps); ++s) runner.forward(decode);
       if (run > 0) best = std::min(best, clock.seconds());
     }
   }

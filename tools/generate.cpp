@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
       const int blocks = num_blocks > 0 ? num_blocks : 2 * infer::blocks_for(room, block_size);
       auto memory = std::make_unique<infer::PrefixKVManager>(model.config, blocks, block_size);
       const infer::PrefixKVManager& prefix = *memory;
-      infer::BatchEngine engine(std::make_unique<infer::CpuForward>(model), infer::Policy::Continuous, 1,
+      infer::BatchEngine engine(std::make_unique<infer::CpuRunner>(model), infer::Policy::Continuous, 1,
                                 std::move(memory));
       for (int run = 0; run < repeat; ++run) {
         infer::GenerationRequest r;

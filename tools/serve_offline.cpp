@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
     // A slot per sequence that can run at once: never more than there are prompts.
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
     std::unique_ptr<infer::KVManager> memory;
-    std::unique_ptr<infer::ForwardBackend> forward = std::make_unique<infer::CpuForward>(model);
+    std::unique_ptr<infer::ModelRunner> forward = std::make_unique<infer::CpuRunner>(model);
     infer::PrefixKVManager* prefix = nullptr;
     if (paged)
       require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *

@@ -244,54 +244,90 @@ class SlotKVManager final : public KVManager {
   std::vector<std::unique_ptr<KVStore>> free_;
 };
 
-/// What computes the engine's forwards (given). The engine calls prefill() once per admitted
-/// sequence and decode() once per step for the whole batch; it never touches the weights itself.
-/// CpuForward runs this lesson's forward_batch on the CPU; lesson 07's CudaForward runs the same
-/// step on a GPU, over caches that live in device memory (its own KVManager hands them out).
-class ForwardBackend {
- public:
-  virtual ~ForwardBackend() = default;
-  /// The model's shape.
-  virtual const ModelConfig& config() const = 0;
-  /// Runs `tokens` (one sequence, at positions cache.length()...) and appends their K/V to
-  /// `cache`; returns the logits of the last of them [vocab]. forward_cached() on the CPU.
-  virtual Vector prefill(std::span<const int> tokens, KVStore& cache) = 0;
-  /// One decode step of several sequences: forward_batch()'s contract. [B, vocab] logits.
-  virtual Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) = 0;
+// ============================================================ the forward seam ==
+
+/// One sequence's share of a step: its `tokens` are fed at positions cache->length() onwards,
+/// and their K/V appended to `cache`. A decode is a chunk of one token (the one it sampled last);
+/// a prompt, or a piece of one, is a chunk of several.
+struct Chunk {
+  std::span<const int> tokens;  ///< at least one token
+  KVStore* cache = nullptr;     ///< the sequence's K/V, which the forward extends
+  int id = -1;                  ///< the request it belongs to (-1: not said), for whoever watches the forward
 };
 
-/// The CPU backend: forward_cached() and forward_batch() on `model` (kept by reference).
-class CpuForward final : public ForwardBackend {
+/// What one step feeds the model: a flat, variable-length batch. Every sequence in the step
+/// advances by its own chunk; lesson 03's batched decode (every chunk one token), a newcomer's
+/// whole prompt and lesson 10's prompt pieces are step inputs of different shapes, run by the
+/// same forward.
+struct StepInput {
+  std::vector<Chunk> chunks;  ///< one per sequence, in the order of the logits' rows
+};
+
+/// Checks a step before any of it runs (given; every ModelRunner calls it): throws infer::Error,
+/// naming `who`, for no chunks, an empty chunk, a null cache, two chunks on one cache, token ids
+/// outside the vocabulary, or a chunk that would overflow its cache or the context.
+void check_step(const ModelConfig& config, const StepInput& step, const char* who);
+
+/// The engine's forward over a step (given): the rows of every chunk are stacked, so each weight
+/// matrix is read once for the whole step; RoPE uses each row's own position; attention runs per
+/// chunk over its own cache, causal within the chunk. Returns [chunks, vocab]: row i holds the
+/// logits after chunk i's last token (equal to forward_cached() of each chunk alone, within float
+/// rounding).
+///
+/// Throws infer::Error, before anything is appended, for a step check_step() refuses.
+Matrix forward_step(const ModelWeights& model, const StepInput& step);
+
+/// The forward seam: what the engine calls once per step, with every sequence's chunk. It never
+/// touches the weights or the memory itself. CpuRunner runs forward_step() on the CPU; lesson
+/// 07's CudaForward runs the same step on a GPU, over caches that live in device memory (its own
+/// KVManager hands them out).
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  /// The model's shape.
+  virtual const ModelConfig& config() const = 0;
+  /// Runs one step: forward_step()'s contract.
+  virtual Matrix forward(const StepInput& step) = 0;
+};
+
+/// The CPU runner: forward_step() on `model` (kept by reference).
+class CpuRunner final : public ModelRunner {
  public:
   /// Runs on `model`, which must outlive it.
-  explicit CpuForward(const ModelWeights& model) : model_(model) {}
+  explicit CpuRunner(const ModelWeights& model) : model_(model) {}
   const ModelConfig& config() const override { return model_.config; }
-  Vector prefill(std::span<const int> tokens, KVStore& cache) override;
-  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override;
+  Matrix forward(const StepInput& step) override { return forward_step(model_, step); }
 
  private:
   const ModelWeights& model_;
 };
 
-/// The engine (given): a Scheduler and a KVManager over a model. Each step it
+/// The engine (given): a Scheduler and a KVManager over a model, and one forward per step.
+///
+/// A sequence is its tokens (its prompt, then every token it sampled) and how many of them have
+/// been computed, which is its store's length(): the K/V of those positions are in memory. It
+/// feeds the model the tokens not computed yet, and samples its next token once none are left.
+/// Each step
 ///
 ///  1. makes room: asks the memory how many of the newest running sequences must make way for
 ///     the others to store one more position, and preempts them (never, with slot caches): a
-///     preempted sequence gives its memory back and goes to the head of the queue, keeping its
-///     tokens and its Sampler;
-///  2. decodes: one batched forward (forward_batch, on the CPU) over the running sequences, each sampling its next token with
-///     its own Sampler;
-///  3. admits what the scheduler allows and the memory can hold, in queue order (nobody, in a
-///     step that had to preempt: memory is short), and gives back what does not fit: a new request
-///     is prefilled (forward_cached, on the CPU), which yields its first token in this same step; a
-///     preempted one is prefilled again over its prompt and every token it had generated but
-///     the last (recompute), and continues from that last token, sampling nothing;
-///  4. retires sequences that emitted EOS or reached max_new_tokens (their memory at once;
+///     preempted sequence gives its memory back (nothing of it is computed any more) and goes
+///     to the head of the queue, keeping its tokens and its Sampler;
+///  2. plans: every running sequence feeds its one uncomputed token (the one it sampled last: a
+///     decode); then, in a step that did not have to preempt (memory is short), the scheduler's
+///     admissions, in queue order, while the memory holds each one's tokens without taking what
+///     the decodes need (what does not fit goes back to the queue): each feeds every token it has
+///     that its new store does not already hold (a prefix cache's match, lesson 05), its whole
+///     prompt if it is new, or, preempted, its prompt and everything it had generated
+///     (recompute);
+///  3. runs the plan as one StepInput through the ModelRunner: one forward for the whole step;
+///  4. samples: each sequence whose tokens are now all computed samples its next token with its
+///     own Sampler (a newcomer's first token comes in the step it was admitted);
+///  5. retires sequences that emitted EOS or reached max_new_tokens (their memory at once;
 ///     their slot at once, or with the whole batch under the static policy).
 ///
-/// Decoding before admitting keeps newcomers out of the decode batch, and gives the same
-/// schedule as the simulator (which admits first): decoding frees no slot, so admission sees
-/// the same occupancy either way.
+/// Admitting in the step gives the simulator's schedule: a newcomer spends its first step on its
+/// prefill, which also yields its first token.
 ///
 /// Sequences are independent: a request's tokens are exactly what generate_cached() would
 /// produce for it alone, whatever else shares the batch, and however often it was preempted.
@@ -301,9 +337,9 @@ class BatchEngine {
   BatchEngine(const ModelWeights& model, Policy policy, int max_batch);
   /// `max_batch` slots over the given memory (lesson 04 passes a paged pool).
   BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
-  /// `max_batch` slots, forwards computed by `forward` over `memory`, whose stores `forward`
-  /// must be able to use (lesson 07 passes a CUDA backend and its device memory).
-  BatchEngine(std::unique_ptr<ForwardBackend> forward, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
+  /// `max_batch` slots, forwards run by `runner` over `memory`, whose stores `runner` must be
+  /// able to use (lesson 07 passes a CUDA runner and its device memory).
+  BatchEngine(std::unique_ptr<ModelRunner> runner, Policy policy, int max_batch, std::unique_ptr<KVManager> memory);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
   BatchEngine& operator=(const BatchEngine&) = delete;
@@ -312,7 +348,7 @@ class BatchEngine {
   /// max_new_tokens < 1, a prompt + max_new_tokens beyond the context or the memory's
   /// capacity_tokens(), or arrivals out of order.
   void submit(GenerationRequest request);
-  /// One step (room, batched decode, admissions, retirements) and true; or, when nothing runs
+  /// One step (room, plan, one forward, sampling, retirements) and true; or, when nothing runs
   /// and nothing waits, false without doing or logging anything.
   bool step();
   /// Runs steps until every submitted request has finished; returns results in submission order.
@@ -329,20 +365,20 @@ class BatchEngine {
   struct Running {
     size_t index;                    ///< into requests_ and results_
     Sampler sampler;                 ///< this request's own sampler
-    std::unique_ptr<KVStore> cache;  ///< its K/V, from memory_ (null once done, or while preempted)
-    int next_token = 0;              ///< sampled, not yet fed to the model
+    std::unique_ptr<KVStore> cache;  ///< its computed K/V, from memory_ (null once done, or while preempted)
+    std::vector<int> tokens;         ///< its prompt, then every token it sampled
     bool done = false;               ///< finished; a static batch keeps it until the batch ends
+
+    /// Tokens whose K/V are in memory.
+    int computed() const { return cache ? cache->length() : 0; }
   };
   /// Frees a running sequence's memory and queues it again (step 1).
   void preempt(std::unique_ptr<Running> r);
-  /// Starts request `index` in memory `cache` (step 3), adding the positions it computes to
-  /// `computed`; returns its first token's logits, or an empty vector for a resumed sequence
-  /// (its next token is already known).
-  Vector start(size_t index, std::unique_ptr<KVStore> cache, long& computed);
-  /// Request `index`'s prompt followed by every token it generated so far.
-  std::vector<int> stored_tokens(size_t index) const;
+  /// Takes the scheduler's admissions into running_ while the memory holds them (step 2); the
+  /// rest go back to the queue. Counts them in `entry`.
+  void admit(EngineStepLog& entry);
 
-  std::unique_ptr<ForwardBackend> forward_;
+  std::unique_ptr<ModelRunner> runner_;
   Scheduler scheduler_;
   std::unique_ptr<KVManager> memory_;
   std::vector<GenerationRequest> requests_;     ///< by submission index

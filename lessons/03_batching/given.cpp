@@ -1,8 +1,12 @@
-// Lesson 03: what is given to students (the Scheduler's queue, the slot memory, and the engine
-// that runs your scheduler and your batched forward), compiled with your exercises/ and with the reference.
+// Lesson 03: what is given to students (the Scheduler's queue, the slot memory, the engine's
+// forward over a step, and the engine that runs your scheduler), compiled with your exercises/
+// and with the reference.
 #include "lessons/03_batching/batching.hpp"
 
 #include <algorithm>
+#include <set>
+
+#include "common/linear.hpp"
 
 namespace infer {
 
@@ -57,15 +61,65 @@ int SlotKVManager::preemptions_needed(std::span<const KVStore* const>) const { r
 int SlotKVManager::capacity_tokens() const { return context_; }
 long SlotKVManager::reserved_tokens() const { return static_cast<long>(slots_ - free_.size()) * context_; }
 
-// --------------------------------------------------------------- backends --
+// ----------------------------------------------------------------- forward --
 
-Vector CpuForward::prefill(std::span<const int> tokens, KVStore& cache) {
-  const Matrix logits = forward_cached(model_, tokens, cache);
-  return logits.row(logits.rows() - 1).transpose();
+void check_step(const ModelConfig& c, const StepInput& step, const char* who) {
+  const std::vector<Chunk>& chunks = step.chunks;
+  require(!chunks.empty(), who, ": no chunks (expected at least one)");
+  std::set<const KVStore*> seen;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& ch = chunks[i];
+    require(!ch.tokens.empty(), who, ": chunk ", i, " is empty (expected at least one token)");
+    require(ch.cache != nullptr, who, ": chunk ", i, " has no cache");
+    require(seen.insert(ch.cache).second, who, ": chunk ", i, " shares its cache with another chunk");
+    check_tokens(c, ch.tokens, who);
+    const long end = static_cast<long>(ch.cache->length()) + static_cast<long>(ch.tokens.size());
+    require(end <= std::min(ch.cache->max_tokens(), c.max_position_embeddings), who, ": chunk ", i, " of ",
+            ch.tokens.size(), " tokens at position ", ch.cache->length(), " would exceed its cache (",
+            ch.cache->max_tokens(), ") or the context (", c.max_position_embeddings, ")");
+  }
 }
 
-Matrix CpuForward::decode(std::span<const int> tokens, std::span<KVStore* const> caches) {
-  return forward_batch(model_, tokens, caches);
+Matrix forward_step(const ModelWeights& model, const StepInput& step) {
+  const ModelConfig& c = model.config;
+  check_step(c, step, "forward_step");
+  const std::vector<Chunk>& chunks = step.chunks;
+  std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
+  std::vector<int> pos(chunks.size());
+  Eigen::Index rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    pos[i] = chunks[i].cache->length();
+    first[i] = rows;
+    rows += static_cast<Eigen::Index>(chunks[i].tokens.size());
+  }
+
+  Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
+  for (size_t i = 0; i < chunks.size(); ++i)
+    for (size_t t = 0; t < chunks[i].tokens.size(); ++t)
+      x.row(first[i] + static_cast<Eigen::Index>(t)) = model.embed_tokens.row(chunks[i].tokens[t]);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& layer = model.layers[l];
+    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+    Matrix q = linear(h, layer.q_proj);  // the whole step in one product
+    Matrix k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
+    Matrix attn(rows, q.cols());
+    for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
+      const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+      auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
+      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+      chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
+      attn.middleRows(r, n) =
+          chunks[i].cache->attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    }
+    x += linear(attn, layer.o_proj);
+    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+  }
+  Matrix last(static_cast<Eigen::Index>(chunks.size()), c.hidden_size);  // only the last rows need logits
+  for (size_t i = 0; i < chunks.size(); ++i)
+    last.row(static_cast<Eigen::Index>(i)) = x.row(first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size()) - 1);
+  return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
 // ----------------------------------------------------------------- engine --
@@ -74,19 +128,19 @@ BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch
     : BatchEngine(model, policy, max_batch, std::make_unique<SlotKVManager>(model.config, max_batch)) {}
 
 BatchEngine::BatchEngine(const ModelWeights& model, Policy policy, int max_batch, std::unique_ptr<KVManager> memory)
-    : BatchEngine(std::make_unique<CpuForward>(model), policy, max_batch, std::move(memory)) {}
+    : BatchEngine(std::make_unique<CpuRunner>(model), policy, max_batch, std::move(memory)) {}
 
-BatchEngine::BatchEngine(std::unique_ptr<ForwardBackend> forward, Policy policy, int max_batch,
+BatchEngine::BatchEngine(std::unique_ptr<ModelRunner> runner, Policy policy, int max_batch,
                          std::unique_ptr<KVManager> memory)
-    : forward_(std::move(forward)), scheduler_(policy, max_batch), memory_(std::move(memory)) {
-  require(forward_ != nullptr, "BatchEngine: no forward backend");
+    : runner_(std::move(runner)), scheduler_(policy, max_batch), memory_(std::move(memory)) {
+  require(runner_ != nullptr, "BatchEngine: no model runner");
   require(memory_ != nullptr, "BatchEngine: no KV memory");
 }
 
 BatchEngine::~BatchEngine() = default;
 
 void BatchEngine::submit(GenerationRequest r) {
-  const ModelConfig& c = forward_->config();
+  const ModelConfig& c = runner_->config();
   check_tokens(c, r.prompt, "BatchEngine::submit");
   r.sampling.validate();
   require(r.max_new_tokens >= 1, "BatchEngine::submit: request ", r.id, " asks for ", r.max_new_tokens,
@@ -104,41 +158,49 @@ void BatchEngine::submit(GenerationRequest r) {
   paused_.emplace_back();
 }
 
-std::vector<int> BatchEngine::stored_tokens(size_t index) const {
-  std::vector<int> tokens = requests_[index].prompt;
-  const std::vector<int>& generated = results_[index].tokens;
-  tokens.insert(tokens.end(), generated.begin(), generated.end());
-  return tokens;
-}
-
 void BatchEngine::preempt(std::unique_ptr<Running> r) {
   const size_t index = r->index;
   memory_->close(std::move(r->cache));  // not release(): memory is short, and what it frees must stay free
   ++results_[index].preemptions;
   scheduler_.push_front(static_cast<int>(index), requests_[index].arrival_step);
-  paused_[index] = std::move(r);  // keeps its sampler and its next token
+  paused_[index] = std::move(r);  // keeps its sampler and its tokens
 }
 
-Vector BatchEngine::start(size_t index, std::unique_ptr<KVStore> cache, long& computed) {
-  // A new request runs its prompt; a preempted one recomputes the K/V of its prompt and of every
-  // generated token but the last, which was sampled and not yet fed (its next_token): its sampler
-  // continues where it stopped. Either way only the positions the store does not already hold
-  // (a prefix cache's hit) are computed.
-  const GenerationRequest& req = requests_[index];
-  const bool resuming = paused_[index] != nullptr;
-  std::vector<int> tokens = stored_tokens(index);
-  if (resuming) tokens.pop_back();
-  const int cached = cache->length();
-  computed += static_cast<long>(tokens.size()) - cached;
-  if (resuming) {
-    running_.push_back(std::move(paused_[index]));
-    running_.back()->cache = std::move(cache);
-  } else {
-    results_[index].cached_tokens = cached;
-    running_.push_back(std::make_unique<Running>(Running{index, Sampler(req.sampling), std::move(cache), 0, false}));
+void BatchEngine::admit(EngineStepLog& entry) {
+  const std::vector<int> admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
+  auto give_back = [&](size_t from) {
+    for (size_t b = admitted.size(); b-- > from;) scheduler_.push_front(admitted[b], requests_[admitted[b]].arrival_step);
+  };
+  for (size_t a = 0; a < admitted.size(); ++a) {
+    const size_t index = static_cast<size_t>(admitted[a]);
+    std::unique_ptr<Running> seq = std::move(paused_[index]);  // a preempted one keeps its sampler and tokens
+    const bool resuming = seq != nullptr;
+    if (!resuming) seq = std::make_unique<Running>(Running{index, Sampler(requests_[index].sampling), nullptr, requests_[index].prompt, false});
+    seq->cache = memory_->open_for(seq->tokens);
+    // This step's decodes come first: a newcomer may not take the memory one of them needs for
+    // its next position (make_room() made sure it was there).
+    std::vector<const KVStore*> decoding;
+    for (const auto& r : running_)
+      if (!r->done) decoding.push_back(r->cache.get());
+    if (seq->cache && !decoding.empty() && memory_->make_room(decoding) > 0) memory_->close(std::move(seq->cache));
+    if (!seq->cache) {
+      if (running_.empty())
+        throw Error(cat("BatchEngine: the KV memory cannot hold request ", requests_[index].id, "'s ",
+                        seq->tokens.size(), " positions even with nothing else running"));
+      if (resuming) paused_[index] = std::move(seq);
+      give_back(a);
+      return;
+    }
+    if (resuming) {
+      ++entry.resumed;
+    } else {
+      results_[index].cached_tokens = seq->computed();
+      results_[index].first_token_step = now_;
+      ++entry.prefills;
+    }
+    entry.prefill_tokens += static_cast<long>(seq->tokens.size()) - seq->computed();
+    running_.push_back(std::move(seq));
   }
-  const Vector logits = forward_->prefill(std::span(tokens).subspan(cached), *running_.back()->cache);
-  return resuming ? Vector() : logits;
 }
 
 bool BatchEngine::step() {
@@ -162,79 +224,52 @@ bool BatchEngine::step() {
     ++entry.preempted;
   }
 
-  // 2. Decode the running sequences: one batched forward.
-  std::vector<Running*> sampling;  // sequences that get a new token this step
-  std::vector<int> tokens;
-  std::vector<KVStore*> caches;
-  for (auto& r : running_)
-    if (!r->done) {
-      sampling.push_back(r.get());
-      tokens.push_back(r->next_token);
-      caches.push_back(r->cache.get());
-    }
-  std::vector<int> sampled;
-  if (!sampling.empty()) {
-    const Matrix logits = forward_->decode(tokens, caches);
-    for (size_t i = 0; i < sampling.size(); ++i) sampled.push_back(sampling[i]->sampler.next(logits.row(i).transpose()));
-  }
-  entry.decodes = static_cast<int>(sampling.size());
-
-  // 3. Admit, in queue order, while the memory holds what each needs; give the rest back. Not
-  //    in a step that had to preempt: memory is short, and admitting now would hand the blocks
-  //    just freed to a newcomer (or straight back to the sequence preempted) only to preempt
-  //    again at the next step.
-  std::vector<int> admitted;
-  if (entry.preempted == 0) admitted = scheduler_.admit(now_, static_cast<int>(running_.size()));
-  for (size_t a = 0; a < admitted.size(); ++a) {
-    const size_t index = static_cast<size_t>(admitted[a]);
-    std::vector<int> tokens = stored_tokens(index);
-    if (paused_[index]) tokens.pop_back();  // its last token is fed by the next decode
-    const int positions = static_cast<int>(tokens.size());
-    std::unique_ptr<KVStore> cache = memory_->open_for(tokens);
-    if (!cache) {
-      if (running_.empty())
-        throw Error(cat("BatchEngine: the KV memory cannot hold request ", requests_[index].id, "'s ", positions,
-                        " positions even with nothing else running"));
-      for (size_t b = admitted.size(); b-- > a;)
-        scheduler_.push_front(admitted[b], requests_[admitted[b]].arrival_step);
-      break;
-    }
-    const bool resuming = paused_[index] != nullptr;
-    const Vector logits = start(index, std::move(cache), entry.prefill_tokens);
-    if (resuming) {
-      ++entry.resumed;
-      continue;
-    }
-    sampling.push_back(running_.back().get());
-    sampled.push_back(running_.back()->sampler.next(logits));
-    results_[index].first_token_step = now_;
-    ++entry.prefills;
-  }
+  // 2. Plan: the running sequences decode; then admissions, while the memory holds them. Not in
+  //    a step that had to preempt: memory is short, and admitting now would hand the blocks just
+  //    freed to a newcomer (or straight back to the sequence preempted) only to preempt again at
+  //    the next step.
+  for (const auto& r : running_)
+    if (!r->done) ++entry.decodes;
+  if (entry.preempted == 0) admit(entry);
   entry.occupied = static_cast<int>(running_.size());
 
-  // 4. Record every new token; a sequence ends at EOS or its limit, and its memory is free.
-  for (size_t i = 0; i < sampling.size(); ++i) {
-    Running& r = *sampling[i];
-    GenerationResult& res = results_[r.index];
-    res.tokens.push_back(sampled[i]);
-    r.next_token = sampled[i];
-    if (sampled[i] == forward_->config().eos_token_id ||
-        static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
-      r.done = true;
-      res.finish_step = now_ + 1;
-      memory_->release(std::move(r.cache), stored_tokens(r.index));
+  // 3. Run: each sequence feeds the tokens it has not computed, all in one forward.
+  StepInput input;
+  std::vector<Running*> fed;
+  for (auto& r : running_)
+    if (!r->done) {
+      input.chunks.push_back({std::span(r->tokens).subspan(static_cast<size_t>(r->computed())), r->cache.get(),
+                              requests_[r->index].id});
+      fed.push_back(r.get());
+    }
+  if (!fed.empty()) {
+    const Matrix logits = runner_->forward(input);
+
+    // 4. Sample, and record every new token; a sequence ends at EOS or its limit, and its memory
+    //    is free.
+    for (size_t i = 0; i < fed.size(); ++i) {
+      Running& r = *fed[i];
+      const int token = r.sampler.next(logits.row(static_cast<Eigen::Index>(i)).transpose());
+      GenerationResult& res = results_[r.index];
+      res.tokens.push_back(token);
+      r.tokens.push_back(token);
+      if (token == runner_->config().eos_token_id ||
+          static_cast<int>(res.tokens.size()) == requests_[r.index].max_new_tokens) {
+        r.done = true;
+        res.finish_step = now_ + 1;
+        memory_->release(std::move(r.cache), r.tokens);
+      }
     }
   }
-  // Free slots: at once (continuous), or when the whole batch is done (static, which hands
-  // back every member's result at that moment).
+  // 5. Free slots: at once (continuous), or when the whole batch is done (static, which hands
+  //    back every member's result at that moment).
   const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
   if (scheduler_.policy() == Policy::Continuous || all_done) {
     if (scheduler_.policy() == Policy::Static)
       for (auto& r : running_) results_[r->index].finish_step = now_ + 1;
     std::erase_if(running_, [](const auto& r) { return r->done; });
   }
-  for (const auto& r : running_)
-    if (r->cache) entry.stored_tokens += r->cache->length();
+  for (const auto& r : running_) entry.stored_tokens += r->computed();
   entry.reserved_tokens = memory_->reserved_tokens();
   log_.push_back(entry);
   ++now_;

@@ -92,12 +92,12 @@ std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config)
 /// 1, a max_tokens outside [0, context], or without a device.
 std::unique_ptr<KVManager> cuda_slots(const ModelConfig& config, int slots, int max_tokens = 0);
 
-/// The model's weights on the device, and the forward over them: lesson 03's ForwardBackend,
+/// The model's weights on the device, and the forward over them: lesson 03's ModelRunner,
 /// so BatchEngine(std::make_unique<CudaForward>(...), policy, slots, cuda_slots(config, slots))
 /// serves requests on a GPU. Its caches are read through a DeviceAttention: by default
 /// contiguous_attention(), for which every cache must be a CudaKVStore of this model's shape (it
 /// throws otherwise).
-class CudaForward final : public ForwardBackend {
+class CudaForward final : public ModelRunner {
  public:
   /// Uploads `model`'s weights, matrices as `type`; the caches are read through `attention`
   /// (contiguous_attention() when null). Throws infer::Error if there is no device.
@@ -111,11 +111,15 @@ class CudaForward final : public ForwardBackend {
   CudaForward& operator=(const CudaForward&) = delete;
 
   const ModelConfig& config() const override;
+  /// A step of the engine (forward_step()'s contract, validated the same way first): in waves,
+  /// wave t one decode() over every chunk that has a token t, so a step of B decodes is one
+  /// batched decode and a prompt of n tokens is n of them. Row i: the logits after chunk i's last token.
+  Matrix forward(const StepInput& step) override;
   /// One step per token (B = 1); the logits of the last.
-  Vector prefill(std::span<const int> tokens, KVStore& cache) override;
+  Vector prefill(std::span<const int> tokens, KVStore& cache);
   /// One step for B sequences: forward_batch's contract, validated the same way first (ids,
   /// equal counts, room in every cache, no cache twice; and every cache a CudaKVStore).
-  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override;
+  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches);
   /// Bytes of weight matrices a decode step reads (every matrix but the embedding table).
   double weight_bytes_per_step() const;
 

@@ -353,6 +353,32 @@ std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig
 CudaForward::~CudaForward() = default;
 const ModelConfig& CudaForward::config() const { return impl_->c; }
 
+Matrix CudaForward::forward(const StepInput& step) {
+  const ModelConfig& c = impl_->c;
+  check_step(c, step, "CudaForward::forward");
+  const std::vector<Chunk>& chunks = step.chunks;
+  size_t longest = 0;
+  for (const Chunk& ch : chunks) longest = std::max(longest, ch.tokens.size());
+  Matrix out(static_cast<Eigen::Index>(chunks.size()), c.vocab_size);
+  std::vector<int> tokens;
+  std::vector<KVStore*> caches;
+  std::vector<size_t> chunk_of;  // the chunk behind each row of the wave
+  for (size_t t = 0; t < longest; ++t) {
+    tokens.clear(), caches.clear(), chunk_of.clear();
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (chunks[i].tokens.size() > t) {
+        tokens.push_back(chunks[i].tokens[t]);
+        caches.push_back(chunks[i].cache);
+        chunk_of.push_back(i);
+      }
+    const Matrix logits = decode(tokens, caches);
+    for (size_t row = 0; row < chunk_of.size(); ++row)  // a chunk's logits are those after its last token
+      if (chunks[chunk_of[row]].tokens.size() == t + 1)
+        out.row(static_cast<Eigen::Index>(chunk_of[row])) = logits.row(static_cast<Eigen::Index>(row));
+  }
+  return out;
+}
+
 Vector CudaForward::prefill(std::span<const int> tokens, KVStore& cache) {
   Impl& m = *impl_;
   require(!tokens.empty(), "CudaForward::prefill: no tokens");

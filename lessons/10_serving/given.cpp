@@ -1,72 +1,16 @@
-// Lesson 10: the plumbing given to students (the varlen forward, the engine's queue, memory and
-// bookkeeping), compiled with your exercises/ and with the reference.
-#include <set>
-
-#include "common/linear.hpp"
+// Lesson 10: the plumbing given to students (the engine's queue, memory and bookkeeping),
+// compiled with your exercises/ and with the reference.
 #include "lessons/10_serving/serving.hpp"
 
 namespace infer {
 
-// ----------------------------------------------------------------- forward --
-
-Matrix forward_chunks(const ModelWeights& model, std::span<const Chunk> chunks) {
-  const ModelConfig& c = model.config;
-  require(!chunks.empty(), "forward_chunks: no chunks (expected at least one)");
-  std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
-  std::vector<int> pos(chunks.size());
-  std::set<const KVStore*> seen;
-  Eigen::Index rows = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& ch = chunks[i];
-    require(!ch.tokens.empty(), "forward_chunks: chunk ", i, " is empty (expected at least one token)");
-    require(ch.cache != nullptr, "forward_chunks: chunk ", i, " has no cache");
-    require(seen.insert(ch.cache).second, "forward_chunks: chunk ", i, " shares its cache with another chunk");
-    check_tokens(c, ch.tokens, "forward_chunks");
-    pos[i] = ch.cache->length();
-    const long end = static_cast<long>(pos[i]) + static_cast<long>(ch.tokens.size());
-    require(end <= std::min(ch.cache->max_tokens(), c.max_position_embeddings), "forward_chunks: chunk ", i, " of ",
-            ch.tokens.size(), " tokens at position ", pos[i], " would exceed its cache (", ch.cache->max_tokens(),
-            ") or the context (", c.max_position_embeddings, ")");
-    first[i] = rows;
-    rows += static_cast<Eigen::Index>(ch.tokens.size());
-  }
-
-  Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
-  for (size_t i = 0; i < chunks.size(); ++i)
-    for (size_t t = 0; t < chunks[i].tokens.size(); ++t)
-      x.row(first[i] + static_cast<Eigen::Index>(t)) = model.embed_tokens.row(chunks[i].tokens[t]);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& layer = model.layers[l];
-    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = linear(h, layer.q_proj);  // the whole step in one product
-    Matrix k = linear(h, layer.k_proj);
-    const Matrix v = linear(h, layer.v_proj);
-    Matrix attn(rows, q.cols());
-    for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
-      const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
-      auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
-      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
-      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
-      chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
-      attn.middleRows(r, n) =
-          chunks[i].cache->attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    }
-    x += linear(attn, layer.o_proj);
-    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
-  }
-  Matrix last(static_cast<Eigen::Index>(chunks.size()), c.hidden_size);  // only the last rows need logits
-  for (size_t i = 0; i < chunks.size(); ++i)
-    last.row(static_cast<Eigen::Index>(i)) = x.row(first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size()) - 1);
-  return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
-}
-
 // ------------------------------------------------------------------ engine --
 
 ServingEngine::ServingEngine(const ModelWeights& model, ServingOptions options)
-    : ServingEngine(std::make_unique<CpuChunkForward>(model),
+    : ServingEngine(std::make_unique<CpuRunner>(model),
                     std::make_unique<SlotKVManager>(model.config, std::max(1, options.max_running)), options) {}
 
-ServingEngine::ServingEngine(std::unique_ptr<ChunkForward> forward, std::unique_ptr<KVManager> memory,
+ServingEngine::ServingEngine(std::unique_ptr<ModelRunner> forward, std::unique_ptr<KVManager> memory,
                              ServingOptions options)
     : forward_(std::move(forward)),
       memory_(std::move(memory)),

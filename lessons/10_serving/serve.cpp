@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
         memory = std::make_unique<PagedKVManager>(c, blocks, block);
       else
         memory = std::make_unique<PrefixKVManager>(c, blocks, block);
-      auto engine = std::make_unique<ServingEngine>(std::make_unique<CpuChunkForward>(model), std::move(memory), engine_opts);
+      auto engine = std::make_unique<ServingEngine>(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts);
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
       what = cat("engine: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
                  " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache");

@@ -12,7 +12,7 @@
 /// - every running sequence that is decoding gets its one token first, so decodes never stall;
 /// - what is left of the budget goes to prefills, in chunks: a long prompt is spread over several
 ///   steps, `budget - decodes` tokens at a time;
-/// - the whole step is one forward (forward_chunks): every chunk's rows go through each weight
+/// - the whole step is one forward (lesson 03's forward_step): every chunk's rows go through each weight
 ///   matrix together, decodes and prefill chunks alike.
 ///
 /// The memory (lesson 03's slots, lesson 04's blocks, lesson 05's prefix cache), the sampler and
@@ -33,46 +33,6 @@
 
 namespace infer {
 
-// ================================================================= forward ==
-
-/// One sequence's share of a step: `tokens` are fed at positions cache->length() onwards.
-struct Chunk {
-  std::span<const int> tokens;  ///< at least one token
-  KVStore* cache = nullptr;     ///< the sequence's K/V; the forward appends the chunk's to it
-};
-
-/// One forward over several sequences, each advancing by its own chunk: a prefill chunk of any
-/// length, or one token for a decode (lesson 03's forward_batch is the case where every chunk is
-/// one token). The rows of every chunk are stacked, so each weight matrix is read once for the
-/// whole step; attention runs per chunk over its own cache, causal within the chunk. Returns
-/// [chunks, vocab]: row i holds the logits after chunk i's last token. Given.
-///
-/// Throws infer::Error for no chunks, an empty chunk, a null cache, two chunks on one cache,
-/// token ids outside the vocabulary, or a chunk that would overflow its cache or the context.
-Matrix forward_chunks(const ModelWeights& model, std::span<const Chunk> chunks);
-
-/// What runs a step's forward (given): the engine calls forward() once per step with every chunk.
-class ChunkForward {
- public:
-  virtual ~ChunkForward() = default;
-  /// The model's shape.
-  virtual const ModelConfig& config() const = 0;
-  /// forward_chunks()'s contract.
-  virtual Matrix forward(std::span<const Chunk> chunks) = 0;
-};
-
-/// forward_chunks() on the CPU (given).
-class CpuChunkForward final : public ChunkForward {
- public:
-  /// Runs on `model`, which must outlive it.
-  explicit CpuChunkForward(const ModelWeights& model) : model_(model) {}
-  const ModelConfig& config() const override { return model_.config; }
-  Matrix forward(std::span<const Chunk> chunks) override { return forward_chunks(model_, chunks); }
-
- private:
-  const ModelWeights& model_;
-};
-
 // ================================================================== engine ==
 
 /// The engine's limits.
@@ -89,7 +49,7 @@ struct ServingStepLog {
   long prefill_tokens = 0;   ///< tokens those chunks fed
   int admitted = 0;          ///< sequences that entered the batch (new or resumed)
   int preempted = 0;         ///< sequences preempted at the start of the step
-  int forwards = 0;          ///< calls to ChunkForward::forward (1, or 0 for an idle step)
+  int forwards = 0;          ///< calls to ModelRunner::forward (1, or 0 for an idle step)
   int running = 0;           ///< sequences in the batch after the step
 };
 
@@ -104,7 +64,7 @@ struct ServingStepLog {
 ///     first, each a chunk of what remains of its prefill, as much as the budget leaves; then, if
 ///     the step did not have to preempt, newcomers from the queue (given: admit_next()) while the
 ///     budget lasts, each with a first chunk.
-///  2. run: one ChunkForward::forward over the plan's chunks.
+///  2. run: one ModelRunner::forward over the plan's chunks, as one StepInput.
 ///  3. postprocess: each sequence that decoded samples its next token from its row of logits; a
 ///     new sequence whose chunk finished its prompt samples its first token; a resumed sequence
 ///     whose chunk finished its history samples nothing (its next token was sampled before it was
@@ -139,7 +99,7 @@ class ServingEngine {
   ServingEngine(const ModelWeights& model, ServingOptions options);
   /// Any forward and memory (lesson 04's blocks, lesson 05's prefix cache). Given. Throws for a
   /// null forward or memory, max_running < 1, or token_budget < max_running.
-  ServingEngine(std::unique_ptr<ChunkForward> forward, std::unique_ptr<KVManager> memory, ServingOptions options);
+  ServingEngine(std::unique_ptr<ModelRunner> forward, std::unique_ptr<KVManager> memory, ServingOptions options);
   ~ServingEngine();
   ServingEngine(const ServingEngine&) = delete;
   ServingEngine& operator=(const ServingEngine&) = delete;
@@ -175,7 +135,7 @@ class ServingEngine {
   /// The sequences in the batch, oldest admitted first.
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   /// The forward backend.
-  ChunkForward& forward() { return *forward_; }
+  ModelRunner& forward() { return *forward_; }
   /// The step being planned or run (the next log entry's number).
   int now() const { return now_; }
   /// Requests submitted and not yet admitted (or preempted and not yet resumed), cancelled ones aside.
@@ -209,7 +169,7 @@ class ServingEngine {
  private:
   std::vector<int> history(size_t index) const;
 
-  std::unique_ptr<ChunkForward> forward_;
+  std::unique_ptr<ModelRunner> forward_;
   std::unique_ptr<KVManager> memory_;
   ServingOptions options_;
   Scheduler queue_;

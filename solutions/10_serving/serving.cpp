@@ -36,7 +36,8 @@ bool ServingEngine::step() {
   const std::vector<Planned> plan = schedule();
 
   // Run: every chunk in one forward.
-  std::vector<Chunk> chunks;
+  StepInput input;
+  std::vector<Chunk>& chunks = input.chunks;
   for (const Planned& p : plan) {
     Sequence& s = *p.seq;
     if (p.decode)
@@ -45,7 +46,7 @@ bool ServingEngine::step() {
       chunks.push_back({std::span(s.prefill).subspan(static_cast<size_t>(s.cache->length()), p.tokens), s.cache.get()});
   }
   Matrix logits;
-  if (!chunks.empty()) logits = forward_->forward(chunks);
+  if (!chunks.empty()) logits = forward_->forward(input);
 
   // Postprocess: decodes sample; a prefill that just ended samples its first token, unless it was
   // a resumed sequence's history (its next token is known).

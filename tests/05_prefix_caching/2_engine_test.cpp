@@ -2,6 +2,7 @@
 // bundled model: only the unmatched suffix is computed (counted at the forward, a seam like
 // lesson 02's counting cache), and the tokens are the same with the cache on and off.
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,24 +15,25 @@
 namespace infer {
 namespace {
 
-/// The CPU forward, counting the positions each call computes.
-class CountingForward final : public ForwardBackend {
+/// The CPU runner, counting the positions the forward computes: every chunk's tokens, and, per
+/// request, the first chunk it feeds (its prefill: what its store did not already hold).
+class CountingRunner final : public ModelRunner {
  public:
-  explicit CountingForward(const ModelWeights& m) : inner_(m) {}
+  explicit CountingRunner(const ModelWeights& m) : inner_(m) {}
   const ModelConfig& config() const override { return inner_.config(); }
-  Vector prefill(std::span<const int> tokens, KVStore& cache) override {
-    prefill_positions += static_cast<long>(tokens.size());
-    prefills.push_back(static_cast<int>(tokens.size()));
-    return inner_.prefill(tokens, cache);
+  Matrix forward(const StepInput& step) override {
+    for (const Chunk& c : step.chunks) {
+      positions += static_cast<long>(c.tokens.size());
+      if (seen_.insert(c.id).second) prefills.push_back(static_cast<int>(c.tokens.size()));
+    }
+    return inner_.forward(step);
   }
-  Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches) override {
-    return inner_.decode(tokens, caches);
-  }
-  long prefill_positions = 0;
-  std::vector<int> prefills;  ///< positions computed by each prefill, in order
+  long positions = 0;         ///< positions computed, prefills and decodes alike
+  std::vector<int> prefills;  ///< positions computed by each request's first chunk, in order
 
  private:
-  CpuForward inner_;
+  CpuRunner inner_;
+  std::set<int> seen_;
 };
 
 struct Served {
@@ -47,8 +49,8 @@ struct Served {
 /// cache or without (lesson 04's PagedKVManager).
 Served serve(const std::vector<GenerationRequest>& reqs, int max_batch, int blocks, int block, bool cache) {
   const ModelWeights& m = testing::bundled_model();
-  auto forward = std::make_unique<CountingForward>(m);
-  CountingForward* counter = forward.get();
+  auto forward = std::make_unique<CountingRunner>(m);
+  CountingRunner* counter = forward.get();
   std::unique_ptr<KVManager> memory;
   PrefixKVManager* prefix = nullptr;
   if (cache) {
@@ -63,7 +65,7 @@ Served serve(const std::vector<GenerationRequest>& reqs, int max_batch, int bloc
   Served out;
   out.results = engine.run();
   out.log = engine.log();
-  out.computed = counter->prefill_positions;
+  out.computed = counter->positions;
   out.prefills = counter->prefills;
   if (prefix) {
     out.matched = prefix->matched_tokens();
@@ -132,8 +134,8 @@ GRADED_TEST(Lesson05Engine, OnlyTheUnmatchedSuffixIsComputed, 3) {
   EXPECT_EQ(r.results[1].cached_tokens, matched);
   EXPECT_EQ(r.matched, matched);
   long logged = 0;
-  for (const auto& e : r.log) logged += e.prefill_tokens;
-  EXPECT_EQ(logged, r.computed) << "the step log's prefill_tokens count what was computed";
+  for (const auto& e : r.log) logged += e.prefill_tokens + e.decodes;
+  EXPECT_EQ(logged, r.computed) << "the step log's prefill_tokens and decodes count what was computed";
   EXPECT_EQ(r.locked_blocks, 0) << "every request is done: none of its locks may outlive it";
 }
 
@@ -143,13 +145,13 @@ GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
   // its answer too. One engine per setting serves every turn.
   struct Chat {
     std::unique_ptr<BatchEngine> engine;
-    CountingForward* counter = nullptr;
+    CountingRunner* counter = nullptr;
     PrefixKVManager* prefix = nullptr;
   };
   const ModelWeights& m = testing::bundled_model();
   auto open = [&](bool cache) {
     Chat c;
-    auto forward = std::make_unique<CountingForward>(m);
+    auto forward = std::make_unique<CountingRunner>(m);
     c.counter = forward.get();
     std::unique_ptr<KVManager> memory;
     if (cache) {
@@ -186,10 +188,9 @@ GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
       history[conv].insert(history[conv].end(), question.begin() + 1, question.end());  // without its BOS
     }
   }
-  EXPECT_LT(on.counter->prefill_positions, off.counter->prefill_positions)
-      << "later turns should find the earlier ones cached";
-  EXPECT_EQ(off.counter->prefill_positions - on.counter->prefill_positions, on.prefix->matched_tokens())
-      << "prefill positions saved = positions matched";
+  EXPECT_LT(on.counter->positions, off.counter->positions) << "later turns should find the earlier ones cached";
+  EXPECT_EQ(off.counter->positions - on.counter->positions, on.prefix->matched_tokens())
+      << "positions saved = positions matched (the decodes are the same with the cache on and off)";
 }
 
 GRADED_TEST(Lesson05Engine, MatchesEndingOnABlockBoundaryAndOnePast, 2) {
@@ -232,10 +233,9 @@ GRADED_TEST(Lesson05Engine, BlocksInUseAreNeverTheOnesEvicted, 2) {
   // sequence needing 4 blocks finds 3 free: evicting P would free nothing (A still holds its
   // blocks), so the cache must give up Q instead, and P stays cached for the next request.
   const ModelWeights& m = testing::bundled_model();
-  CpuForward forward(m);
   PrefixKVManager mem(m.config, 8, 4);
   auto fill = [&](KVStore& store, const std::vector<int>& tokens) {
-    forward.prefill(std::span(tokens).subspan(static_cast<size_t>(store.length())), store);
+    forward_cached(m, std::span(tokens).subspan(static_cast<size_t>(store.length())), store);
   };
   const std::vector<int> P = {1, 50, 51, 52, 53, 54, 55, 56, 57}, Q = {1, 70, 71, 72, 73, 74, 75, 76, 77};
   auto s1 = mem.open_for(P);

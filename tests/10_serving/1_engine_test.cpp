@@ -22,24 +22,24 @@ std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
 }
 
 /// Wraps the CPU forward and records what each call fed: (step, chunks, tokens).
-class CountingForward final : public ChunkForward {
+class CountingForward final : public ModelRunner {
  public:
   struct Call {
     int step, chunks, tokens;
   };
   explicit CountingForward(const ModelWeights& m) : inner_(m) {}
   const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(std::span<const Chunk> chunks) override {
+  Matrix forward(const StepInput& input) override {
     int tokens = 0;
-    for (const Chunk& c : chunks) tokens += static_cast<int>(c.tokens.size());
-    calls.push_back({step ? *step : -1, static_cast<int>(chunks.size()), tokens});
-    return inner_.forward(chunks);
+    for (const Chunk& c : input.chunks) tokens += static_cast<int>(c.tokens.size());
+    calls.push_back({step ? *step : -1, static_cast<int>(input.chunks.size()), tokens});
+    return inner_.forward(input);
   }
   std::vector<Call> calls;
   const int* step = nullptr;  ///< the engine's clock, read at each call
 
  private:
-  CpuChunkForward inner_;
+  CpuRunner inner_;
 };
 
 /// `n` requests on the bundled model: prompts of 2 to `max_prompt` bytes, arriving over a few steps.
@@ -182,7 +182,7 @@ GRADED_TEST(Lesson10Engine, PreemptedSequencesResumeWithTheSameTokens, 2) {
   const ModelWeights& m = testing::bundled_model();
   for (bool sampled : {false, true}) {
     const auto reqs = requests(8, 16, 4, sampled);
-    ServingEngine engine(std::make_unique<CpuChunkForward>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
+    ServingEngine engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
                          {.max_running = 4, .token_budget = 8});
     for (const auto& r : reqs) engine.submit(r);
     const auto results = run_bounded(engine);
@@ -211,7 +211,7 @@ GRADED_TEST(Lesson10Engine, AHundredRequestsOnATinyPoolEqualSoloRuns, 2) {
                                                : SamplingParams{.temperature = 0.0f};
     reqs.push_back({i + 1, ByteTokenizer::encode(prompt), 8 + i % 24, sampling, i / 10});
   }
-  ServingEngine engine(std::make_unique<CpuChunkForward>(m), std::make_unique<PagedKVManager>(m.config, 20, 16),
+  ServingEngine engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 20, 16),
                        {.max_running = 16, .token_budget = 32});
   for (const auto& r : reqs) engine.submit(r);
   const auto results = run_bounded(engine);

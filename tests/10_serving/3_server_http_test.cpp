@@ -27,7 +27,7 @@ std::vector<int> solo(const ModelWeights& m, const std::vector<int>& prompt, int
   return generate_cached(m, prompt, max_new, s, cache);
 }
 
-std::unique_ptr<ServingEngine> paged_engine(std::unique_ptr<ChunkForward> forward, int blocks, ServingOptions o) {
+std::unique_ptr<ServingEngine> paged_engine(std::unique_ptr<ModelRunner> forward, int blocks, ServingOptions o) {
   const ModelConfig c = forward->config();
   return std::make_unique<ServingEngine>(std::move(forward), std::make_unique<PagedKVManager>(c, blocks, 16), o);
 }
@@ -132,7 +132,7 @@ double metric(const Server& s, const std::string& name) { return metric_value(s.
 
 GRADED_TEST(Lesson10Http, HttpAnswersEqualOfflineOutputs, 3) {
   const ModelWeights& m = testing::bundled_model();
-  Server server(paged_engine(std::make_unique<CpuChunkForward>(m), 64, {.max_running = 4, .token_budget = 16}),
+  Server server(paged_engine(std::make_unique<CpuRunner>(m), 64, {.max_running = 4, .token_budget = 16}),
                 {"tiny-fortunes", m.config}, {.http_threads = 8});
   const int port = server.start();
   int i = 0;
@@ -151,7 +151,7 @@ GRADED_TEST(Lesson10Http, HundredConcurrentClientsOnASmallPool, 4) {
   // 100 clients at once; the pool (20 blocks of 16 positions) holds far fewer sequences than
   // max_running allows, so the engine preempts. Each client must get its own text, once.
   const ModelWeights& m = testing::bundled_model();
-  Server server(paged_engine(std::make_unique<CpuChunkForward>(m), 20, {.max_running = 16, .token_budget = 32}),
+  Server server(paged_engine(std::make_unique<CpuRunner>(m), 20, {.max_running = 16, .token_budget = 32}),
                 {"tiny-fortunes", m.config}, {.http_threads = 110});  // one per client, and a few more
   const int port = server.start();
   constexpr int kClients = 100;
@@ -185,19 +185,19 @@ GRADED_TEST(Lesson10Http, HundredConcurrentClientsOnASmallPool, 4) {
 
 /// The CPU forward, slowed down and never choosing EOS: a request runs to max_tokens, slowly
 /// enough for a client to hang up in the middle.
-class SlowForward final : public ChunkForward {
+class SlowForward final : public ModelRunner {
  public:
   explicit SlowForward(const ModelWeights& m) : inner_(m) {}
   const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(std::span<const Chunk> chunks) override {
+  Matrix forward(const StepInput& step) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    Matrix logits = inner_.forward(chunks);
+    Matrix logits = inner_.forward(step);
     logits.col(config().eos_token_id).setConstant(-1e9f);
     return logits;
   }
 
  private:
-  CpuChunkForward inner_;
+  CpuRunner inner_;
 };
 
 GRADED_TEST(Lesson10Http, AClientThatHangsUpFreesItsSequence, 2) {
@@ -223,7 +223,7 @@ GRADED_TEST(Lesson10Http, AClientThatHangsUpFreesItsSequence, 2) {
 
 GRADED_TEST(Lesson10Http, BadRequestsGet4xxAndTheServerStaysUp, 2) {
   const ModelWeights& m = testing::bundled_model();
-  Server server(paged_engine(std::make_unique<CpuChunkForward>(m), 32, {.max_running = 4, .token_budget = 16}),
+  Server server(paged_engine(std::make_unique<CpuRunner>(m), 32, {.max_running = 4, .token_budget = 16}),
                 {"tiny-fortunes", m.config}, {.http_threads = 8});
   const int port = server.start();
   struct Bad {

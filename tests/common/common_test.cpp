@@ -436,8 +436,8 @@ TEST(Plumbing, BatchEngineSubmitRefusesBadRequests) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({4, {}, 3, {}, 0}); }, "empty"));
 }
 
-TEST(ForwardChunks, EqualsEachSequenceAlone) {
-  // Lesson 10's varlen forward (given) against lesson 02's forward_cached, one sequence at a time:
+TEST(ForwardStep, EqualsEachSequenceAlone) {
+  // The engine's varlen forward (lesson 03, given) against lesson 02's forward_cached, one sequence at a time:
   // chunks of 1 to 9 tokens on caches already holding 0 to 6 positions, in one call, and again
   // with a second step on the same caches. Tolerance 1e-4 + 1e-4 |ref| (rows summed in another
   // order by the stacked products).
@@ -455,9 +455,9 @@ TEST(ForwardChunks, EqualsEachSequenceAlone) {
     }
   }
   for (const auto& step : steps) {
-    std::vector<Chunk> chunks;
-    for (size_t i = 0; i < step.size(); ++i) chunks.push_back({step[i], chunked[i].get()});
-    const Matrix logits = forward_chunks(m, chunks);
+    StepInput input;
+    for (size_t i = 0; i < step.size(); ++i) input.chunks.push_back({step[i], chunked[i].get()});
+    const Matrix logits = forward_step(m, input);
     ASSERT_EQ(logits.rows(), static_cast<Eigen::Index>(step.size()));
     for (size_t i = 0; i < step.size(); ++i) {
       const Matrix want = forward_cached(m, step[i], *alone[i]);
@@ -466,14 +466,14 @@ TEST(ForwardChunks, EqualsEachSequenceAlone) {
       EXPECT_EQ(chunked[i]->length(), alone[i]->length());
     }
   }
-  std::vector<Chunk> bad = {{steps[0][1], chunked[0].get()}, {steps[0][2], chunked[0].get()}};
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "shares its cache"));
-  bad = {{std::span<const int>(), chunked[0].get()}};
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "empty"));
+  StepInput bad{{{steps[0][1], chunked[0].get()}, {steps[0][2], chunked[0].get()}}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, bad); }, "shares its cache"));
+  bad.chunks = {{std::span<const int>(), chunked[0].get()}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, bad); }, "empty"));
   const std::vector<int> too_long(40, 3);
-  bad = {{too_long, chunked[1].get()}};
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, bad); }, "exceed"));
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_chunks(m, {}); }, "no chunks"));
+  bad.chunks = {{too_long, chunked[1].get()}};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, bad); }, "exceed"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, StepInput{}); }, "no chunks"));
 }
 
 }  // namespace
