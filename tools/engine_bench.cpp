@@ -34,7 +34,7 @@
 #include "common/weights.hpp"
 #include "lessons/01_roofline/roofline.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 
 using namespace infer;
 

@@ -174,8 +174,7 @@ int main(int argc, char** argv) {
       const int blocks = num_blocks > 0 ? num_blocks : 2 * infer::blocks_for(room, block_size);
       auto memory = std::make_unique<infer::PrefixKVManager>(model.config, blocks, block_size);
       const infer::PrefixKVManager& prefix = *memory;
-      infer::BatchEngine engine(std::make_unique<infer::CpuRunner>(model), infer::Policy::Continuous, 1,
-                                std::move(memory));
+      infer::Engine engine(model, infer::Policy::Continuous, 1, std::move(memory));
       for (int run = 0; run < repeat; ++run) {
         infer::GenerationRequest r;
         r.id = run;
@@ -183,13 +182,12 @@ int main(int argc, char** argv) {
         r.max_new_tokens = max_new;
         r.sampling = params;
         r.sampling.seed = params.seed + static_cast<uint64_t>(run);
-        r.arrival_step = static_cast<int>(engine.log().size());
+        r.arrival_step = engine.now();
         engine.submit(r);
         infer::Stopwatch first;
         engine.step();  // admits it: its prefill and first token
         const double ttft = first.seconds();
-        engine.run();
-        const infer::GenerationResult& res = engine.results().back();
+        const infer::GenerationResult res = engine.run().back();
         if (run > 0 && !print_ids) std::cout << "\n" << prompt;
         for (int token : res.tokens) stream(token);
         if (print_ids)

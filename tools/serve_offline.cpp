@@ -32,7 +32,7 @@
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #if COURSE_HAVE_CUDA
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       memory = infer::gpu::cuda_slots(model.config, max_batch);
     }
 #endif
-    infer::BatchEngine engine(std::move(forward), policy, max_batch, std::move(memory));
+    infer::Engine engine(std::move(forward), std::move(memory), {.policy = policy, .max_running = max_batch});
     // A request the engine refuses is reported with its line and skipped; the rest are served.
     std::vector<const Prompt*> served;
     int refused = 0;

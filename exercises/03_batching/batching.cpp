@@ -2,8 +2,8 @@
 //
 // Replace each `throw NotImplemented(...)`. The contract is lessons/03_batching/batching.hpp; the
 // lesson text is lessons/03_batching/README.md. Check your work with `./course check 03`.
-// The plumbing (the Scheduler's queue) and the engine that runs your scheduler and your batched
-// forward are written for you in lessons/03_batching/given.cpp: read its BatchEngine::step.
+// The plumbing (the Scheduler's queue) is written for you in lessons/03_batching/given.cpp, and
+// the engine that runs your scheduler in lessons/03_batching/given_engine.cpp: read Engine::step.
 // Stuck on a function? `./course hint 03 NAME` gives a hint, one tier at a time.
 #include "lessons/03_batching/batching.hpp"
 

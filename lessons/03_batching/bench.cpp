@@ -26,7 +26,7 @@
 #include "common/timer.hpp"
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 
 using namespace infer;
 
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int>> outputs[2];
     for (Policy policy : {Policy::Static, Policy::Continuous}) {
       const char* name = policy == Policy::Static ? "static" : "continuous";
-      BatchEngine engine(model, policy, batch);
+      Engine engine(model, policy, batch);
       for (int i = 0; i < n; ++i) {
         GenerationRequest r;
         r.id = i;
@@ -76,10 +76,13 @@ int main(int argc, char** argv) {
       }
       std::vector<double> step_end;  // seconds since the start when each step ended
       Stopwatch clock;
-      while (engine.step()) step_end.push_back(clock.seconds());
+      while (!engine.idle()) {
+        engine.step();
+        step_end.push_back(clock.seconds());
+      }
       const double seconds = clock.seconds();
 
-      const auto& res = engine.results();
+      const auto res = engine.run();  // (nothing left to run: the results, in submission order)
       long tokens = 0;
       std::vector<double> latency;
       for (const auto& r : res) {

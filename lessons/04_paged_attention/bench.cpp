@@ -67,11 +67,10 @@ Outcome serve(const ModelWeights& model, const std::vector<GenerationRequest>& r
               std::ofstream* occupancy) {
   Outcome o;
   o.memory = std::move(name), o.block_size = block_size, o.num_blocks = num_blocks, o.max_batch = max_batch;
-  BatchEngine engine(model, Policy::Continuous, max_batch, std::move(memory));
+  Engine engine(model, Policy::Continuous, max_batch, std::move(memory));
   for (const auto& r : reqs) engine.submit(r);
   Stopwatch clock;
-  while (engine.step()) {
-  }
+  const auto results = engine.run();
   o.seconds = clock.seconds();
   long stored = 0, reserved = 0, running = 0;
   for (const auto& e : engine.log()) {
@@ -85,7 +84,7 @@ Outcome serve(const ModelWeights& model, const std::vector<GenerationRequest>& r
   o.steps = engine.log().size();
   o.mean_running = static_cast<double>(running) / static_cast<double>(o.steps);
   o.held = reserved > 0 ? static_cast<double>(stored) / static_cast<double>(reserved) : 0;
-  for (const auto& r : engine.results()) {
+  for (const auto& r : results) {
     o.tokens += static_cast<long>(r.tokens.size());
     o.outputs.push_back(r.tokens);
   }

@@ -22,7 +22,7 @@
 #include "common/model_config.hpp"
 #include "common/tensor.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 
 namespace infer {
 

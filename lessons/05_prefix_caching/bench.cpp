@@ -46,15 +46,15 @@ const std::string kSystem =
     "You are the oracle of the small hours. You answer each question with a single fortune: short, kind, a "
     "little odd, and never a lie. Speak of ducks, of rain, of roads. ";
 
-/// The wall time of the step that admits a lone request: its prefill and first token.
-double ttft(BatchEngine& engine, GenerationRequest r) {
-  r.arrival_step = static_cast<int>(engine.log().size());  // now: the engine's next step
+/// The wall time of the step that admits a lone request (its prefill and first token), and its
+/// result.
+std::pair<double, GenerationResult> ttft(Engine& engine, GenerationRequest r) {
+  r.arrival_step = engine.now();
   engine.submit(r);
   Stopwatch clock;
   engine.step();
   const double s = clock.seconds();
-  engine.run();  // finish it (one more token), so the next request arrives alone
-  return s;
+  return {s, engine.run().at(0)};  // finish it (one more token), so the next request arrives alone
 }
 
 }  // namespace
@@ -87,16 +87,16 @@ int main(int argc, char** argv) {
     // A fresh engine (and pool) for every measurement, with or without the cache, so that both
     // pay the same first touch of the pool's memory.
     for (int i = 0; i < reps; ++i) {
-      BatchEngine plain(model, Policy::Continuous, 1, std::make_unique<PagedKVManager>(model.config, 64, B));
-      off.push_back(ttft(plain, request(i)));
+      Engine plain(model, Policy::Continuous, 1, std::make_unique<PagedKVManager>(model.config, 64, B));
+      off.push_back(ttft(plain, request(i)).first);
     }
     for (int i = 0; i < reps; ++i) {
       auto memory = std::make_unique<PrefixKVManager>(model.config, 64, B);
       PrefixKVManager* prefix = memory.get();
-      BatchEngine engine(model, Policy::Continuous, 1, std::move(memory));
-      cold.push_back(ttft(engine, request(i)));
+      Engine engine(model, Policy::Continuous, 1, std::move(memory));
+      cold.push_back(ttft(engine, request(i)).first);
       const long before = prefix->matched_tokens();
-      warm.push_back(ttft(engine, request(i + 1)));
+      warm.push_back(ttft(engine, request(i + 1)).first);
       matched_warm = prefix->matched_tokens() - before;
     }
     // The step-cost model: lone prefills of L positions (no cache) take fixed + L * per.
@@ -104,10 +104,10 @@ int main(int argc, char** argv) {
     for (const int L : {1, 4, 16, 64, 128, 176, 224}) {
       std::vector<double> t;
       for (int i = 0; i < reps; ++i) {
-        BatchEngine plain(model, Policy::Continuous, 1, std::make_unique<PagedKVManager>(model.config, 64, B));
+        Engine plain(model, Policy::Continuous, 1, std::make_unique<PagedKVManager>(model.config, 64, B));
         GenerationRequest r = request(i);
         r.prompt.resize(L);
-        t.push_back(ttft(plain, r));
+        t.push_back(ttft(plain, r).first);
       }
       lengths.push_back(L);
       times.push_back(1e3 * median(t));
@@ -122,12 +122,11 @@ int main(int argc, char** argv) {
     double predicted_cold = 0, predicted_warm = 0;
     {
       auto memory = std::make_unique<PrefixKVManager>(model.config, 64, B);
-      BatchEngine engine(model, Policy::Continuous, 1, std::move(memory));
-      ttft(engine, request(0));
-      ttft(engine, request(1));
+      Engine engine(model, Policy::Continuous, 1, std::move(memory));
+      const GenerationResult cold = ttft(engine, request(0)).second, warm = ttft(engine, request(1)).second;
       const std::vector<double> end = step_end_ms(engine.log(), cost);
-      predicted_cold = ttft_ms(engine.results()[0], end);
-      predicted_warm = ttft_ms(engine.results()[1], end);
+      predicted_cold = ttft_ms(cold, end);
+      predicted_warm = ttft_ms(warm, end);
     }
     const int prompt_len = static_cast<int>(request(0).prompt.size());
     std::printf("TTFT, bundled model, prompt of %d tokens (system prompt of %zu), blocks of %d, median of %d:\n",
@@ -173,7 +172,7 @@ int main(int argc, char** argv) {
     // ------------------------------------------------------- part 3: a chat --
     const int conversations = 6, turns = 4;
     struct Side {
-      std::unique_ptr<BatchEngine> engine;
+      std::unique_ptr<Engine> engine;
       PrefixKVManager* prefix = nullptr;
       long computed = 0;
     };
@@ -187,7 +186,7 @@ int main(int argc, char** argv) {
       } else {
         memory = std::make_unique<PagedKVManager>(model.config, 160, B);
       }
-      s.engine = std::make_unique<BatchEngine>(model, Policy::Continuous, 3, std::move(memory));
+      s.engine = std::make_unique<Engine>(model, Policy::Continuous, 3, std::move(memory));
       return s;
     };
     Side with = open(true), without = open(false);

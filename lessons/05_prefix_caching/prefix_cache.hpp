@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 
 namespace infer {

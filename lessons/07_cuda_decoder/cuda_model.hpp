@@ -23,7 +23,7 @@
 #include "common/tensor.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 
 namespace infer::gpu {
 
@@ -93,7 +93,7 @@ std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config)
 std::unique_ptr<KVManager> cuda_slots(const ModelConfig& config, int slots, int max_tokens = 0);
 
 /// The model's weights on the device, and the forward over them: lesson 03's ModelRunner,
-/// so BatchEngine(std::make_unique<CudaForward>(...), policy, slots, cuda_slots(config, slots))
+/// so Engine(std::make_unique<CudaForward>(...), cuda_slots(config, slots), {.max_running = slots})
 /// serves requests on a GPU. Its caches are read through a DeviceAttention: by default
 /// contiguous_attention(), for which every cache must be a CudaKVStore of this model's shape (it
 /// throws otherwise).

@@ -9,7 +9,7 @@
 ///
 ///     auto kv = std::make_unique<CudaPagedKVManager>(config, num_blocks, block_size);
 ///     auto forward = std::make_unique<CudaForward>(weights, WeightType::F32, kv->attention());
-///     BatchEngine engine(std::move(forward), Policy::Continuous, max_batch, std::move(kv));
+///     Engine engine(std::move(forward), std::move(kv), {.max_running = max_batch});
 ///
 /// is lesson 03's engine with lesson 04's admission and preemption, on the GPU: each step uploads
 /// the batch's block tables, lengths and slots once, then in every layer one write_kv_slots and

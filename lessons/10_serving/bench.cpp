@@ -55,22 +55,23 @@ std::vector<GenerationRequest> workload() {
 
 Row run(const ModelWeights& model, int budget, std::vector<std::vector<int>>& tokens) {
   const auto reqs = workload();
-  ServingEngine engine(model, {.max_running = 8, .token_budget = budget});
-  for (const auto& r : reqs) engine.submit(r);
+  const auto engine = serving_engine(model, {.max_running = 8, .token_budget = budget});
+  for (const auto& r : reqs) engine->submit(r);  // ids 0..n-1: the id is the index
   std::vector<std::vector<double>> stamps(reqs.size());  // when each token was emitted
   std::vector<double> step_start;
   Stopwatch clock;
-  while (true) {
+  int steps = 0;
+  while (!engine->idle()) {
     step_start.push_back(clock.seconds());
-    if (!engine.step()) break;
+    const std::vector<TokenEvent> events = engine->step();
+    ++steps;
     const double now = clock.seconds();
-    for (size_t i = 0; i < reqs.size(); ++i)
-      while (stamps[i].size() < engine.results()[i].tokens.size()) stamps[i].push_back(now);
+    for (const TokenEvent& e : events) stamps[static_cast<size_t>(e.id)].push_back(now);
   }
   const double total = clock.seconds();
   Row row;
   row.budget = budget;
-  row.steps = static_cast<int>(engine.log().size());
+  row.steps = steps;
   std::vector<double> itl, ttft;
   long count = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -79,7 +80,7 @@ Row run(const ModelWeights& model, int budget, std::vector<std::vector<int>>& to
     if (i >= 6) ttft.push_back(stamps[i][0] - step_start[static_cast<size_t>(reqs[i].arrival_step)]);
   }
   tokens.clear();
-  for (const auto& r : engine.results()) tokens.push_back(r.tokens);
+  for (const auto& r : engine->run()) tokens.push_back(r.tokens);
   row.tokens_per_s = static_cast<double>(count) / total;
   row.itl_p50 = percentile(itl, 50), row.itl_p99 = percentile(itl, 99);
   row.itl_max = *std::max_element(itl.begin(), itl.end());

@@ -1,7 +1,7 @@
-// Lesson 10: the HTTP server around the serving engine, and a small streaming client (given).
+// Lesson 10: the HTTP server around the engine, and a small streaming client (given).
 //
 // Threads: httplib's pool runs the handlers, one per connection; one engine thread owns the
-// ServingEngine (or, naive, the model) and is the only one to touch it. They meet in two places:
+// Engine (or, naive, the model) and is the only one to touch it. They meet in two places:
 // the inbox (requests and cancellations in, under `mutex`) and each request's Job (tokens out,
 // under the job's own mutex).
 #include <atomic>
@@ -103,7 +103,7 @@ struct Job {
 struct Server::Impl {
   ApiModel model;
   ServerOptions options;
-  std::unique_ptr<ServingEngine> engine;  // engine mode
+  std::unique_ptr<Engine> engine;  // engine mode
   const ModelWeights* weights = nullptr;  // naive mode
   httplib::Server http;
   std::thread listener, worker;
@@ -128,6 +128,7 @@ struct Server::Impl {
   long prompt_tokens = 0, cached_tokens = 0, generation_tokens = 0;
   int running = 0, waiting = 0;
   long kv_reserved = 0, kv_capacity = 0;
+  long engine_held = 0, engine_queued = 0;  // what the engine holds (EngineFootprint): flat under a long load
   long steps = 0, preemptions = 0;
   Histogram ttft{latency_bounds()}, tpot{latency_bounds()}, itl{latency_bounds()};
 
@@ -253,13 +254,8 @@ struct Server::Impl {
   }
 
   void engine_loop() {
-    struct Active {
-      std::shared_ptr<Job> job;
-      size_t index = 0;  // in engine->results()
-      size_t sent = 0;   // tokens handed over
-    };
-    std::unordered_map<int, Active> active;
-    ServingEngine& e = *engine;
+    std::unordered_map<int, std::shared_ptr<Job>> active;  // by request id: submitted, not yet ended
+    Engine& e = *engine;
     while (true) {
       std::deque<std::shared_ptr<Job>> arrived;
       std::unordered_set<int> cancelled;
@@ -270,11 +266,10 @@ struct Server::Impl {
         arrived.swap(inbox);
         cancelled.swap(cancels);
       }
-      std::vector<std::shared_ptr<Job>> refused;
       for (auto& job : arrived) {
         try {
           e.submit({job->id, job->request.prompt, job->request.max_tokens, job->request.sampling, e.now()});
-          active[job->id] = {job, e.results().size() - 1, 0};
+          active[job->id] = job;
           std::lock_guard job_lock(job->mutex);
           job->accepted = true;
           job->changed.notify_all();
@@ -283,21 +278,17 @@ struct Server::Impl {
           fail_open(one, 400, ex.what());
         }
       }
-      for (const int id : cancelled) {
-        const auto it = active.find(id);
-        if (it == active.end()) continue;  // already ended
-        e.cancel(id);
-        const GenerationResult& res = e.results()[it->second.index];
-        deliver(*it->second.job, {}, Clock::now(), "cancelled", res.cached_tokens, res.preemptions);
-        active.erase(it);
-      }
-      bool stepped = false;
+      for (const int id : cancelled)
+        if (active.contains(id)) e.cancel(id);  // its result comes out of take_finished() below
+      std::vector<TokenEvent> events;
+      bool forwarded = false;
       if (!e.idle()) {
         try {
-          stepped = e.step();
+          events = e.step();
+          forwarded = !e.log().empty() && e.log().back().forwards > 0;
         } catch (const std::exception& ex) {
           std::vector<std::shared_ptr<Job>> open;
-          for (auto& [id, a] : active) open.push_back(a.job);
+          for (auto& [id, job] : active) open.push_back(job);
           active.clear();
           {
             std::lock_guard lock(mutex);
@@ -320,29 +311,32 @@ struct Server::Impl {
       const auto now = Clock::now();
       {  // the gauges before the answers, as the counters (deliver())
         std::lock_guard lock(mutex);
-        if (stepped && !e.log().empty() && e.log().back().forwards > 0) ++steps;
+        if (forwarded) ++steps;
         running = static_cast<int>(e.running().size());
         waiting = e.waiting();
         kv_reserved = e.memory().reserved_tokens();
+        const EngineFootprint held = e.footprint();
+        engine_held = static_cast<long>(held.requests + held.finished);
+        engine_queued = static_cast<long>(held.queued);
         engine_idle = e.idle();
         quiet.notify_all();
       }
-      for (auto it = active.begin(); it != active.end();) {
-        Active& a = it->second;
-        const GenerationResult& res = e.results()[a.index];
-        const bool done = e.finished(a.index);
-        if (res.tokens.size() > a.sent || done) {
-          std::span<const int> fresh(res.tokens.data() + a.sent, res.tokens.size() - a.sent);
-          const std::string reason =
-              !done ? "" : (!res.tokens.empty() && res.tokens.back() == e.forward().config().eos_token_id ? "stop" : "length");
-          deliver(*a.job, fresh, now, reason, res.cached_tokens, res.preemptions);
-          a.sent = res.tokens.size();
-        }
-        it = done ? active.erase(it) : std::next(it);
+      // Each job's new tokens, and the end of those that left the engine (finished or cancelled).
+      std::unordered_map<int, std::vector<int>> fresh;
+      for (const TokenEvent& ev : events) fresh[ev.id].push_back(ev.token);
+      std::unordered_map<int, GenerationResult> ended;
+      for (GenerationResult& r : e.take_finished()) ended.emplace(r.id, std::move(r));
+      for (auto& [id, tokens] : fresh)
+        if (!ended.contains(id)) deliver(*active.at(id), tokens, now, "", 0);
+      for (auto& [id, r] : ended) {
+        const auto f = fresh.find(id);
+        deliver(*active.at(id), f == fresh.end() ? std::span<const int>() : std::span<const int>(f->second), now,
+                finish_reason_name(r.finish), r.cached_tokens, r.preemptions);
+        active.erase(id);
       }
     }
     std::vector<std::shared_ptr<Job>> open;
-    for (auto& [id, a] : active) open.push_back(a.job);
+    for (auto& [id, job] : active) open.push_back(job);
     fail_open(open, 503, "the server is shutting down");
     drain_inbox();
   }
@@ -602,6 +596,9 @@ struct Server::Impl {
     counter("course_preemptions_total", "Times the requests that ended were preempted.", preemptions);
     gauge("course_requests_running", "Requests in the engine's batch.", running);
     gauge("course_requests_waiting", "Requests queued for the batch.", waiting);
+    gauge("course_engine_requests_held", "Requests the engine holds: running, waiting, or finished and not yet handed over.",
+          static_cast<double>(engine_held));
+    gauge("course_engine_queue_entries", "Entries in the engine's admission queue.", static_cast<double>(engine_queued));
     gauge("course_kv_reserved_tokens",
           "KV memory reserved, in positions (blocks x block size when paged), the prefix cache's blocks included.",
           static_cast<double>(kv_reserved));
@@ -685,7 +682,7 @@ struct Server::Impl {
   }
 };
 
-Server::Server(std::unique_ptr<ServingEngine> engine, ApiModel model, ServerOptions options)
+Server::Server(std::unique_ptr<Engine> engine, ApiModel model, ServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
   require(engine != nullptr, "Server: no engine");
   impl_->engine = std::move(engine);

@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
     ServerOptions so;
     so.host = opts.text("--host", "127.0.0.1");
     so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
-    const ServingOptions engine_opts{static_cast<int>(opts.number("--max-running", 32, 1)),
-                                     static_cast<int>(opts.number("--token-budget", 64, 1))};
+    const ServingOptions engine_opts{.max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
+                                     .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
+                                     .keep_log = false};  // a server runs for as long as it runs
     const int block = static_cast<int>(opts.number("--block-size", 16, 1));
     const int per_seq = (c.max_position_embeddings + block - 1) / block;
     const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
         memory = std::make_unique<PagedKVManager>(c, blocks, block);
       else
         memory = std::make_unique<PrefixKVManager>(c, blocks, block);
-      auto engine = std::make_unique<ServingEngine>(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts);
+      auto engine = serving_engine(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts);
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
       what = cat("engine: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
                  " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache");

@@ -1,5 +1,5 @@
 /// @file server.hpp
-/// @brief Lesson 10's OpenAI-compatible HTTP server around your ServingEngine (given), and a small
+/// @brief Lesson 10's OpenAI-compatible HTTP server around the engine (lesson 03's Engine, planned by your ChunkedPrefill; given), and a small
 /// streaming client for the tests and the load generator.
 ///
 /// The shape is the one vLLM and nano-vllm share: HTTP threads never touch the engine. One engine
@@ -39,7 +39,7 @@ class Server {
  public:
   /// Serves through `engine` (the full engine: continuous batching, chunked prefill, the memory
   /// it was built with). `model.name` is what clients must ask for.
-  Server(std::unique_ptr<ServingEngine> engine, ApiModel model, ServerOptions options = {});
+  Server(std::unique_ptr<Engine> engine, ApiModel model, ServerOptions options = {});
   /// Naive serving, the baseline of the lesson's table: one request at a time, each token from
   /// lesson 00's forward() over the whole sequence (no cache, no batching). `weights` must outlive
   /// the server.

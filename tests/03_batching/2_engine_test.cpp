@@ -6,7 +6,7 @@
 #include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 #include "tests/02_kv_cache/observed_store.hpp"
 
 namespace infer {
@@ -72,7 +72,7 @@ GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
 }
 
 GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
-  BatchEngine engine(testing::bundled_model(), Policy::Continuous, 3);
+  Engine engine(testing::bundled_model(), Policy::Continuous, 3);
   std::vector<GenerationRequest> reqs;
   const char* prompts[] = {"The ", "Q: What", "You will", "Love is", "If you ", "A "};
   for (int i = 0; i < 6; ++i) {
@@ -89,7 +89,7 @@ GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
 }
 
 GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 2) {
-  BatchEngine engine(testing::small_model(), Policy::Continuous, 4);
+  Engine engine(testing::small_model(), Policy::Continuous, 4);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 10; ++i) {
     reqs.push_back({100 + i, {1, 3 + i, 4 + i}, 20, {.temperature = 0.9f, .top_p = 0.95f, .seed = 1000u + i}, i / 3});
@@ -119,7 +119,7 @@ std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
 }
 
 GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput, 4) {
-  BatchEngine engine(testing::small_model(), Policy::Continuous, 8);
+  Engine engine(testing::small_model(), Policy::Continuous, 8);
   const auto reqs = random_requests(200, 9);
   for (const auto& r : reqs) engine.submit(r);
   const auto results = engine.run();
@@ -135,7 +135,7 @@ GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput
 }
 
 GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 1) {
-  BatchEngine engine(testing::small_model(), Policy::Continuous, 5);
+  Engine engine(testing::small_model(), Policy::Continuous, 5);
   for (const auto& r : random_requests(60, 4)) engine.submit(r);
   engine.run();
   ASSERT_FALSE(engine.log().empty());
@@ -150,7 +150,7 @@ GRADED_TEST(Lesson03Engine, EngineFollowsTheSimulatorsSchedule, 2) {
   // Given the lengths the model actually produced, the simulator predicts every start and
   // finish step of the engine, under both policies.
   for (Policy policy : {Policy::Continuous, Policy::Static}) {
-    BatchEngine engine(testing::small_model(), policy, 4);
+    Engine engine(testing::small_model(), policy, 4);
     const auto reqs = random_requests(40, 21);
     for (const auto& r : reqs) engine.submit(r);
     const auto results = engine.run();

@@ -35,7 +35,7 @@ std::vector<GenerationRequest> requests(int n, uint64_t seed, bool sampled) {
 
 std::vector<GenerationResult> run(const ModelWeights& m, const std::vector<GenerationRequest>& reqs, int max_batch,
                                   std::unique_ptr<KVManager> memory, std::vector<EngineStepLog>* log = nullptr) {
-  BatchEngine engine(m, Policy::Continuous, max_batch, std::move(memory));
+  Engine engine(m, Policy::Continuous, max_batch, std::move(memory));
   for (const auto& r : reqs) engine.submit(r);
   auto results = engine.run();
   if (log) *log = engine.log();
@@ -46,7 +46,7 @@ std::vector<GenerationResult> run(const ModelWeights& m, const std::vector<Gener
 }
 
 std::vector<GenerationResult> unpressured(const ModelWeights& m, const std::vector<GenerationRequest>& reqs) {
-  BatchEngine engine(m, Policy::Continuous, 4);  // lesson 03's whole-context slots
+  Engine engine(m, Policy::Continuous, 4);  // lesson 03's whole-context slots
   for (const auto& r : reqs) engine.submit(r);
   return engine.run();
 }

@@ -60,7 +60,7 @@ Served serve(const std::vector<GenerationRequest>& reqs, int max_batch, int bloc
   } else {
     memory = std::make_unique<PagedKVManager>(m.config, blocks, block);
   }
-  BatchEngine engine(std::move(forward), Policy::Continuous, max_batch, std::move(memory));
+  Engine engine(std::move(forward), std::move(memory), {.max_running = max_batch});
   for (const auto& r : reqs) engine.submit(r);
   Served out;
   out.results = engine.run();
@@ -144,7 +144,7 @@ GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
   // turn's prompt, its answer and a new question, so a cache that kept the finished turn hits
   // its answer too. One engine per setting serves every turn.
   struct Chat {
-    std::unique_ptr<BatchEngine> engine;
+    std::unique_ptr<Engine> engine;
     CountingRunner* counter = nullptr;
     PrefixKVManager* prefix = nullptr;
   };
@@ -161,7 +161,7 @@ GRADED_TEST(Lesson05Engine, TheTokensAreTheSameWithTheCacheOnAndOff, 3) {
     } else {
       memory = std::make_unique<PagedKVManager>(m.config, 96, 8);
     }
-    c.engine = std::make_unique<BatchEngine>(std::move(forward), Policy::Continuous, 3, std::move(memory));
+    c.engine = std::make_unique<Engine>(std::move(forward), std::move(memory), EngineOptions{.max_running = 3});
     return c;
   };
   Chat off = open(false), on = open(true);

@@ -86,7 +86,7 @@ GRADED_TEST(Lesson05Ttft, AWarmCacheCutsTheModelledTtftOnTheBundledModel, 2) {
   const std::string system =
       "You are a fortune teller. Answer every question with one short fortune, kind and a little odd. "
       "Never explain a fortune, never repeat one, and keep each under twenty words, if you can. ";
-  BatchEngine engine(m, Policy::Continuous, 2, std::make_unique<PrefixKVManager>(m.config, 64, 16));
+  Engine engine(m, Policy::Continuous, 2, std::make_unique<PrefixKVManager>(m.config, 64, 16));
   GenerationRequest cold{1, ByteTokenizer::encode(system + "Rich?"), 3, {.temperature = 0.0f}, 0};
   GenerationRequest warm{2, ByteTokenizer::encode(system + "Rain?"), 3, {.temperature = 0.0f}, 8};
   engine.submit(cold);

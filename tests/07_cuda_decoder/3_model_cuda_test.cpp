@@ -90,7 +90,7 @@ GRADED_TEST(Lesson07Model, BatchedDecodeEqualsTheCpuForwardBatch, 3) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu.decode(two, twice); }, "share"));
 }
 
-GRADED_TEST(Lesson07Model, TheBatchEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
+GRADED_TEST(Lesson07Model, TheEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
   // Lesson 03's engine, unchanged, over the CUDA forward and device caches: six greedy requests
   // through three slots, continuous batching, equal to the CPU engine's tokens.
   REQUIRE_DEVICE();
@@ -102,9 +102,8 @@ GRADED_TEST(Lesson07Model, TheBatchEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
       r.push_back({i, ByteTokenizer::encode(prompts[i]), 10 + 3 * i, SamplingParams{.temperature = 0.0f}, i / 2});
     return r;
   };
-  BatchEngine cpu(m, Policy::Continuous, 3);
-  BatchEngine gpu(std::make_unique<CudaForward>(m, WeightType::F32), Policy::Continuous, 3,
-                  cuda_slots(m.config, 3, 128));
+  Engine cpu(m, Policy::Continuous, 3);
+  Engine gpu(std::make_unique<CudaForward>(m, WeightType::F32), cuda_slots(m.config, 3, 128), {.max_running = 3});
   for (auto& r : requests()) cpu.submit(r);
   for (auto& r : requests()) gpu.submit(r);
   const auto want = cpu.run(), got = gpu.run();

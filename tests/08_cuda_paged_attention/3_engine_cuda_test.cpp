@@ -35,10 +35,10 @@ GRADED_TEST(Lesson08Engine, ThePagedEngineOnTheGpuGivesTheCpuEnginesTokens, 3) {
   // same choices (the same scheduler, the same block counts) and produce the same tokens.
   REQUIRE_DEVICE();
   const ModelWeights& m = testing::bundled_model();
-  BatchEngine cpu(m, Policy::Continuous, 6, std::make_unique<PagedKVManager>(m.config, 14, 8));
+  Engine cpu(m, Policy::Continuous, 6, std::make_unique<PagedKVManager>(m.config, 14, 8));
   auto kv = std::make_unique<CudaPagedKVManager>(m.config, 14, 8);
   auto forward = std::make_unique<CudaForward>(m, WeightType::F32, kv->attention());
-  BatchEngine gpu(std::move(forward), Policy::Continuous, 6, std::move(kv));
+  Engine gpu(std::move(forward), std::move(kv), {.max_running = 6});
   for (auto& r : requests()) cpu.submit(r);
   for (auto& r : requests()) gpu.submit(r);
   const auto want = cpu.run(), got = gpu.run();

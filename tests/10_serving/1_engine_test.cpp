@@ -67,16 +67,17 @@ std::vector<GenerationRequest> requests(int n, int max_prompt, uint64_t seed, bo
 
 /// engine.run(), but an engine that stops making progress fails the test instead of running
 /// forever: at most `max_steps` steps.
-std::vector<GenerationResult> run_bounded(ServingEngine& engine, int max_steps = 4000) {
-  for (int n = 0; engine.step(); ++n)
+std::vector<GenerationResult> run_bounded(Engine& engine, int max_steps = 4000) {
+  for (int n = 0; !engine.idle(); ++n) {
     if (n == max_steps) {
       std::string unfinished;
-      for (const auto& r : engine.results())
-        if (r.finish_step == 0) unfinished += cat(" ", r.id);
-      throw Error(cat("the engine made no progress: after ", max_steps, " steps, requests", unfinished,
-                      " have not finished (is every prefilling sequence planned? does every planned chunk feed?)"));
+      for (const auto& s : engine.running()) unfinished += cat(" ", s->request.id);
+      throw Error(cat("the engine made no progress: after ", max_steps, " steps, requests", unfinished, " (and ",
+                      engine.waiting(), " waiting) have not finished (is every prefilling sequence planned?)"));
     }
-  return engine.results();
+    engine.step();
+  }
+  return engine.run();
 }
 
 void expect_solo_tokens(const ModelWeights& m, const std::vector<GenerationRequest>& reqs,
@@ -94,11 +95,11 @@ GRADED_TEST(Lesson10Engine, GreedyOutputsEqualSoloRunsWithChunkedPrompts, 3) {
   // Budget 12 over at most 4 sequences: prompts up to 60 tokens take several steps each.
   const ModelWeights& m = testing::bundled_model();
   const auto reqs = requests(10, 60, 1, false);
-  ServingEngine engine(m, {.max_running = 4, .token_budget = 12});
-  for (const auto& r : reqs) engine.submit(r);
-  expect_solo_tokens(m, reqs, run_bounded(engine));
-  const auto& log = engine.log();
-  EXPECT_TRUE(std::any_of(log.begin(), log.end(), [](const ServingStepLog& s) { return s.prefill_chunks > 0 && s.decodes > 0; }))
+  const auto engine = serving_engine(m, {.max_running = 4, .token_budget = 12});
+  for (const auto& r : reqs) engine->submit(r);
+  expect_solo_tokens(m, reqs, run_bounded(*engine));
+  const auto& log = engine->log();
+  EXPECT_TRUE(std::any_of(log.begin(), log.end(), [](const EngineStepLog& s) { return s.prefills > 0 && s.decodes > 0; }))
       << "no step mixed a prefill chunk with decodes";
 }
 
@@ -107,9 +108,9 @@ GRADED_TEST(Lesson10Engine, SampledOutputsEqualSoloRuns, 2) {
   // chunk that leaves part of its prompt unfed.
   const ModelWeights& m = testing::bundled_model();
   const auto reqs = requests(8, 40, 2, true);
-  ServingEngine engine(m, {.max_running = 3, .token_budget = 8});
-  for (const auto& r : reqs) engine.submit(r);
-  expect_solo_tokens(m, reqs, run_bounded(engine));
+  const auto engine = serving_engine(m, {.max_running = 3, .token_budget = 8});
+  for (const auto& r : reqs) engine->submit(r);
+  expect_solo_tokens(m, reqs, run_bounded(*engine));
 }
 
 GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
@@ -118,15 +119,16 @@ GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
   auto forward = std::make_unique<CountingForward>(m);
   CountingForward& counter = *forward;
   const ServingOptions options{.max_running = 4, .token_budget = 10};
-  ServingEngine engine(std::move(forward), std::make_unique<SlotKVManager>(m.config, 4), options);
+  const auto engine = serving_engine(std::move(forward), std::make_unique<SlotKVManager>(m.config, 4), options);
   static int clock = 0;
   counter.step = &clock;
   const auto reqs = requests(8, 50, 3, false);
-  for (const auto& r : reqs) engine.submit(r);
-  for (int n = 0;; ++n) {
+  for (const auto& r : reqs) engine->submit(r);
+  std::vector<GenerationResult> results;
+  for (int n = 0; !engine->idle(); ++n) {
     ASSERT_LT(n, 4000) << "the engine made no progress in 4000 steps (is every prefilling sequence planned?)";
-    clock = engine.now();
-    if (!engine.step()) break;
+    clock = engine->now();
+    engine->step();
   }
   ASSERT_FALSE(counter.calls.empty()) << "the engine never called the forward";
   for (size_t i = 1; i < counter.calls.size(); ++i)
@@ -135,11 +137,11 @@ GRADED_TEST(Lesson10Engine, EveryStepIsOneForwardWithinTheBudget, 3) {
   for (const auto& call : counter.calls)
     EXPECT_LE(call.tokens, options.token_budget) << "step " << call.step << " fed " << call.tokens
                                                  << " tokens, over the budget of " << options.token_budget;
-  for (const ServingStepLog& s : engine.log()) {
+  for (const EngineStepLog& s : engine->log()) {
     EXPECT_LE(s.decodes + s.prefill_tokens, options.token_budget) << "step " << s.step;
-    EXPECT_EQ(s.forwards, (s.decodes + s.prefill_chunks) > 0 ? 1 : 0) << "step " << s.step;
+    EXPECT_EQ(s.forwards, (s.decodes + s.prefills) > 0 ? 1 : 0) << "step " << s.step;
   }
-  expect_solo_tokens(m, reqs, engine.results());
+  expect_solo_tokens(m, reqs, engine->run());
 }
 
 GRADED_TEST(Lesson10Engine, DecodesNeverStallBehindALongPrompt, 3) {
@@ -155,9 +157,9 @@ GRADED_TEST(Lesson10Engine, DecodesNeverStallBehindALongPrompt, 3) {
   long_prompt.resize(179);
   reqs.push_back({3, ByteTokenizer::encode(long_prompt), 8, {.temperature = 0.0f}, 4});
   ASSERT_EQ(reqs.back().prompt.size(), 180u);
-  ServingEngine engine(m, {.max_running = 4, .token_budget = 16});
-  for (const auto& r : reqs) engine.submit(r);
-  const auto results = run_bounded(engine);
+  const auto engine = serving_engine(m, {.max_running = 4, .token_budget = 16});
+  for (const auto& r : reqs) engine->submit(r);
+  const auto results = run_bounded(*engine);
   for (int i = 0; i < 3; ++i) {
     const GenerationResult& r = results[static_cast<size_t>(i)];
     EXPECT_EQ(r.finish_step - r.first_token_step, static_cast<int>(r.tokens.size()))
@@ -166,7 +168,7 @@ GRADED_TEST(Lesson10Engine, DecodesNeverStallBehindALongPrompt, 3) {
   }
   const GenerationResult& big = results[3];
   EXPECT_GE(big.first_token_step, 4 + 180 / 13) << "the long prompt cannot be fed faster than the budget allows";
-  for (const ServingStepLog& s : engine.log())
+  for (const EngineStepLog& s : engine->log())
     if (s.step >= 4 && s.step < big.first_token_step) {
       const int decoding = static_cast<int>(std::count_if(results.begin(), results.begin() + 3, [&](const auto& r) {
         return r.first_token_step < s.step && r.finish_step > s.step;
@@ -182,19 +184,19 @@ GRADED_TEST(Lesson10Engine, PreemptedSequencesResumeWithTheSameTokens, 2) {
   const ModelWeights& m = testing::bundled_model();
   for (bool sampled : {false, true}) {
     const auto reqs = requests(8, 16, 4, sampled);
-    ServingEngine engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
+    const auto engine = serving_engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 10, 4),
                          {.max_running = 4, .token_budget = 8});
-    for (const auto& r : reqs) engine.submit(r);
-    const auto results = run_bounded(engine);
+    for (const auto& r : reqs) engine->submit(r);
+    const auto results = run_bounded(*engine);
     int preemptions = 0;
     for (const auto& r : results) preemptions += r.preemptions;
     EXPECT_GT(preemptions, 0) << "the pool was meant to run dry";
-    for (const ServingStepLog& s : engine.log())
+    for (const EngineStepLog& s : engine->log())
       EXPECT_FALSE(s.preempted > 0 && s.admitted > 0)
           << "step " << s.step << " preempted " << s.preempted << " and admitted " << s.admitted
           << ": a step that had to preempt admits nobody (the memory it freed is for its decodes)";
     expect_solo_tokens(m, reqs, results);
-    const auto& paged = dynamic_cast<const PagedKVManager&>(engine.memory());
+    const auto& paged = dynamic_cast<const PagedKVManager&>(engine->memory());
     EXPECT_EQ(paged.pool().allocator().num_free(), paged.pool().num_blocks()) << "every block back in the pool";
   }
 }
@@ -211,10 +213,10 @@ GRADED_TEST(Lesson10Engine, AHundredRequestsOnATinyPoolEqualSoloRuns, 2) {
                                                : SamplingParams{.temperature = 0.0f};
     reqs.push_back({i + 1, ByteTokenizer::encode(prompt), 8 + i % 24, sampling, i / 10});
   }
-  ServingEngine engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 20, 16),
+  const auto engine = serving_engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 20, 16),
                        {.max_running = 16, .token_budget = 32});
-  for (const auto& r : reqs) engine.submit(r);
-  const auto results = run_bounded(engine);
+  for (const auto& r : reqs) engine->submit(r);
+  const auto results = run_bounded(*engine);
   int preemptions = 0;
   for (const auto& r : results) preemptions += r.preemptions;
   EXPECT_GT(preemptions, 0) << "the pool was meant to run dry";
@@ -232,10 +234,10 @@ GRADED_TEST(Lesson10Engine, PrefixCacheHitsAreNotFedAgain, 2) {
     reqs.push_back({i, ByteTokenizer::encode(system + questions[i]), 6, {.temperature = 0.0f}, i * 20});
   auto forward = std::make_unique<CountingForward>(m);
   CountingForward& counter = *forward;
-  ServingEngine engine(std::move(forward), std::make_unique<PrefixKVManager>(m.config, 64, 4),
+  const auto engine = serving_engine(std::move(forward), std::make_unique<PrefixKVManager>(m.config, 64, 4),
                        {.max_running = 2, .token_budget = 32});
-  for (const auto& r : reqs) engine.submit(r);
-  const auto results = run_bounded(engine);
+  for (const auto& r : reqs) engine->submit(r);
+  const auto results = run_bounded(*engine);
   expect_solo_tokens(m, reqs, results);
   long fed = 0, prompt = 0, cached = 0;
   for (const auto& call : counter.calls) fed += call.tokens;
@@ -247,19 +249,64 @@ GRADED_TEST(Lesson10Engine, PrefixCacheHitsAreNotFedAgain, 2) {
   EXPECT_EQ(fed, prompt - cached) << "tokens fed: every prompt and generated token but the last, less the cached ones";
 }
 
+GRADED_TEST(Lesson10Engine, WithABudgetNoStepCanFillItPlansWhatLesson03Plans, 1) {
+  // A budget larger than anything a step could feed: no prompt is ever cut, so the plan must be
+  // lesson 03's WholePrompts, step for step (the same first and last steps for every request).
+  const ModelWeights& m = testing::bundled_model();
+  const auto reqs = requests(12, 40, 5, false);
+  const auto chunked = serving_engine(m, {.max_running = 4, .token_budget = 1 << 20});
+  Engine whole(m, Policy::Continuous, 4);
+  for (const auto& r : reqs) {
+    chunked->submit(r);
+    whole.submit(r);
+  }
+  const auto got = run_bounded(*chunked), want = whole.run();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << want[i].id;
+    EXPECT_EQ(got[i].first_token_step, want[i].first_token_step) << "request " << want[i].id;
+    EXPECT_EQ(got[i].finish_step, want[i].finish_step) << "request " << want[i].id;
+  }
+}
+
+GRADED_TEST(Lesson10Engine, APromptUnderWayIsFedBeforeNewcomers, 2) {
+  // A 41-token prompt arrives alone at step 0; budget 8. From step 1 on a newcomer arrives at
+  // every step. The prompt under way keeps its place: 8 tokens a step, its last token at step 5
+  // (its first token then), whoever arrives meanwhile; and first tokens come in arrival order.
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back({0, ByteTokenizer::encode("A fortune cookie says patience is a virtue"), 4, {.temperature = 0.0f}, 0});
+  ASSERT_EQ(reqs[0].prompt.size(), 43u);
+  reqs[0].prompt.resize(41);
+  for (int i = 1; i <= 6; ++i)
+    reqs.push_back({i, ByteTokenizer::encode(std::string("Q: Why is the sky so blue? ") + static_cast<char>('a' + i)), 4,
+                    {.temperature = 0.0f}, i});
+  const auto engine = serving_engine(m, {.max_running = 8, .token_budget = 8});
+  for (const auto& r : reqs) engine->submit(r);
+  const auto results = run_bounded(*engine);
+  EXPECT_EQ(results[0].first_token_step, 5)
+      << "41 tokens at 8 a step are fed in steps 0 to 5: the prompt under way must not wait for newcomers";
+  for (size_t i = 1; i < results.size(); ++i)
+    EXPECT_LE(results[i - 1].first_token_step, results[i].first_token_step)
+        << "request " << i - 1 << " arrived first, but its first token came after request " << i << "'s";
+  expect_solo_tokens(m, reqs, results);
+}
+
 GRADED_TEST(Lesson10Engine, AnIdleEngineDoesNothing, 1) {
-  ServingEngine engine(testing::bundled_model(), {.max_running = 2, .token_budget = 4});
-  EXPECT_FALSE(engine.step());
-  EXPECT_TRUE(engine.log().empty());
-  engine.submit({7, ByteTokenizer::encode("Hi"), 3, {.temperature = 0.0f}, 2});
-  EXPECT_TRUE(engine.step());  // steps 0 and 1: waiting for the arrival, nothing to feed
-  EXPECT_TRUE(engine.step());
-  EXPECT_EQ(engine.log()[0].forwards, 0);
-  EXPECT_EQ(engine.log()[1].forwards, 0);
-  const auto results = run_bounded(engine);
+  const auto engine = serving_engine(testing::bundled_model(), {.max_running = 2, .token_budget = 4});
+  EXPECT_TRUE(engine->idle());
+  EXPECT_TRUE(engine->step().empty());
+  EXPECT_TRUE(engine->log().empty());
+  engine->submit({7, ByteTokenizer::encode("Hi"), 3, {.temperature = 0.0f}, 2});
+  EXPECT_TRUE(engine->step().empty());  // steps 0 and 1: waiting for the arrival, nothing to feed
+  EXPECT_TRUE(engine->step().empty());
+  EXPECT_EQ(engine->log().size(), 2u);
+  EXPECT_EQ(engine->log()[0].forwards, 0);
+  EXPECT_EQ(engine->log()[1].forwards, 0);
+  const auto results = run_bounded(*engine);
   EXPECT_EQ(results[0].first_token_step, 2);
   EXPECT_EQ(results[0].tokens.size(), 3u);
-  EXPECT_FALSE(engine.step());
+  EXPECT_TRUE(engine->idle());
 }
 
 }  // namespace

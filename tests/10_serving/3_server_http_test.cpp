@@ -27,9 +27,9 @@ std::vector<int> solo(const ModelWeights& m, const std::vector<int>& prompt, int
   return generate_cached(m, prompt, max_new, s, cache);
 }
 
-std::unique_ptr<ServingEngine> paged_engine(std::unique_ptr<ModelRunner> forward, int blocks, ServingOptions o) {
+std::unique_ptr<Engine> paged_engine(std::unique_ptr<ModelRunner> forward, int blocks, ServingOptions o) {
   const ModelConfig c = forward->config();
-  return std::make_unique<ServingEngine>(std::move(forward), std::make_unique<PagedKVManager>(c, blocks, 16), o);
+  return serving_engine(std::move(forward), std::make_unique<PagedKVManager>(c, blocks, 16), o);
 }
 
 /// What a client made of one reply: the text, how it ended, how many tokens the server counted.

@@ -21,7 +21,7 @@
 #include "common/tokenizer.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
-#include "lessons/03_batching/batching.hpp"
+#include "lessons/03_batching/engine.hpp"
 #include "lessons/10_serving/serving.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
@@ -423,17 +423,76 @@ TEST(Plumbing, CheckTokensNamesTheProblem) {
   EXPECT_TRUE(throws_error_mentioning([&] { check_tokens(c, std::vector<int>{1, -1}, "f"); }, "index 1"));
 }
 
-TEST(Plumbing, BatchEngineSubmitRefusesBadRequests) {
+TEST(Plumbing, EngineSubmitRefusesBadRequests) {
   ModelConfig cfg;
   cfg.vocab_size = 40, cfg.hidden_size = 16, cfg.intermediate_size = 16, cfg.num_hidden_layers = 1;
   cfg.num_attention_heads = 2, cfg.num_key_value_heads = 1, cfg.head_dim = 8, cfg.max_position_embeddings = 64;
   const ModelWeights m = random_model(cfg, 1);
-  BatchEngine engine(m, Policy::Continuous, 2);
+  Engine engine(m, Policy::Continuous, 2);
   engine.submit({1, {1, 5}, 4, {}, 0});
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({1, {1, 6}, 4, {}, 0}); }, "already submitted"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({2, {1, 6}, 70, {}, 0}); }, "context"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({3, {1, 6}, 0, {}, 0}); }, "new tokens"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.submit({4, {}, 3, {}, 0}); }, "empty"));
+}
+
+/// A planner that returns a fixed mistake, to see the engine refuse it.
+class BadPlanner final : public Planner {
+ public:
+  explicit BadPlanner(int kind) : kind_(kind) {}
+  std::vector<Planned> plan(Engine& e) override {
+    Sequence* s = e.admit_next();
+    if (s == nullptr) return {};
+    if (kind_ == 0) return {{s, 1}, {s, 1}};          // a sequence twice
+    if (kind_ == 1) return {{s, s->uncomputed() + 1}};  // more than it has to feed
+    return {{s, 0}};                                   // nothing
+  }
+
+ private:
+  int kind_;
+};
+
+TEST(Plumbing, TheEngineRefusesABadPlanNamingTheRequest) {
+  const ModelWeights& m = testing::small_model();
+  for (int kind = 0; kind < 3; ++kind) {
+    Engine engine(std::make_unique<CpuRunner>(m), std::make_unique<SlotKVManager>(m.config, 2), {.max_running = 2},
+                  std::make_unique<BadPlanner>(kind));
+    engine.submit({42, {1, 5, 6}, 3, {}, 0});
+    EXPECT_TRUE(testing::throws_error_mentioning([&] { engine.step(); }, "request 42")) << "mistake " << kind;
+  }
+}
+
+TEST(Plumbing, TenThousandRequestsLeaveNothingBehind) {
+  // A long-running server's engine: requests come and go, a few are cancelled, and the engine
+  // holds only what runs and waits. Container by container, nothing grows with the requests served.
+  const ModelWeights& m = testing::small_model();
+  Engine engine(std::make_unique<CpuRunner>(m), std::make_unique<SlotKVManager>(m.config, 4),
+                {.max_running = 4, .keep_log = false});
+  size_t left = 0, most_held = 0;
+  long tokens = 0;
+  for (int id = 0; id < 10000; ++id) {
+    engine.submit({id % 50, {1, 3 + id % 30}, 1 + id % 3, {.temperature = 0.0f}, engine.now()});
+    if (id % 97 == 0) engine.cancel(id % 50);
+    while (engine.footprint().requests >= 8) {
+      for (const TokenEvent& e : engine.step()) tokens += e.token >= 0;
+      left += engine.take_finished().size();
+    }
+    const EngineFootprint f = engine.footprint();
+    most_held = std::max(most_held, f.requests + f.finished + f.queued + f.log);
+  }
+  while (!engine.idle()) engine.step();
+  left += engine.take_finished().size();
+  EXPECT_EQ(left, 10000u) << "every request leaves exactly once (finished or cancelled)";
+  EXPECT_GT(tokens, 0);
+  const EngineFootprint f = engine.footprint();
+  EXPECT_EQ(f.requests, 0u);
+  EXPECT_EQ(f.running, 0u);
+  EXPECT_EQ(f.waiting, 0u);
+  EXPECT_EQ(f.finished, 0u);
+  EXPECT_LE(f.log, 1u) << "without keep_log the engine keeps the last step's log only";
+  EXPECT_LE(f.queued, 1u) << "a cancelled request's queue entry lingers only until it reaches the head";
+  EXPECT_LE(most_held, 30u) << "what the engine held at any time, over 10,000 requests";
+  EXPECT_FALSE(engine.cancel(1)) << "a request that left is unknown to the engine";
 }
 
 TEST(ForwardStep, EqualsEachSequenceAlone) {

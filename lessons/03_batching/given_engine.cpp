@@ -1,0 +1,370 @@
+// Lesson 03: the engine every lesson extends (given): the slot memory, the forward over a step,
+// the planner of whole prompts and the engine's loop, compiled with your exercises/ and with the
+// reference. The contract is lessons/03_batching/engine.hpp.
+#include <algorithm>
+#include <set>
+
+#include "common/linear.hpp"
+#include "lessons/03_batching/engine.hpp"
+
+namespace infer {
+
+// ------------------------------------------------------------ slot memory --
+
+SlotKVManager::SlotKVManager(const ModelConfig& config, int slots)
+    : context_(config.max_position_embeddings), slots_(slots) {
+  require(slots > 0, "SlotKVManager: slots must be positive, got ", slots);
+  for (int i = 0; i < slots; ++i) free_.push_back(std::make_unique<KVCache>(config, context_));
+}
+
+SlotKVManager::SlotKVManager(std::vector<std::unique_ptr<KVStore>> stores)
+    : slots_(static_cast<int>(stores.size())), free_(std::move(stores)) {
+  require(!free_.empty(), "SlotKVManager: no stores");
+  for (size_t i = 0; i < free_.size(); ++i) {
+    require(free_[i] != nullptr, "SlotKVManager: store ", i, " is null");
+    require(free_[i]->max_tokens() == free_[0]->max_tokens(), "SlotKVManager: store ", i, " holds ",
+            free_[i]->max_tokens(), " positions, store 0 holds ", free_[0]->max_tokens(), " (slots must be equal)");
+  }
+  context_ = free_[0]->max_tokens();
+}
+
+std::unique_ptr<KVStore> SlotKVManager::open(int tokens) {
+  require(tokens >= 0 && tokens <= context_, "SlotKVManager::open: ", tokens, " positions, a slot holds ", context_);
+  if (free_.empty()) return nullptr;
+  std::unique_ptr<KVStore> store = std::move(free_.back());
+  free_.pop_back();
+  store->reset();
+  return store;
+}
+
+void SlotKVManager::close(std::unique_ptr<KVStore> store) {
+  require(store != nullptr, "SlotKVManager::close: no store");
+  free_.push_back(std::move(store));
+}
+
+int SlotKVManager::preemptions_needed(std::span<const KVStore* const>) const { return 0; }
+int SlotKVManager::capacity_tokens() const { return context_; }
+long SlotKVManager::reserved_tokens() const { return static_cast<long>(slots_ - free_.size()) * context_; }
+
+// ----------------------------------------------------------------- forward --
+
+void check_step(const ModelConfig& c, const StepInput& step, const char* who) {
+  const std::vector<Chunk>& chunks = step.chunks;
+  require(!chunks.empty(), who, ": no chunks (expected at least one)");
+  std::set<const KVStore*> seen;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& ch = chunks[i];
+    require(!ch.tokens.empty(), who, ": chunk ", i, " is empty (expected at least one token)");
+    require(ch.cache != nullptr, who, ": chunk ", i, " has no cache");
+    require(seen.insert(ch.cache).second, who, ": chunk ", i, " shares its cache with another chunk");
+    check_tokens(c, ch.tokens, who);
+    const long end = static_cast<long>(ch.cache->length()) + static_cast<long>(ch.tokens.size());
+    require(end <= std::min(ch.cache->max_tokens(), c.max_position_embeddings), who, ": chunk ", i, " of ",
+            ch.tokens.size(), " tokens at position ", ch.cache->length(), " would exceed its cache (",
+            ch.cache->max_tokens(), ") or the context (", c.max_position_embeddings, ")");
+  }
+}
+
+Matrix forward_step(const ModelWeights& model, const StepInput& step) {
+  const ModelConfig& c = model.config;
+  check_step(c, step, "forward_step");
+  const std::vector<Chunk>& chunks = step.chunks;
+  std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
+  std::vector<int> pos(chunks.size());
+  Eigen::Index rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    pos[i] = chunks[i].cache->length();
+    first[i] = rows;
+    rows += static_cast<Eigen::Index>(chunks[i].tokens.size());
+  }
+
+  Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
+  for (size_t i = 0; i < chunks.size(); ++i)
+    for (size_t t = 0; t < chunks[i].tokens.size(); ++t)
+      x.row(first[i] + static_cast<Eigen::Index>(t)) = model.embed_tokens.row(chunks[i].tokens[t]);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& layer = model.layers[l];
+    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+    Matrix q = linear(h, layer.q_proj);  // the whole step in one product
+    Matrix k = linear(h, layer.k_proj);
+    const Matrix v = linear(h, layer.v_proj);
+    Matrix attn(rows, q.cols());
+    for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
+      const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+      auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
+      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+      chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
+      attn.middleRows(r, n) =
+          chunks[i].cache->attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    }
+    x += linear(attn, layer.o_proj);
+    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+  }
+  Matrix last(static_cast<Eigen::Index>(chunks.size()), c.hidden_size);  // only the last rows need logits
+  for (size_t i = 0; i < chunks.size(); ++i)
+    last.row(static_cast<Eigen::Index>(i)) = x.row(first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size()) - 1);
+  return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
+}
+
+
+// ----------------------------------------------------------------- engine --
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::None: break;
+  }
+  return "";
+}
+
+std::vector<Planned> WholePrompts::plan(Engine& engine) {
+  std::vector<Planned> plan;
+  engine.make_room();
+  for (const auto& s : engine.running())
+    if (!s->done) plan.push_back({s.get(), s->uncomputed()});  // a decode: its one sampled token
+  while (Sequence* s = engine.admit_next()) plan.push_back({s, s->uncomputed()});
+  return plan;
+}
+
+Engine::Engine(const ModelWeights& model, Policy policy, int max_running, std::unique_ptr<KVManager> memory)
+    : Engine(std::make_unique<CpuRunner>(model),
+             memory ? std::move(memory) : std::make_unique<SlotKVManager>(model.config, std::max(1, max_running)),
+             EngineOptions{.policy = policy, .max_running = max_running}) {}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, std::unique_ptr<KVManager> memory, EngineOptions options,
+               std::unique_ptr<Planner> planner)
+    : runner_(std::move(runner)),
+      memory_(std::move(memory)),
+      options_(options),
+      planner_(planner ? std::move(planner) : std::make_unique<WholePrompts>()),
+      queue_(options.policy, std::max(1, options.max_running)) {
+  require(runner_ != nullptr, "Engine: no model runner");
+  require(memory_ != nullptr, "Engine: no KV memory");
+  require(options_.max_running >= 1, "Engine: max_running must be >= 1, got ", options_.max_running);
+}
+
+Engine::~Engine() = default;
+
+void Engine::submit(GenerationRequest r) {
+  const ModelConfig& c = runner_->config();
+  check_tokens(c, r.prompt, "Engine::submit");
+  r.sampling.validate();
+  require(r.max_new_tokens >= 1, "Engine::submit: request ", r.id, " asks for ", r.max_new_tokens,
+          " new tokens, expected >= 1");
+  const size_t need = r.prompt.size() + static_cast<size_t>(r.max_new_tokens);
+  require(need <= static_cast<size_t>(c.max_position_embeddings), "Engine::submit: request ", r.id, ": prompt of ",
+          r.prompt.size(), " tokens + max_new_tokens ", r.max_new_tokens, " exceeds the context of ",
+          c.max_position_embeddings, " positions");
+  require(need <= static_cast<size_t>(memory_->capacity_tokens()), "Engine::submit: request ", r.id, ": prompt of ",
+          r.prompt.size(), " tokens + max_new_tokens ", r.max_new_tokens, " exceeds the ", memory_->capacity_tokens(),
+          " positions the KV memory can give one sequence");
+  require(!live_.contains(r.id), "Engine::submit: request id ", r.id, " was already submitted (and is still in the engine)");
+  if (next_ticket_ > 0)  // (require() evaluates its message's parts even when the check passes)
+    require(r.arrival_step >= last_arrival_, "Engine::submit: request ", r.id, " arrives at step ", r.arrival_step,
+            ", before the previous request (", last_arrival_, "): submit in arrival order");
+  const long ticket = next_ticket_++;
+  queue_.add(queue_id(ticket), r.arrival_step);
+  last_arrival_ = r.arrival_step;
+  const GenerationResult result{r.id, {}, r.arrival_step, 0, 0, 0, 0, FinishReason::None};
+  std::vector<int> tokens = r.prompt;
+  Sampler sampler(r.sampling);
+  auto seq = std::unique_ptr<Sequence>(
+      new Sequence{std::move(r), ticket, std::move(tokens), std::move(sampler), nullptr, 0, false, result});
+  live_.emplace(seq->request.id, ticket);
+  waiting_.emplace(queue_id(ticket), std::move(seq));
+}
+
+void Engine::leave(std::unique_ptr<Sequence> seq, FinishReason reason, int finish_step) {
+  if (seq->cache) memory_->close(std::move(seq->cache));
+  seq->result.finish = reason;
+  seq->result.finish_step = finish_step;
+  seq->result.tokens.assign(seq->tokens.begin() + static_cast<long>(seq->request.prompt.size()), seq->tokens.end());
+  live_.erase(seq->request.id);
+  finished_.emplace_back(seq->ticket, std::move(seq->result));
+}
+
+bool Engine::cancel(int id) {
+  const auto it = live_.find(id);
+  if (it == live_.end()) return false;
+  const long ticket = it->second;
+  const auto run = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->ticket == ticket; });
+  std::unique_ptr<Sequence> seq;
+  if (run != running_.end()) {
+    seq = std::move(*run);
+    running_.erase(run);
+  } else {
+    const auto w = waiting_.find(queue_id(ticket));
+    seq = std::move(w->second);  // its ticket stays queued: admit_next() skips it
+    waiting_.erase(w);
+  }
+  leave(std::move(seq), FinishReason::Cancelled, now_);
+  return true;
+}
+
+int Engine::make_room() {
+  std::vector<const KVStore*> stores;
+  for (const auto& s : running_)
+    if (!s->done) stores.push_back(s->cache.get());
+  const int victims = memory_->make_room(stores);
+  require(victims >= 0 && victims <= static_cast<int>(stores.size()), "Engine: the KV memory asks to preempt ",
+          victims, " of ", stores.size(), " running sequences");
+  for (int n = 0; n < victims; ++n) {
+    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& s) { return !s->done; });
+    std::unique_ptr<Sequence> victim = std::move(*newest);
+    running_.erase(std::next(newest).base());
+    memory_->close(std::move(victim->cache));  // not release(): what it frees must stay free
+    ++victim->result.preemptions;
+    queue_.push_front(queue_id(victim->ticket), victim->request.arrival_step);
+    waiting_.emplace(queue_id(victim->ticket), std::move(victim));  // keeps its tokens and its sampler
+  }
+  current_.preempted += victims;
+  return victims;
+}
+
+void Engine::give_back_admitted() {
+  for (auto it = admitted_.begin(); it != admitted_.end(); ++it)  // newest first: the oldest ends at the head
+    if (waiting_.contains(*it)) queue_.push_front(*it, waiting_.at(*it)->request.arrival_step);
+  admitted_.clear();
+}
+
+Sequence* Engine::admit_next() {
+  // Nobody in a step that had to preempt: memory is short, and admitting now would hand the
+  // blocks just freed to a newcomer (or straight back to the sequence preempted) only to preempt
+  // again at the next step.
+  if (current_.preempted > 0) return nullptr;
+  int id = -1;  // in the queue
+  while (id < 0) {
+    if (admitted_.empty()) {  // ask the Scheduler; what it lets in is handed out one per call
+      const int taken = static_cast<int>(running_.size());
+      for (const int t : queue_.admit(now_, taken)) admitted_.push_back(t);
+      std::reverse(admitted_.begin(), admitted_.end());  // back() is the oldest
+      if (admitted_.empty()) return nullptr;
+    }
+    const int t = admitted_.back();
+    admitted_.pop_back();
+    if (waiting_.contains(t)) id = t;  // (else cancelled while it waited: dropped)
+  }
+  Sequence& seq = *waiting_.at(id);
+  auto give_back = [&] {  // whatever else the Scheduler let in, and it, wait at the head again
+    give_back_admitted();
+    queue_.push_front(id, seq.request.arrival_step);
+  };
+  seq.cache = memory_->open_for(seq.tokens);
+  // This step's decodes come first: a newcomer may not take the memory one of them needs for its
+  // next position (make_room() made sure it was there).
+  std::vector<const KVStore*> others;
+  for (const auto& s : running_)
+    if (!s->done) others.push_back(s->cache.get());
+  if (seq.cache && !others.empty() && memory_->make_room(others) > 0) memory_->close(std::move(seq.cache));
+  if (!seq.cache) {
+    if (running_.empty())
+      throw Error(cat("Engine: the KV memory cannot hold request ", seq.request.id, "'s ", seq.tokens.size(),
+                      " positions even with nothing else running"));
+    give_back();
+    return nullptr;
+  }
+  if (seq.result.preemptions == 0) seq.result.cached_tokens = seq.computed();  // at its first start
+  if (seq.result.preemptions > 0) ++current_.resumed;
+  ++current_.admitted;
+  seq.prefill_end = static_cast<int>(seq.tokens.size());
+  running_.push_back(std::move(waiting_.extract(id).mapped()));
+  return running_.back().get();
+}
+
+std::vector<TokenEvent> Engine::step() {
+  std::vector<TokenEvent> events;
+  if (idle()) return events;
+  current_ = EngineStepLog{};
+  current_.step = now_;
+
+  // 1. Plan.
+  const std::vector<Planned> plan = planner_->plan(*this);
+  give_back_admitted();  // let in by the Scheduler, not taken by the planner: they wait
+  std::vector<const Sequence*> seen;
+  for (const Planned& p : plan) {
+    require(p.seq != nullptr && std::any_of(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == p.seq; }),
+            "Engine: the plan names a sequence that is not running");
+    require(std::find(seen.begin(), seen.end(), p.seq) == seen.end(), "Engine: the plan names request ",
+            p.seq->request.id, " twice");
+    seen.push_back(p.seq);
+    require(!p.seq->done, "Engine: the plan feeds request ", p.seq->request.id, ", which is done");
+    require(p.tokens >= 1 && p.tokens <= p.seq->uncomputed(), "Engine: the plan feeds request ", p.seq->request.id,
+            " ", p.tokens, " tokens; it has ", p.seq->uncomputed(), " to feed (expected 1 to that)");
+    if (p.seq->decoding()) {
+      ++current_.decodes;
+    } else {
+      ++current_.prefills;
+      current_.prefill_tokens += p.tokens;
+    }
+  }
+  current_.occupied = static_cast<int>(running_.size());
+
+  // 2. Run: every planned sequence feeds its next uncomputed tokens, all in one forward.
+  if (!plan.empty()) {
+    StepInput input;
+    for (const Planned& p : plan)
+      input.chunks.push_back({std::span(p.seq->tokens).subspan(static_cast<size_t>(p.seq->computed()), static_cast<size_t>(p.tokens)),
+                              p.seq->cache.get(), p.seq->request.id});
+    const Matrix logits = runner_->forward(input);
+    current_.forwards = 1;
+
+    // 3. Sample: who has nothing left to feed.
+    const int eos = runner_->config().eos_token_id;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Sequence& s = *plan[i].seq;
+      if (s.uncomputed() > 0) continue;  // a piece of its prefill: more to come
+      const int token = s.sampler.next(logits.row(static_cast<Eigen::Index>(i)).transpose());
+      if (s.generated() == 0) s.result.first_token_step = now_;
+      s.tokens.push_back(token);
+      FinishReason finish = FinishReason::None;
+      if (token == eos) finish = FinishReason::Stop;
+      else if (s.generated() == s.request.max_new_tokens) finish = FinishReason::Length;
+      if (finish != FinishReason::None) {
+        s.done = true;
+        s.result.finish = finish;
+        memory_->release(std::move(s.cache), s.tokens);  // a prefix cache keeps what it computed
+      }
+      events.push_back({s.request.id, token, finish});
+    }
+  }
+
+  // 4. Retire: at once (continuous), or when the whole batch is done (static, which hands back
+  //    every member's result at that moment).
+  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return s->done; });
+  if (options_.policy == Policy::Continuous || all_done)
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!(*it)->done) {
+        ++it;
+        continue;
+      }
+      std::unique_ptr<Sequence> seq = std::move(*it);
+      it = running_.erase(it);
+      const FinishReason reason = seq->result.finish;
+      leave(std::move(seq), reason, now_ + 1);
+    }
+  for (const auto& s : running_) current_.stored_tokens += s->computed();
+  current_.reserved_tokens = memory_->reserved_tokens();
+  if (!options_.keep_log) log_.clear();
+  log_.push_back(current_);
+  ++now_;
+  return events;
+}
+
+std::vector<GenerationResult> Engine::take_finished() {
+  std::vector<GenerationResult> out;
+  out.reserve(finished_.size());
+  for (auto& [ticket, result] : finished_) out.push_back(std::move(result));
+  finished_.clear();
+  return out;
+}
+
+std::vector<GenerationResult> Engine::run() {
+  while (!idle()) step();
+  std::stable_sort(finished_.begin(), finished_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return take_finished();
+}
+
+}  // namespace infer
