@@ -26,16 +26,18 @@ function(course_lesson nn topic)
   endforeach()
 
   # lessons/NN_topic/given*.cpp: the plumbing given to students, in both tracks. given_cuda.cpp
-  # calls the CUDA runtime and is built where CUDA is; given_http.cpp serves HTTP (lesson 10) and
-  # is built where cpp-httplib is (COURSE_HTTP).
+  # calls the CUDA runtime and is built where CUDA is; given_http.cpp and given_http_*.cpp serve
+  # HTTP (lesson 10) and are built where cpp-httplib is (COURSE_HTTP).
   file(GLOB given CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given*.cpp")
-  list(FILTER given EXCLUDE REGEX "/given_(cuda|http)\\.cpp$")
+  list(FILTER given EXCLUDE REGEX "/given_(cuda|http[a-z_]*)\\.cpp$")
   if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
     list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
   endif()
+  # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server).
   set(lesson_http OFF)
   if(COURSE_HAVE_HTTP AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_http.cpp")
-    list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_http.cpp")
+    file(GLOB http_rooms CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_http*.cpp")
+    list(APPEND given ${http_rooms})
     set(lesson_http ON)
   endif()
   course_sources(sol_src "${CMAKE_SOURCE_DIR}/solutions/${dir}")

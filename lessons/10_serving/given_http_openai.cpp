@@ -1,0 +1,77 @@
+// Lesson 10's server, the OpenAI format room (given): the bodies of whole and streamed answers.
+#include <ctime>
+
+#include "lessons/10_serving/server_parts.hpp"
+
+namespace infer::server {
+
+using nlohmann::json;
+
+size_t complete_utf8(const std::string& bytes) {
+  const size_t n = bytes.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(bytes[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return need > back ? n - back : n;  // a lead byte whose sequence is not complete yet
+  }
+  return n;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+/// What every body starts with: its id, object type, time and model.
+json envelope(const Job& job, const std::string& model, const char* object, const char* chat_object) {
+  const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
+  return {{"id", cat(chat ? "chatcmpl-" : "cmpl-", job.id)},
+          {"object", chat ? chat_object : object},
+          {"created", static_cast<long long>(std::time(nullptr))},
+          {"model", model}};
+}
+
+json usage(const Job& job, int completion_tokens) {
+  const int prompt = static_cast<int>(job.request.prompt.size());
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt + completion_tokens}};
+}
+
+}  // namespace
+
+json completion_body(const Job& job, const std::string& model, const std::string& text, int completion_tokens,
+                     const std::string& reason) {
+  const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
+  json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  json body = envelope(job, model, "text_completion", "chat.completion");
+  body["choices"] = json::array({choice});
+  body["usage"] = usage(job, completion_tokens);
+  return body;
+}
+
+json chunk_body(const Job& job, const std::string& model, const std::string* text, const json& finish_reason,
+                bool role) {
+  const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  if (chat) {
+    json delta = json::object();
+    if (role) delta["role"] = "assistant";
+    if (text) delta["content"] = *text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text ? *text : "";
+  }
+  json body = envelope(job, model, "text_completion", "chat.completion.chunk");
+  body["choices"] = json::array({choice});
+  return body;
+}
+
+json usage_chunk(const Job& job, const std::string& model, int completion_tokens) {
+  json body = envelope(job, model, "text_completion", "chat.completion.chunk");
+  body["choices"] = json::array();
+  body["usage"] = usage(job, completion_tokens);
+  return body;
+}
+
+}  // namespace infer::server
