@@ -13,6 +13,7 @@
 ///                       events = sample + retire       (request id, token, finished and why)
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -233,10 +234,10 @@ struct Sequence {
   int computed() const { return cache ? cache->length() : 0; }
   /// Tokens still to feed before it samples.
   int uncomputed() const { return static_cast<int>(tokens.size()) - computed(); }
-  /// Whether its prefill is stored, so that what it feeds is what it samples.
-  bool decoding() const { return cache != nullptr && computed() >= prefill_end; }
-  /// Prefill tokens not stored yet (0 once decoding).
-  int prefill_left() const { return decoding() ? 0 : prefill_end - computed(); }
+  /// Whether its prefill is stored, so that what it feeds is what it samples (false once done).
+  bool decoding() const { return !done && cache != nullptr && computed() >= prefill_end; }
+  /// Prefill tokens not stored yet (0 once decoding, and once done).
+  int prefill_left() const { return done || cache == nullptr ? 0 : std::max(0, prefill_end - computed()); }
   /// Tokens it generated so far.
   int generated() const { return static_cast<int>(tokens.size()) - static_cast<int>(request.prompt.size()); }
 };
@@ -257,7 +258,8 @@ class Planner {
  public:
   virtual ~Planner() = default;
   /// The next step's plan: at most one entry per sequence, each for a running sequence that is
-  /// not done, feeding 1 to uncomputed() tokens.
+  /// not done, feeding 1 to uncomputed() tokens; every sequence admitted while planning must be
+  /// in it (admission takes memory and a place in the batch: admit only whom the step feeds).
   virtual std::vector<Planned> plan(Engine& engine) = 0;
 };
 
@@ -397,6 +399,7 @@ class Engine {
   std::unordered_map<int, long> live_;                     ///< request id -> ticket, for every request in the engine
   std::vector<std::unique_ptr<Sequence>> running_;         ///< oldest admitted first
   std::vector<int> admitted_;                              ///< queue ids the Scheduler let in, not started yet (the oldest last)
+  std::vector<const Sequence*> started_;                   ///< sequences admit_next() started in this step
   std::vector<std::pair<long, GenerationResult>> finished_;  ///< (ticket, result), until taken
   std::vector<EngineStepLog> log_;
   EngineStepLog current_;

@@ -271,6 +271,7 @@ Sequence* Engine::admit_next() {
   ++current_.admitted;
   seq.prefill_end = static_cast<int>(seq.tokens.size());
   running_.push_back(std::move(waiting_.extract(id).mapped()));
+  started_.push_back(running_.back().get());
   return running_.back().get();
 }
 
@@ -300,6 +301,10 @@ std::vector<TokenEvent> Engine::step() {
       current_.prefill_tokens += p.tokens;
     }
   }
+  for (const Sequence* s : started_)
+    require(std::find(seen.begin(), seen.end(), s) != seen.end(), "Engine: the plan admits request ", s->request.id,
+            " and feeds it nothing (admit only whom the step feeds: admission takes memory and a place)");
+  started_.clear();
   current_.occupied = static_cast<int>(running_.size());
 
   // 2. Run: every planned sequence feeds its next uncomputed tokens, all in one forward.

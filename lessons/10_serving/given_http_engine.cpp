@@ -42,6 +42,11 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
       if (!engine.log().empty() && engine.log().back().forwards > 0) metrics.step();
     }
     const auto now = Clock::now();
+    // Each job's new tokens, and the end of those that left the engine (finished or cancelled).
+    std::unordered_map<int, std::vector<int>> fresh;
+    for (const TokenEvent& ev : events) fresh[ev.id].push_back(ev.token);
+    std::unordered_map<int, GenerationResult> ended;
+    for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
     const EngineFootprint held = engine.footprint();  // the gauges before the answers, as the counters
     metrics.set({.running = static_cast<int>(engine.running().size()),
                  .waiting = engine.waiting(),
@@ -49,11 +54,6 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
                  .engine_held = static_cast<long>(held.requests + held.finished),
                  .engine_queued = static_cast<long>(held.queued)});
     mailbox.set_idle(engine.idle());
-    // Each job's new tokens, and the end of those that left the engine (finished or cancelled).
-    std::unordered_map<int, std::vector<int>> fresh;
-    for (const TokenEvent& ev : events) fresh[ev.id].push_back(ev.token);
-    std::unordered_map<int, GenerationResult> ended;
-    for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
     for (auto& [id, tokens] : fresh)
       if (!ended.contains(id)) mailbox.deliver(*active.at(id), tokens, now, "");
     for (auto& [id, r] : ended) {

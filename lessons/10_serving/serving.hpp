@@ -33,18 +33,20 @@ class ChunkedPrefill final : public Planner {
  public:
   /// At most `token_budget` tokens a step. Throws infer::Error for a budget below 1. Given.
   explicit ChunkedPrefill(int token_budget);
-  /// Yours. The next step's plan, in three passes that share the budget:
+  /// Yours. The next step's plan: make room (Engine::make_room()), then three passes that share
+  /// the budget:
   ///
-  ///  1. make room (Engine::make_room());
-  ///  2. every running sequence that is decoding (Sequence::decoding()) and not done: 1 token,
+  ///  1. every running sequence that is decoding (Sequence::decoding(), false once done): 1 token,
   ///     oldest first;
-  ///  3. every running sequence still prefilling: min(prefill_left(), what the budget leaves),
-  ///     oldest first, while anything is left;
-  ///  4. then newcomers from Engine::admit_next() while the budget lasts (it admits nobody in a
-  ///     step that had to preempt), each a first chunk the same way.
+  ///  2. every running sequence still prefilling (prefill_left() > 0, 0 once done):
+  ///     min(prefill_left(), what the budget leaves), oldest first, while anything is left;
+  ///  3. then newcomers from Engine::admit_next(), one at a time while some budget is left (it
+  ///     admits nobody in a step that had to preempt), each a first chunk the same way. Admit
+  ///     only whom the step feeds: a newcomer takes memory and a place in the batch, and the
+  ///     engine refuses a plan that admits a sequence and feeds it nothing.
   ///
-  /// Never plans more than token_budget() tokens in all (the engine refuses max_running above the
-  /// budget, so the decodes always fit), a sequence twice, or a sequence that is done.
+  /// Never plans more than token_budget() tokens in all (serving_engine() refuses a max_running
+  /// above the budget, so the decodes always fit), a sequence twice, or a sequence that is done.
   std::vector<Planned> plan(Engine& engine) override;
   /// The budget.
   int token_budget() const { return budget_; }
