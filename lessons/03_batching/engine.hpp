@@ -6,9 +6,9 @@
 /// prefix cache, lesson 07 a GPU, lesson 10 a planner that chunks prompts and a server. Programs
 /// drive it the same way:
 ///
-///     request -> Engine::submit -> Sequence {tokens, computed}
+///     request -> Engine::submit -> Sequence (tokens, computed())
 ///     Engine::step():   plan   = Planner::plan()       who feeds how many tokens (1 = decode)
-///                       input  = StepInput(plan)       a chunk of tokens per sequence
+///                       input  = a StepInput           a chunk of tokens per planned sequence
 ///                       logits = ModelRunner::forward(input)
 ///                       events = sample + retire       (request id, token, finished and why)
 #pragma once
@@ -54,7 +54,7 @@ struct GenerationResult {
   int id = 0;                 ///< the request
   std::vector<int> tokens;    ///< generated ids (EOS kept if produced)
   int arrival_step = 0;       ///< as submitted
-  int first_token_step = 0;   ///< the step of its prefill
+  int first_token_step = 0;   ///< the step that sampled its first token (its prefill's last step)
   int finish_step = 0;        ///< the step after its last token (static: after its batch's)
   int preemptions = 0;        ///< times it was preempted and resumed (lesson 04)
   int cached_tokens = 0;      ///< prompt positions found in a prefix cache at its first start, not computed (lesson 05)
@@ -99,7 +99,7 @@ class KVManager {
   virtual std::unique_ptr<KVStore> open(int tokens) = 0;
   /// Takes back a store from open(); its memory is free again.
   virtual void close(std::unique_ptr<KVStore> store) = 0;
-  /// Before a decode that appends one position to each of `running` (stores from open(),
+  /// Before a step that appends at least one position to each of `running` (stores from open(),
   /// oldest sequence first): how many of the newest must be preempted, their memory freed, for
   /// the others to fit. 0 when all fit.
   virtual int preemptions_needed(std::span<const KVStore* const> running) const = 0;
@@ -218,7 +218,8 @@ class CpuRunner final : public ModelRunner {
 /// are in its store (computed() is the store's length). It feeds the model the tokens not
 /// computed yet, and samples its next token once none are left. A decode is a sequence with one
 /// uncomputed token, the one it sampled last. Preempted, it loses its store: nothing of it is
-/// computed any more, and when it is admitted again it feeds everything it has (recompute) and
+/// computed any more, and when it is admitted again it feeds everything it has that its new store
+/// does not already hold (recompute; a prefix cache may still hold a prefix of it) and
 /// samples where it stopped: there is no other state to restore.
 struct Sequence {
   GenerationRequest request;        ///< as submitted (its prompt, limits and sampling)
@@ -227,7 +228,7 @@ struct Sequence {
   Sampler sampler;                  ///< its own sampler, seeded by its request
   std::unique_ptr<KVStore> cache;   ///< its computed K/V (null while waiting or once done)
   int prefill_end = 0;              ///< tokens.size() when it was last admitted: it decodes once they are computed
-  bool done = false;                ///< finished (EOS or max_new_tokens); leaves at the end of the step
+  bool done = false;                ///< finished (EOS or max_new_tokens); leaves at the end of the step (static: with its batch)
   GenerationResult result;          ///< its record so far (tokens filled in when it leaves)
 
   /// Tokens whose K/V are in memory.
@@ -265,7 +266,7 @@ class Planner {
 
 /// Lesson 03's plan (given): make room; every decoding sequence feeds its one token; then every
 /// admission feeds all it has, its whole prompt (less a prefix cache's match) or, preempted
-/// before, everything it had.
+/// before, everything it had (less what a prefix cache still holds).
 class WholePrompts final : public Planner {
  public:
   std::vector<Planned> plan(Engine& engine) override;
@@ -307,9 +308,10 @@ struct EngineOptions {
 ///     (continuous), or with the whole batch (static, whose members all finish then). A request
 ///     that leaves is forgotten: its GenerationResult waits in take_finished().
 ///
-/// Sequences are independent: a request's tokens are exactly what generate_cached() would
-/// produce for it alone, however its prompt was planned, whatever shared its steps, and however
-/// often it was preempted.
+/// Sequences are independent: a request's tokens are what generate_cached() would produce for it
+/// alone, however its prompt was planned, whatever shared its steps, and however often it was
+/// preempted (the forward equals forward_cached() within float rounding; the tests check the
+/// tokens are identical).
 class Engine {
  public:
   /// `model` on the CPU (CpuRunner), planned by WholePrompts, over `memory` (null: lesson 03's
@@ -331,8 +333,8 @@ class Engine {
   /// Withdraws request `id` (a server's client went away): a running sequence leaves the batch
   /// and its memory is freed at once; a waiting one is never admitted. Its result (the tokens it
   /// had, FinishReason::Cancelled, finish_step now()) goes to take_finished(). Returns false,
-  /// doing nothing, when no request `id` is in the engine (finished, cancelled, or never
-  /// submitted). Call it between steps.
+  /// doing nothing, when request `id` has finished (static: also while it waits for its batch),
+  /// was cancelled, or was never submitted. Call it between steps.
   bool cancel(int id);
   /// One step (plan, one forward, sampling, retirement); the tokens it sampled, in plan order.
   /// Idle (nothing runs, nothing waits): nothing is done or logged, and no events.

@@ -193,6 +193,7 @@ bool Engine::cancel(int id) {
   const auto run = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->ticket == ticket; });
   std::unique_ptr<Sequence> seq;
   if (run != running_.end()) {
+    if ((*run)->done) return false;  // finished, waiting for its static batch: it leaves with it
     seq = std::move(*run);
     running_.erase(run);
   } else {
