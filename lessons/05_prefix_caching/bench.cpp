@@ -118,6 +118,12 @@ int main(int argc, char** argv) {
     StepCost cost;
     cost.per_position_ms = (times.back() - times.front()) / (lengths.back() - lengths.front());
     cost.fixed_ms = times.front() - cost.per_position_ms * lengths.front();
+    if (cost.fixed_ms < 0) {  // the one-position step is cheaper than the line's slope: within noise of 0
+      std::printf("(the line through 1 and %d positions crosses below 0 at 0 positions, fixed_ms %.3f: the\n"
+                  " one-position step costs less than one position's slope; fixed_ms is taken as 0)\n",
+                  static_cast<int>(lengths.back()), cost.fixed_ms);
+      cost.fixed_ms = 0;
+    }
     // The model's prediction for the last cold and warm requests, from their engine's log.
     double predicted_cold = 0, predicted_warm = 0;
     {
