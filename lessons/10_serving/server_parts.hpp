@@ -36,6 +36,7 @@
 
 namespace infer::server {
 
+/// The server's clock: steady, for latencies.
 using Clock = std::chrono::steady_clock;
 
 /// Seconds from `a` to `b`.
@@ -85,9 +86,11 @@ class Metrics {
  public:
   /// The gauges the engine thread sets after each step.
   struct Gauges {
-    int running = 0, waiting = 0;          ///< requests in the batch, and queued for it
-    long kv_reserved = 0;                  ///< KV positions reserved
-    long engine_held = 0, engine_queued = 0;  ///< EngineFootprint: requests held, queue entries
+    int running = 0;         ///< requests in the batch
+    int waiting = 0;         ///< requests queued for it
+    long kv_reserved = 0;    ///< KV positions reserved
+    long engine_held = 0;    ///< EngineFootprint: requests running, waiting, or finished and not taken
+    long engine_queued = 0;  ///< EngineFootprint: entries in the admission queue
   };
   Metrics();
   /// A request refused before the engine, with HTTP `status`.
@@ -135,6 +138,7 @@ class Metrics {
 /// exactly once, through deliver() with a reason or fail().
 class Mailbox {
  public:
+  /// A mailbox whose deliveries and failures are counted in `metrics` (which must outlive it).
   explicit Mailbox(Metrics& metrics) : metrics_(metrics) {}
 
   // The HTTP threads' side.
