@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/03_batching/engine.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/10_serving/serving.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
@@ -493,6 +495,36 @@ TEST(Plumbing, TenThousandRequestsLeaveNothingBehind) {
   EXPECT_LE(f.queued, 1u) << "a cancelled request's queue entry lingers only until it reaches the head";
   EXPECT_LE(most_held, 30u) << "what the engine held at any time, over 10,000 requests";
   EXPECT_FALSE(engine.cancel(1)) << "a request that left is unknown to the engine";
+}
+
+TEST(Plumbing, TheEventsOfAStepAreTheTokensItsRequestsGet) {
+  // What a server streams (each step's TokenEvents) must add up to each request's result, with
+  // the finish reason on its last event, under preemption (a tight pool) and chunked prompts.
+  const ModelWeights& m = testing::small_model();
+  const auto engine = serving_engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 7, 4),
+                                     {.max_running = 3, .token_budget = 5});
+  for (int i = 0; i < 12; ++i)
+    engine->submit({i, {1, 3 + i, 4 + i, 5, 6, 7, 8}, 2 + i % 5, {.temperature = 0.9f, .seed = 5u + i}, i / 4});
+  std::map<int, std::vector<int>> streamed;
+  std::map<int, FinishReason> last;
+  std::vector<GenerationResult> results;
+  while (!engine->idle()) {
+    for (const TokenEvent& e : engine->step()) {
+      ASSERT_EQ(last.count(e.id), 0u) << "request " << e.id << " got a token after its last";
+      streamed[e.id].push_back(e.token);
+      if (e.finish != FinishReason::None) last[e.id] = e.finish;
+    }
+    for (GenerationResult& r : engine->take_finished()) results.push_back(std::move(r));
+  }
+  ASSERT_EQ(results.size(), 12u);
+  int preemptions = 0;
+  for (const GenerationResult& r : results) preemptions += r.preemptions;
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be tight enough to preempt";
+  for (const GenerationResult& r : results) {
+    EXPECT_EQ(streamed[r.id], r.tokens) << "request " << r.id;
+    ASSERT_EQ(last.count(r.id), 1u) << "request " << r.id << "'s last event says why it ended";
+    EXPECT_EQ(last[r.id], r.finish) << "request " << r.id;
+  }
 }
 
 TEST(ForwardStep, EqualsEachSequenceAlone) {
