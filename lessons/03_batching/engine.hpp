@@ -228,17 +228,19 @@ struct Sequence {
   Sampler sampler;                  ///< its own sampler, seeded by its request
   std::unique_ptr<KVStore> cache;   ///< its computed K/V (null while waiting or once done)
   int prefill_end = 0;              ///< tokens.size() when it was last admitted: it decodes once they are computed
-  bool done = false;                ///< finished (EOS or max_new_tokens); leaves at the end of the step (static: with its batch)
-  GenerationResult result;          ///< its record so far (tokens filled in when it leaves)
+  GenerationResult result;          ///< its record so far (tokens filled in when it leaves; finish set when it ends)
+
+  /// Finished (EOS or max_new_tokens): it leaves at the end of the step (static: with its batch).
+  bool done() const { return result.finish != FinishReason::None; }
 
   /// Tokens whose K/V are in memory.
   int computed() const { return cache ? cache->length() : 0; }
   /// Tokens still to feed before it samples.
   int uncomputed() const { return static_cast<int>(tokens.size()) - computed(); }
   /// Whether its prefill is stored, so that what it feeds is what it samples (false once done).
-  bool decoding() const { return !done && cache != nullptr && computed() >= prefill_end; }
+  bool decoding() const { return !done() && cache != nullptr && computed() >= prefill_end; }
   /// Prefill tokens not stored yet (0 once decoding, and once done).
-  int prefill_left() const { return done || cache == nullptr ? 0 : std::max(0, prefill_end - computed()); }
+  int prefill_left() const { return done() || cache == nullptr ? 0 : std::max(0, prefill_end - computed()); }
   /// Tokens it generated so far.
   int generated() const { return static_cast<int>(tokens.size()) - static_cast<int>(request.prompt.size()); }
 };
@@ -249,28 +251,7 @@ struct Planned {
   int tokens = 0;           ///< how many: 1 for a decode, 1..prefill_left() for a piece of its prefill
 };
 
-class Engine;
-
-/// What decides each step's plan: who feeds how many tokens. It makes room (Engine::make_room())
-/// and admits (Engine::admit_next()) as it plans. Lesson 03's WholePrompts feeds every newcomer's
-/// whole prompt in the step it is admitted; lesson 10's ChunkedPrefill spreads prompts over steps
-/// under a token budget. The engine runs whatever the planner returns as one forward.
-class Planner {
- public:
-  virtual ~Planner() = default;
-  /// The next step's plan: at most one entry per sequence, each for a running sequence that is
-  /// not done, feeding 1 to uncomputed() tokens; every sequence admitted while planning must be
-  /// in it (admission takes memory and a place in the batch: admit only whom the step feeds).
-  virtual std::vector<Planned> plan(Engine& engine) = 0;
-};
-
-/// Lesson 03's plan (given): make room; every decoding sequence feeds its one token; then every
-/// admission feeds all it has, its whole prompt (less a prefix cache's match) or, preempted
-/// before, everything it had (less what a prefix cache still holds).
-class WholePrompts final : public Planner {
- public:
-  std::vector<Planned> plan(Engine& engine) override;
-};
+class Planner;
 
 /// What the engine holds, container by container: how a long-running server checks that finished
 /// requests leave nothing behind.
@@ -389,8 +370,8 @@ class Engine {
   static int queue_id(long ticket) { return static_cast<int>(ticket & 0x7fffffff); }
   /// Puts back at the head of the queue what the Scheduler let in and admit_next() did not start.
   void give_back_admitted();
-  /// Frees what a leaving sequence holds and files its result.
-  void leave(std::unique_ptr<Sequence> seq, FinishReason reason, int finish_step);
+  /// Frees what a leaving sequence holds and files its result (its finish already set).
+  void leave(std::unique_ptr<Sequence> seq, int finish_step);
 
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KVManager> memory_;
@@ -408,6 +389,27 @@ class Engine {
   long next_ticket_ = 0;
   int last_arrival_ = 0;
   int now_ = 0;
+};
+
+/// What decides each step's plan: who feeds how many tokens. It makes room (Engine::make_room())
+/// and admits (Engine::admit_next()) as it plans. Lesson 03's WholePrompts feeds every newcomer's
+/// whole prompt in the step it is admitted; lesson 10's ChunkedPrefill spreads prompts over steps
+/// under a token budget. The engine runs whatever the planner returns as one forward.
+class Planner {
+ public:
+  virtual ~Planner() = default;
+  /// The next step's plan: at most one entry per sequence, each for a running sequence that is
+  /// not done, feeding 1 to uncomputed() tokens; every sequence admitted while planning must be
+  /// in it (admission takes memory and a place in the batch: admit only whom the step feeds).
+  virtual std::vector<Planned> plan(Engine& engine) = 0;
+};
+
+/// Lesson 03's plan (given): make room; every decoding sequence feeds its one token; then every
+/// admission feeds all it has, its whole prompt (less a prefix cache's match) or, preempted
+/// before, everything it had (less what a prefix cache still holds).
+class WholePrompts final : public Planner {
+ public:
+  std::vector<Planned> plan(Engine& engine) override;
 };
 
 }  // namespace infer

@@ -124,7 +124,7 @@ std::vector<Planned> WholePrompts::plan(Engine& engine) {
   std::vector<Planned> plan;
   engine.make_room();
   for (const auto& s : engine.running())
-    if (!s->done) plan.push_back({s.get(), s->uncomputed()});  // a decode: its one sampled token
+    if (!s->done()) plan.push_back({s.get(), s->uncomputed()});  // a decode: its one sampled token
   while (Sequence* s = engine.admit_next()) plan.push_back({s, s->uncomputed()});
   return plan;
 }
@@ -172,14 +172,13 @@ void Engine::submit(GenerationRequest r) {
   std::vector<int> tokens = r.prompt;
   Sampler sampler(r.sampling);
   auto seq = std::unique_ptr<Sequence>(
-      new Sequence{std::move(r), ticket, std::move(tokens), std::move(sampler), nullptr, 0, false, result});
+      new Sequence{std::move(r), ticket, std::move(tokens), std::move(sampler), nullptr, 0, result});
   live_.emplace(seq->request.id, ticket);
   waiting_.emplace(queue_id(ticket), std::move(seq));
 }
 
-void Engine::leave(std::unique_ptr<Sequence> seq, FinishReason reason, int finish_step) {
+void Engine::leave(std::unique_ptr<Sequence> seq, int finish_step) {
   if (seq->cache) memory_->close(std::move(seq->cache));
-  seq->result.finish = reason;
   seq->result.finish_step = finish_step;
   seq->result.tokens.assign(seq->tokens.begin() + static_cast<long>(seq->request.prompt.size()), seq->tokens.end());
   live_.erase(seq->request.id);
@@ -193,7 +192,7 @@ bool Engine::cancel(int id) {
   const auto run = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->ticket == ticket; });
   std::unique_ptr<Sequence> seq;
   if (run != running_.end()) {
-    if ((*run)->done) return false;  // finished, waiting for its static batch: it leaves with it
+    if ((*run)->done()) return false;  // finished, waiting for its static batch: it leaves with it
     seq = std::move(*run);
     running_.erase(run);
   } else {
@@ -201,19 +200,20 @@ bool Engine::cancel(int id) {
     seq = std::move(w->second);  // its ticket stays queued: admit_next() skips it
     waiting_.erase(w);
   }
-  leave(std::move(seq), FinishReason::Cancelled, now_);
+  seq->result.finish = FinishReason::Cancelled;
+  leave(std::move(seq), now_);
   return true;
 }
 
 int Engine::make_room() {
   std::vector<const KVStore*> stores;
   for (const auto& s : running_)
-    if (!s->done) stores.push_back(s->cache.get());
+    if (!s->done()) stores.push_back(s->cache.get());
   const int victims = memory_->make_room(stores);
   require(victims >= 0 && victims <= static_cast<int>(stores.size()), "Engine: the KV memory asks to preempt ",
           victims, " of ", stores.size(), " running sequences");
   for (int n = 0; n < victims; ++n) {
-    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& s) { return !s->done; });
+    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& s) { return !s->done(); });
     std::unique_ptr<Sequence> victim = std::move(*newest);
     running_.erase(std::next(newest).base());
     memory_->close(std::move(victim->cache));  // not release(): what it frees must stay free
@@ -258,7 +258,7 @@ Sequence* Engine::admit_next() {
   // next position (make_room() made sure it was there).
   std::vector<const KVStore*> others;
   for (const auto& s : running_)
-    if (!s->done) others.push_back(s->cache.get());
+    if (!s->done()) others.push_back(s->cache.get());
   if (seq.cache && !others.empty() && memory_->make_room(others) > 0) memory_->close(std::move(seq.cache));
   if (!seq.cache) {
     if (running_.empty())
@@ -292,7 +292,7 @@ std::vector<TokenEvent> Engine::step() {
     require(std::find(seen.begin(), seen.end(), p.seq) == seen.end(), "Engine: the plan names request ",
             p.seq->request.id, " twice");
     seen.push_back(p.seq);
-    require(!p.seq->done, "Engine: the plan feeds request ", p.seq->request.id, ", which is done");
+    require(!p.seq->done(), "Engine: the plan feeds request ", p.seq->request.id, ", which is done");
     require(p.tokens >= 1 && p.tokens <= p.seq->uncomputed(), "Engine: the plan feeds request ", p.seq->request.id,
             " ", p.tokens, " tokens; it has ", p.seq->uncomputed(), " to feed (expected 1 to that)");
     if (p.seq->decoding()) {
@@ -329,7 +329,6 @@ std::vector<TokenEvent> Engine::step() {
       if (token == eos) finish = FinishReason::Stop;
       else if (s.generated() == s.request.max_new_tokens) finish = FinishReason::Length;
       if (finish != FinishReason::None) {
-        s.done = true;
         s.result.finish = finish;
         memory_->release(std::move(s.cache), s.tokens);  // a prefix cache keeps what it computed
       }
@@ -339,17 +338,16 @@ std::vector<TokenEvent> Engine::step() {
 
   // 4. Retire: at once (continuous), or when the whole batch is done (static, which hands back
   //    every member's result at that moment).
-  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return s->done; });
+  const bool all_done = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return s->done(); });
   if (options_.policy == Policy::Continuous || all_done)
     for (auto it = running_.begin(); it != running_.end();) {
-      if (!(*it)->done) {
+      if (!(*it)->done()) {
         ++it;
         continue;
       }
       std::unique_ptr<Sequence> seq = std::move(*it);
       it = running_.erase(it);
-      const FinishReason reason = seq->result.finish;
-      leave(std::move(seq), reason, now_ + 1);
+      leave(std::move(seq), now_ + 1);
     }
   for (const auto& s : running_) current_.stored_tokens += s->computed();
   current_.reserved_tokens = memory_->reserved_tokens();

@@ -10,13 +10,13 @@ std::vector<Planned> ChunkedPrefill::plan(Engine& engine) {
   engine.make_room();
   // Decodes first, one token each: a sequence that is decoding never waits for a prefill.
   for (const auto& s : engine.running())
-    if (!s->done && s->decoding()) {
+    if (s->decoding()) {
       plan.push_back({s.get(), 1});
       --budget;
     }
   // Then the prefills under way, oldest first, each as much as the budget leaves.
   for (const auto& s : engine.running())
-    if (!s->done && !s->decoding() && budget > 0) {
+    if (s->prefill_left() > 0 && budget > 0) {
       const int n = std::min(s->prefill_left(), budget);
       plan.push_back({s.get(), n});
       budget -= n;
