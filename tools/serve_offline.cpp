@@ -4,13 +4,20 @@
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
 //                 [--device cuda [--weights f32|bf16]]
+//                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
 // with it, sequences take blocks of SIZE positions from a pool of N blocks as they grow (lesson
 // 04), and the engine preempts the newest sequence when the pool runs dry. --prefix-cache adds
 // lesson 05's radix tree to the pool: prompts that share a prefix with a finished request reuse
-// its K/V blocks and prefill only the rest. --device cuda runs the
-// same engine over lesson 07's CUDA forward, with whole-context slots in device memory.
+// its K/V blocks and prefill only the rest. --device cuda runs the same engine over lesson 07's
+// CUDA forward: with whole-context slots in device memory, or, with --paged, lesson 04's pool
+// with its rows on the device and lesson 08's paged attention (--prefix-cache works there too:
+// the bookkeeping is the host's either way).
+//
+// --speculative runs lesson 06's speculative decoding inside the engine: every decode feeds up to
+// K guesses (prompt lookup, or the draft model in DIR, by default the model's directory with
+// -draft appended) in the step's one forward, and keeps those the model agrees with.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
@@ -35,9 +42,11 @@
 #include "lessons/03_batching/engine.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #endif
 
 namespace {
@@ -56,7 +65,8 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
-                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights"},
+                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights",
+                               "--speculative", "--num-speculative-tokens", "--draft"},
                               {"-h", "--help", "--paged", "--prefix-cache"});
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
@@ -68,7 +78,11 @@ int main(int argc, char** argv) {
                    "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n"
                    "  --prefix-cache (with --paged) keeps finished requests' K/V blocks in a radix tree, so that\n"
                    "  a prompt sharing a prefix with them prefills only the rest.\n"
-                   "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16).\n";
+                   "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16);\n"
+                   "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
+                   "  --speculative ngram|draft decodes speculatively inside the engine (lesson 06): prompt\n"
+                   "  lookup or the draft model (--draft DIR, default MODEL-draft) guesses up to\n"
+                   "  --num-speculative-tokens K tokens (default 4) per decode.\n";
       return 0;
     }
     const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");
@@ -106,8 +120,6 @@ int main(int argc, char** argv) {
     if (weights != "f32" && weights != "bf16")
       throw infer::Error(infer::cat("serve_offline: --weights must be f32 or bf16, got '", weights, "'"));
     if (device == "cpu" && opts.has("--weights")) throw infer::Error("serve_offline: --weights needs --device cuda");
-    if (device == "cuda" && opts.has("--paged"))
-      throw infer::Error("serve_offline: --device cuda keeps whole-context slots on the GPU; drop --paged");
 #if COURSE_HAVE_CUDA
     if (device == "cuda" && !infer::cuda_device_available())
       throw infer::Error("serve_offline: --device cuda, but this machine has no CUDA device");
@@ -115,7 +127,23 @@ int main(int argc, char** argv) {
     if (device == "cuda") throw infer::Error("serve_offline: this build has no CUDA (no CUDA compiler was found)");
 #endif
 
+    const std::string speculative = opts.text("--speculative", "");
+    if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
+      throw infer::Error(infer::cat("serve_offline: --speculative must be ngram or draft, got '", speculative, "'"));
+    if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
+      throw infer::Error("serve_offline: --num-speculative-tokens and --draft need --speculative");
+    if (speculative == "ngram" && opts.has("--draft"))
+      throw infer::Error("serve_offline: --draft needs --speculative draft");
+    const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64));
+
     const infer::ModelWeights model = infer::load_model(model_dir);
+    infer::ModelWeights draft;
+    std::unique_ptr<infer::Speculator> speculator;
+    if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
+    if (speculative == "draft") {
+      draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
+      speculator = infer::draft_speculator(draft, model.config.vocab_size);
+    }
     const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
     const bool paged = opts.has("--paged");
     if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
@@ -133,16 +161,30 @@ int main(int argc, char** argv) {
     std::unique_ptr<infer::KVManager> memory;
     std::unique_ptr<infer::ModelRunner> forward = std::make_unique<infer::CpuRunner>(model);
     infer::PrefixKVManager* prefix = nullptr;
-    if (paged)
+    if (paged && device == "cpu")  // a GPU's pool is checked by its allocation
       require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
                        model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
                    infer::cat("a pool of ", num_blocks, " blocks of ", block_size, " positions"));
+    // The pool's rows live on the device that runs the forward; the bookkeeping (lesson 04's
+    // tables and preemption, lesson 05's prefix cache) is the same on both.
+    std::unique_ptr<infer::KVBlockPool> pool;
+#if COURSE_HAVE_CUDA
+    std::unique_ptr<infer::gpu::DeviceAttention> attention;
+#endif
+    if (paged && device == "cpu") pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
+#if COURSE_HAVE_CUDA
+    if (paged && device == "cuda") {
+      auto device_pool = std::make_unique<infer::gpu::CudaPagedKVPool>(model.config, num_blocks, block_size);
+      attention = infer::gpu::device_paged_attention(*device_pool);
+      pool = std::move(device_pool);
+    }
+#endif
     if (paged && opts.has("--prefix-cache")) {
-      auto p = std::make_unique<infer::PrefixKVManager>(model.config, num_blocks, block_size);
+      auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));
       prefix = p.get();
       memory = std::move(p);
-    } else if (paged) memory = std::make_unique<infer::PagedKVManager>(model.config, num_blocks, block_size);
-    else {
+    } else if (paged) memory = std::make_unique<infer::PagedKVManager>(std::move(pool));
+    else if (device == "cpu") {
       const double bytes = static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
                            model.config.num_key_value_heads * model.config.head_dim * sizeof(float);
       require_fits(bytes, infer::cat(slots, " whole-context KV slots"));
@@ -150,12 +192,15 @@ int main(int argc, char** argv) {
     }
 #if COURSE_HAVE_CUDA
     if (device == "cuda") {
-      forward = std::make_unique<infer::gpu::CudaForward>(
-          model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32);
-      memory = infer::gpu::cuda_slots(model.config, max_batch);
+      const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
+      forward = std::make_unique<infer::gpu::CudaForward>(model, type, std::move(attention));
+      if (!paged) memory = infer::gpu::cuda_slots(model.config, max_batch);
     }
 #endif
-    infer::Engine engine(std::move(forward), std::move(memory), {.policy = policy, .max_running = max_batch});
+    const int guesses = speculator ? num_spec : 0;  // (before the speculator is moved away)
+    infer::Engine engine(std::move(forward), std::move(memory),
+                         {.policy = policy, .max_running = max_batch, .speculative_tokens = guesses}, nullptr,
+                         std::move(speculator));
     // A request the engine refuses is reported with its line and skipped; the rest are served.
     std::vector<const Prompt*> served;
     int refused = 0;
@@ -203,6 +248,13 @@ int main(int argc, char** argv) {
       for (const auto& e : engine.log()) computed += e.prefill_tokens;
       std::fprintf(stderr, "[prefix cache: %ld of %ld prompt positions found cached; %ld prefill positions computed; %d blocks cached at the end]\n",
                    prefix->matched_tokens(), prefix->requested_tokens(), computed, prefix->cache().cached_blocks());
+    }
+    if (!speculative.empty()) {
+      long proposed = 0, accepted = 0;
+      for (const auto& e : engine.log()) proposed += e.proposed, accepted += e.accepted;
+      std::fprintf(stderr, "[speculative (%s, up to %d a decode): %ld guesses fed, %ld kept (%.0f%%); %.2f tokens per step]\n",
+                   speculative.c_str(), num_spec, proposed, accepted, proposed > 0 ? 100.0 * accepted / proposed : 0.0,
+                   engine.log().empty() ? 0.0 : static_cast<double>(tokens) / engine.log().size());
     }
     if (refused > 0) {
       std::fprintf(stderr, "[%d of %zu prompts were not served: see the errors above]\n", refused, prompts.size());

@@ -63,27 +63,31 @@ Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<cons
 // --------------------------------------------------------------- paged cache --
 
 void PagedKVCache::reserve(int tokens) {
-  // The table covers `tokens` positions afterwards; nothing is written and no length changes.
-  // All or nothing: if the pool is short it throws "out of KV blocks" having allocated nothing.
-  // Throws infer::Error for tokens outside [0, max_tokens].
+  // Makes room for positions [length(), tokens): afterwards the table covers `tokens` positions,
+  // and each block those positions lie in is this sequence's alone: a block another sequence
+  // shares is first copied to a fresh block (the pool's copy_block), so no other sequence ever
+  // sees this one's writes. A block is taken only when a position reaches it (never early).
+  // Nothing is written and no length changes. All or nothing: if the pool is short of the blocks
+  // it needs (new ones and copies) it throws "out of KV blocks" having taken nothing. Throws
+  // infer::Error for tokens outside [0, max_tokens].
   (void)tokens;
   throw NotImplemented("04", "PagedKVCache::reserve");
 }
 
 void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  // KVCache::append's contract, with the rows going where the block table says. A block is
-  // taken only when a position reaches it (never early), and a block another sequence shares is
-  // copied before the first write into it, so no other sequence ever sees this one's writes.
-  // All or nothing: the checks of KVStore::append, or too few free blocks ("out of KV blocks"),
-  // throw before any block is taken or any row written.
+  // KVCache::append's contract, with the rows going where the block table says: each position's
+  // slot (slot()) in the pool, written with pool_->write(). Room is made by reserve() (the
+  // engine has already called it; a direct caller like forward_cached() has not). All or
+  // nothing: the checks of KVStore::append, or too few free blocks ("out of KV blocks"), throw
+  // before any block is taken or any row written.
   (void)layer, (void)k, (void)v;
   throw NotImplemented("04", "PagedKVCache::append");
 }
 
 ConstMatrixRef PagedKVCache::keys(int layer) const {
-  // This layer's stored keys in order, [length(layer), kv_dim], gathered through the table
-  // (for tests and tools; the forward uses attend()). keys() and values() must not share their
-  // scratch: a caller may hold both at once.
+  // This layer's stored keys in order, [length(layer), kv_dim], read through the table (the
+  // pool's read(); for tests and tools: the forward uses attend()). keys() and values() must not
+  // share their scratch: a caller may hold both at once.
   (void)layer;
   throw NotImplemented("04", "PagedKVCache::keys");
 }
@@ -127,7 +131,8 @@ int PagedKVManager::preemptions_needed(std::span<const KVStore* const> running) 
   // The smallest k such that, with the k newest (the back of `running`) preempted, every other
   // sequence can store one more position, by the rule in the contract's PagedKVManager comment:
   // a preempted sequence's holds are dropped, which may free blocks and unshare others. Only
-  // counts: it changes nothing. Throws infer::Error for a store that is not one of its own.
+  // counts: it changes nothing. Each store's paged() is its PagedKVCache (its table and pool).
+  // Throws infer::Error for a store that is not one of its own.
   (void)running;
   throw NotImplemented("04", "PagedKVManager::preemptions_needed");
 }

@@ -39,6 +39,13 @@ int RadixCache::evictable_blocks() const {
   throw NotImplemented("05", "RadixCache::evictable_blocks");
 }
 
+RadixCache::NodeId RadixCache::split(NodeId id, int keep) {
+  // A new node (new_node()) above `id` takes its first `keep` tokens and their blocks, its
+  // parent, lock count and last_use; `id` keeps the rest under it. Returns the new node.
+  (void)id, (void)keep;
+  throw NotImplemented("05", "RadixCache::split");
+}
+
 RadixCache::Match RadixCache::match(std::span<const int> tokens) {
   // The longest cached prefix in whole blocks, splitting a node when the match ends inside its
   // run; every node on the path becomes the most recently used; no block is shared.
@@ -47,8 +54,8 @@ RadixCache::Match RadixCache::match(std::span<const int> tokens) {
 }
 
 int RadixCache::insert(std::span<const int> tokens, std::span<const int> blocks) {
-  // Caches the first blocks.size() * block_size tokens: the new part in new nodes, holding their
-  // blocks (share); the cached part untouched. Then evicts down to the capacity. Returns the new
+  // Caches the first blocks.size() * block_size tokens: the new part in a new node (new_node()),
+  // holding their blocks (share); the cached part untouched. Then evicts down to the capacity. Returns the new
   // tokens. Refuses (changing nothing) tokens shorter than the blocks cover.
   (void)tokens, (void)blocks;
   throw NotImplemented("05", "RadixCache::insert");
@@ -68,7 +75,8 @@ void RadixCache::unlock(NodeId id) {
 
 int RadixCache::evict_to(int target_blocks) {
   // Whole unlocked leaves, least recently used first (ties: the lower id), until at most
-  // target_blocks are cached or none is evictable. Each evicted block is freed once.
+  // target_blocks are cached or none is evictable. Each evicted block is freed once; the node is
+  // unhooked from its parent and its slot given back (drop_node()).
   (void)target_blocks;
   throw NotImplemented("05", "RadixCache::evict_to");
 }

@@ -11,6 +11,11 @@ Matrix KVStore::attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_he
   return causal_attention(q, keys(layer), values(layer), num_heads, num_kv_heads, head_dim);
 }
 
+void KVStore::reserve(int tokens) {
+  require(tokens >= 0 && tokens <= max_tokens(), "KVStore::reserve: ", tokens, " positions, the store holds ",
+          max_tokens(), " (max_tokens)");
+}
+
 void KVStore::truncate(int length) {
   require(length >= 0 && length <= this->length(), "KVStore::truncate: keep ", length, " positions of a store holding ",
           this->length());

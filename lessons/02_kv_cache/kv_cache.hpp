@@ -22,6 +22,8 @@
 
 namespace infer {
 
+class PagedKVCache;  // lesson 04
+
 /// Where a sequence's keys and values live. Given to you: the interface that lesson 02's two
 /// caches implement, that forward_cached() talks to, and that later lessons implement again
 /// (paged blocks in lesson 04).
@@ -50,6 +52,13 @@ class KVStore {
   virtual ConstMatrixRef values(int layer) const = 0;
   /// Forgets every position (the memory stays reserved).
   virtual void reset() = 0;
+  /// Makes room for positions up to `tokens` before they are appended, so that appending them
+  /// takes no memory: lesson 03's engine calls it for every sequence of a step before the step's
+  /// forward runs, which then never allocates. Given default: refuses tokens outside [0,
+  /// max_tokens()] and does nothing more (a contiguous store reserved its memory when it was
+  /// made). Lesson 04's paged cache takes the blocks they need here, and copies a shared block
+  /// they will be written into.
+  virtual void reserve(int tokens);
   /// Keeps the first `length` positions of every layer and forgets the rest: speculative
   /// decoding's rollback (lesson 06). Given: copies the kept rows out, reset(), appends them
   /// back; a store that can simply move its end (KVCache) overrides it. Throws infer::Error
@@ -62,6 +71,12 @@ class KVStore {
   /// and values(layer). A store that can read its rows where they lie overrides it (lesson 04's
   /// paged cache does, instead of gathering them into one matrix first).
   virtual Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const;
+
+  /// This store as lesson 04's paged cache (its block table, its pool), or nullptr for a store
+  /// whose rows are its own. How the engine's memory and lesson 08's GPU forward read a step's
+  /// block tables without guessing a store's type.
+  virtual const PagedKVCache* paged() const { return nullptr; }
+  virtual PagedKVCache* paged() { return nullptr; }  ///< the same, to write through
 
   /// Bytes holding stored positions (including any scales).
   virtual size_t bytes_used() const = 0;

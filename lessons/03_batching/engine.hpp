@@ -78,6 +78,8 @@ struct EngineStepLog {
   int resumed = 0;          ///< of those, preempted sequences started again (lesson 04)
   int preempted = 0;        ///< sequences preempted at the start of the step (lesson 04)
   int forwards = 0;         ///< ModelRunner::forward calls: 1, or 0 for a step with nothing to feed
+  int proposed = 0;         ///< guesses fed for verification by speculative decodes (lesson 06)
+  int accepted = 0;         ///< of them, kept
   int occupied = 0;         ///< places in the batch taken during the step (a static batch keeps its finished members')
   long stored_tokens = 0;   ///< K/V positions held by running sequences after the step
   long reserved_tokens = 0; ///< positions of KV memory reserved for them (KVManager::reserved_tokens)
@@ -160,6 +162,9 @@ struct Chunk {
   std::span<const int> tokens;  ///< at least one token
   KVStore* cache = nullptr;     ///< the sequence's K/V, which the forward extends
   int id = -1;                  ///< the request it belongs to (-1: not said), for whoever watches the forward
+  /// How many of its last tokens want their logits: 1 (the next token after the chunk), or, for a
+  /// speculative decode (lesson 06), every token of the chunk, one row per guess to verify.
+  int logits = 1;
 };
 
 /// What one step feeds the model: a flat, variable-length batch. Every sequence in the step
@@ -172,14 +177,16 @@ struct StepInput {
 
 /// Checks a step before any of it runs (given; every ModelRunner calls it): throws infer::Error,
 /// naming `who`, for no chunks, an empty chunk, a null cache, two chunks on one cache, token ids
-/// outside the vocabulary, or a chunk that would overflow its cache or the context.
-void check_step(const ModelConfig& config, const StepInput& step, const char* who);
+/// outside the vocabulary, a chunk that would overflow its cache or the context, or a chunk's
+/// `logits` outside [1, its tokens].
+/// @return the rows of logits the step returns: the sum of the chunks' `logits`.
+int check_step(const ModelConfig& config, const StepInput& step, const char* who);
 
 /// The engine's forward over a step (given): the rows of every chunk are stacked, so each weight
 /// matrix is read once for the whole step; RoPE uses each row's own position; attention runs per
-/// chunk over its own cache, causal within the chunk. Returns [chunks, vocab]: row i holds the
-/// logits after chunk i's last token (equal to forward_cached() of each chunk alone, within float
-/// rounding).
+/// chunk over its own cache, causal within the chunk. Returns a row of logits per wanted position,
+/// chunk after chunk: chunk i's last `logits` tokens, in order (one row, after its last token,
+/// for an ordinary chunk). Each equals forward_cached() of the chunk alone, within float rounding.
 ///
 /// Throws infer::Error, before anything is appended, for a step check_step() refuses.
 Matrix forward_step(const ModelWeights& model, const StepInput& step);
@@ -253,6 +260,24 @@ struct Planned {
 
 class Planner;
 
+/// Speculative decoding inside the engine (lesson 06 plugs its proposers and verification in):
+/// a decoding sequence feeds the token it sampled and up to k guesses of what follows, all in the
+/// step's one forward, with logits at every one of them; it keeps the guesses the target model
+/// agrees with (exactly its distribution: greedy gives the tokens plain decoding gives) and one
+/// token of the target's own; the store is rolled back past the rest.
+class Speculator {
+ public:
+  virtual ~Speculator() = default;
+  /// Up to k tokens that may follow seq.tokens (fewer, or none, is allowed).
+  virtual std::vector<int> propose(const Sequence& seq, int k) = 0;
+  /// One round's verdict: `logits` has guesses.size() + 1 rows (row i: the target's logits
+  /// where guesses[i] would go; the last: after all of them), sampled with seq's parameters.
+  /// Returns the guesses kept (a prefix of them) followed by the target's own next token.
+  virtual std::vector<int> verify(const Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) = 0;
+  /// Request `id` left the engine: forget whatever was kept for it.
+  virtual void forget(int id) { (void)id; }
+};
+
 /// What the engine holds, container by container: how a long-running server checks that finished
 /// requests leave nothing behind.
 struct EngineFootprint {
@@ -269,6 +294,7 @@ struct EngineOptions {
   Policy policy = Policy::Continuous;  ///< lesson 03's scheduling
   int max_running = 8;                 ///< sequences in the batch at once (the batch size)
   bool keep_log = true;                ///< keep every step's EngineStepLog (a server keeps only the last)
+  int speculative_tokens = 0;          ///< guesses per speculative decode (needs a Speculator; 0: none)
 };
 
 /// The engine (given): requests in, token events out, one step at a time. It is driven the same
@@ -280,10 +306,14 @@ struct EngineOptions {
 /// step():
 ///
 ///  1. plan: the Planner's plan, which preempts (make_room) and admits (admit_next) as it goes;
+///     then each planned sequence's store reserves the positions it is about to feed
+///     (KVStore::reserve: a paged store takes its blocks here), so the forward never allocates;
 ///  2. run: the plan as one StepInput through the ModelRunner, one forward for the whole step;
 ///  3. sample: each planned sequence whose tokens are all computed now samples its next token
 ///     with its own Sampler (a newcomer's first token comes at the end of its prompt; a piece of
-///     a prompt that leaves some unfed samples nothing);
+///     a prompt that leaves some unfed samples nothing); with a Speculator, a decode fed its
+///     guesses too keeps those the model agrees with and one token of its own, and its store is
+///     rolled back (KVStore::truncate) past the rest;
 ///  4. retire: a sequence that sampled EOS or reached max_new_tokens frees its memory
 ///     (KVManager::release, which a prefix cache keeps) and leaves the batch: at once
 ///     (continuous), or with the whole batch (static, whose members all finish then). A request
@@ -298,11 +328,13 @@ class Engine {
   /// `model` on the CPU (CpuRunner), planned by WholePrompts, over `memory` (null: lesson 03's
   /// slots, max_running whole-context caches).
   Engine(const ModelWeights& model, Policy policy, int max_running, std::unique_ptr<KVManager> memory = nullptr);
-  /// Any runner, memory and planner (null: WholePrompts). The runner must be able to use the
-  /// memory's stores (lesson 07 passes a CUDA runner and its device memory). Throws for a null
-  /// runner or memory, or max_running < 1.
+  /// Any runner, memory and planner (null: WholePrompts), and, for speculative decoding, a
+  /// speculator that proposes up to options.speculative_tokens guesses per decode. The runner
+  /// must be able to use the memory's stores (lesson 07 passes a CUDA runner and its device
+  /// memory). Throws for a null runner or memory, max_running < 1, speculative_tokens < 0, or
+  /// speculative_tokens > 0 without a speculator.
   Engine(std::unique_ptr<ModelRunner> runner, std::unique_ptr<KVManager> memory, EngineOptions options,
-         std::unique_ptr<Planner> planner = nullptr);
+         std::unique_ptr<Planner> planner = nullptr, std::unique_ptr<Speculator> speculator = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -372,11 +404,23 @@ class Engine {
   void give_back_admitted();
   /// Frees what a leaving sequence holds and files its result (its finish already set).
   void leave(std::unique_ptr<Sequence> seq, int finish_step);
+  /// After `seq` sampled `token`: appends it, sets its finish when it ends there (EOS or
+  /// max_new_tokens) and releases its memory then; the event to stream.
+  TokenEvent take_token(Sequence& seq, int token);
+  /// The guesses a decoding `seq` feeds this step (none without a speculator): at most
+  /// speculative_tokens, no more than it may still generate after the token its forward gives or
+  /// than its store and the context hold, and only when the memory can hold them now (reserved
+  /// here).
+  std::vector<int> guesses(Sequence& seq);
+  /// The speculator's verdict over `seq`'s rows of logits, checked and cut at EOS; rolls its store
+  /// back to the tokens it keeps. Returns the tokens it takes.
+  std::vector<int> verify(Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses);
 
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KVManager> memory_;
   EngineOptions options_;
   std::unique_ptr<Planner> planner_;
+  std::unique_ptr<Speculator> speculator_;                 ///< null: no speculative decoding
   Scheduler queue_;                                        ///< tickets, in arrival order
   std::unordered_map<int, std::unique_ptr<Sequence>> waiting_;  ///< by queue id: queued, not running
   std::unordered_map<int, long> live_;                     ///< request id -> ticket, for every request in the engine

@@ -48,10 +48,11 @@ long SlotKVManager::reserved_tokens() const { return static_cast<long>(slots_ - 
 
 // ----------------------------------------------------------------- forward --
 
-void check_step(const ModelConfig& c, const StepInput& step, const char* who) {
+int check_step(const ModelConfig& c, const StepInput& step, const char* who) {
   const std::vector<Chunk>& chunks = step.chunks;
   require(!chunks.empty(), who, ": no chunks (expected at least one)");
   std::set<const KVStore*> seen;
+  int rows = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& ch = chunks[i];
     require(!ch.tokens.empty(), who, ": chunk ", i, " is empty (expected at least one token)");
@@ -62,12 +63,16 @@ void check_step(const ModelConfig& c, const StepInput& step, const char* who) {
     require(end <= std::min(ch.cache->max_tokens(), c.max_position_embeddings), who, ": chunk ", i, " of ",
             ch.tokens.size(), " tokens at position ", ch.cache->length(), " would exceed its cache (",
             ch.cache->max_tokens(), ") or the context (", c.max_position_embeddings, ")");
+    require(ch.logits >= 1 && ch.logits <= static_cast<int>(ch.tokens.size()), who, ": chunk ", i, " wants the logits of ",
+            ch.logits, " of its ", ch.tokens.size(), " tokens (expected 1 to that)");
+    rows += ch.logits;
   }
+  return rows;
 }
 
 Matrix forward_step(const ModelWeights& model, const StepInput& step) {
   const ModelConfig& c = model.config;
-  check_step(c, step, "forward_step");
+  const int wanted = check_step(c, step, "forward_step");
   const std::vector<Chunk>& chunks = step.chunks;
   std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
   std::vector<int> pos(chunks.size());
@@ -101,9 +106,13 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
     x += linear(attn, layer.o_proj);
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
   }
-  Matrix last(static_cast<Eigen::Index>(chunks.size()), c.hidden_size);  // only the last rows need logits
-  for (size_t i = 0; i < chunks.size(); ++i)
-    last.row(static_cast<Eigen::Index>(i)) = x.row(first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size()) - 1);
+  Matrix last(wanted, c.hidden_size);  // only the wanted rows go through the head
+  Eigen::Index row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Eigen::Index end = first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size());
+    last.middleRows(row, chunks[i].logits) = x.middleRows(end - chunks[i].logits, chunks[i].logits);
+    row += chunks[i].logits;
+  }
   return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
 }
 
@@ -135,15 +144,20 @@ Engine::Engine(const ModelWeights& model, Policy policy, int max_running, std::u
              EngineOptions{.policy = policy, .max_running = max_running}) {}
 
 Engine::Engine(std::unique_ptr<ModelRunner> runner, std::unique_ptr<KVManager> memory, EngineOptions options,
-               std::unique_ptr<Planner> planner)
+               std::unique_ptr<Planner> planner, std::unique_ptr<Speculator> speculator)
     : runner_(std::move(runner)),
       memory_(std::move(memory)),
       options_(options),
       planner_(planner ? std::move(planner) : std::make_unique<WholePrompts>()),
+      speculator_(std::move(speculator)),
       queue_(options.policy, std::max(1, options.max_running)) {
   require(runner_ != nullptr, "Engine: no model runner");
   require(memory_ != nullptr, "Engine: no KV memory");
   require(options_.max_running >= 1, "Engine: max_running must be >= 1, got ", options_.max_running);
+  require(options_.speculative_tokens >= 0, "Engine: speculative_tokens must be >= 0, got ",
+          options_.speculative_tokens);
+  require(options_.speculative_tokens == 0 || speculator_ != nullptr, "Engine: speculative_tokens ",
+          options_.speculative_tokens, " needs a Speculator to propose them");
 }
 
 Engine::~Engine() = default;
@@ -179,6 +193,7 @@ void Engine::submit(GenerationRequest r) {
 
 void Engine::leave(std::unique_ptr<Sequence> seq, int finish_step) {
   if (seq->cache) memory_->close(std::move(seq->cache));
+  if (speculator_) speculator_->forget(seq->request.id);
   seq->result.finish_step = finish_step;
   seq->result.tokens.assign(seq->tokens.begin() + static_cast<long>(seq->request.prompt.size()), seq->tokens.end());
   live_.erase(seq->request.id);
@@ -276,6 +291,57 @@ Sequence* Engine::admit_next() {
   return running_.back().get();
 }
 
+TokenEvent Engine::take_token(Sequence& s, int token) {
+  if (s.generated() == 0) s.result.first_token_step = now_;
+  s.tokens.push_back(token);
+  FinishReason finish = FinishReason::None;
+  if (token == runner_->config().eos_token_id) finish = FinishReason::Stop;
+  else if (s.generated() == s.request.max_new_tokens) finish = FinishReason::Length;
+  if (finish != FinishReason::None) {
+    s.result.finish = finish;
+    memory_->release(std::move(s.cache), s.tokens);  // a prefix cache keeps what it computed
+  }
+  return {s.request.id, token, finish};
+}
+
+std::vector<int> Engine::guesses(Sequence& s) {
+  if (!speculator_ || options_.speculative_tokens == 0 || !s.decoding()) return {};
+  const int fed = static_cast<int>(s.tokens.size());  // after the step: its sampled token computed
+  const int room = std::min(s.cache->max_tokens(), runner_->config().max_position_embeddings) - fed;
+  const int k = std::min({options_.speculative_tokens, s.request.max_new_tokens - s.generated() - 1, room});
+  if (k <= 0) return {};
+  std::vector<int> g = speculator_->propose(s, k);
+  require(static_cast<int>(g.size()) <= k, "Engine: the speculator proposed ", g.size(), " guesses for request ",
+          s.request.id, ", asked for at most ", k);
+  if (g.empty()) return g;
+  check_tokens(runner_->config(), g, "Engine: a speculator's guesses");
+  // Guesses take only what is free: the step's own positions are reserved already, and
+  // reserve() is all or nothing, so a store the memory cannot grow that far now just decodes.
+  // (With the positions checked above, running out of blocks is the only refusal left.)
+  try {
+    s.cache->reserve(fed + static_cast<int>(g.size()));
+  } catch (const Error&) {
+    return {};
+  }
+  return g;
+}
+
+std::vector<int> Engine::verify(Sequence& s, ConstMatrixRef logits, std::span<const int> guesses) {
+  std::vector<int> kept = speculator_->verify(s, logits, guesses);
+  const size_t n = kept.size();
+  require(n >= 1 && n <= guesses.size() + 1 && std::equal(kept.begin(), kept.end() - 1, guesses.begin()),
+          "Engine: the speculator's verdict for request ", s.request.id, " is not a prefix of its ", guesses.size(),
+          " guesses and one token of the model's");
+  current_.accepted += static_cast<int>(n) - 1;
+  // Its tokens end at the first EOS (max_new_tokens bounded the guesses already).
+  const auto eos = std::find(kept.begin(), kept.end(), runner_->config().eos_token_id);
+  if (eos != kept.end()) kept.erase(eos + 1, kept.end());
+  // The store keeps every token but the new last one: the fed token and the guesses kept before
+  // it were computed where they now stand; the rest of the guesses go.
+  s.cache->truncate(static_cast<int>(s.tokens.size() + kept.size()) - 1);
+  return kept;
+}
+
 std::vector<TokenEvent> Engine::step() {
   std::vector<TokenEvent> events;
   if (idle()) return events;
@@ -307,32 +373,44 @@ std::vector<TokenEvent> Engine::step() {
             " and feeds it nothing (admit only whom the step feeds: admission takes memory and a place)");
   started_.clear();
   current_.occupied = static_cast<int>(running_.size());
+  // Memory for what each sequence feeds is taken now, while planning (make_room() left enough):
+  // a paged store takes its new blocks and copies a shared one here, and the forward only writes.
+  for (const Planned& p : plan) p.seq->cache->reserve(p.seq->computed() + p.tokens);
 
-  // 2. Run: every planned sequence feeds its next uncomputed tokens, all in one forward.
+  // 2. Run: every planned sequence feeds its next uncomputed tokens, all in one forward; a decode
+  //    with a speculator feeds its guesses too, with logits at each of them.
   if (!plan.empty()) {
+    std::vector<std::vector<int>> fed(plan.size());  // a speculative decode's token, then its guesses
     StepInput input;
-    for (const Planned& p : plan)
-      input.chunks.push_back({std::span(p.seq->tokens).subspan(static_cast<size_t>(p.seq->computed()), static_cast<size_t>(p.tokens)),
-                              p.seq->cache.get(), p.seq->request.id});
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Sequence& s = *plan[i].seq;
+      Chunk chunk{std::span(s.tokens).subspan(static_cast<size_t>(s.computed()), static_cast<size_t>(plan[i].tokens)),
+                  s.cache.get(), s.request.id};
+      if (const std::vector<int> g = guesses(s); !g.empty()) {
+        fed[i].push_back(s.tokens.back());
+        fed[i].insert(fed[i].end(), g.begin(), g.end());
+        chunk.tokens = fed[i];
+        chunk.logits = static_cast<int>(fed[i].size());
+        current_.proposed += static_cast<int>(g.size());
+      }
+      input.chunks.push_back(chunk);
+    }
     const Matrix logits = runner_->forward(input);
     current_.forwards = 1;
 
     // 3. Sample: who has nothing left to feed.
-    const int eos = runner_->config().eos_token_id;
+    Eigen::Index row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence& s = *plan[i].seq;
-      if (s.uncomputed() > 0) continue;  // a piece of its prefill: more to come
-      const int token = s.sampler.next(logits.row(static_cast<Eigen::Index>(i)).transpose());
-      if (s.generated() == 0) s.result.first_token_step = now_;
-      s.tokens.push_back(token);
-      FinishReason finish = FinishReason::None;
-      if (token == eos) finish = FinishReason::Stop;
-      else if (s.generated() == s.request.max_new_tokens) finish = FinishReason::Length;
-      if (finish != FinishReason::None) {
-        s.result.finish = finish;
-        memory_->release(std::move(s.cache), s.tokens);  // a prefix cache keeps what it computed
+      const int rows = input.chunks[i].logits;
+      const auto mine = logits.middleRows(row, rows);
+      row += rows;
+      if (!fed[i].empty()) {
+        for (const int token : verify(s, mine, std::span(fed[i]).subspan(1))) events.push_back(take_token(s, token));
+        continue;
       }
-      events.push_back({s.request.id, token, finish});
+      if (s.uncomputed() > 0) continue;  // a piece of its prefill: more to come
+      events.push_back(take_token(s, s.sampler.next(mine.row(0).transpose())));
     }
   }
 

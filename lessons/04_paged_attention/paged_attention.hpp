@@ -11,7 +11,8 @@
 ///     logical positions of one sequence       block table         physical pool (B = 4)
 ///     [ 0  1  2  3 | 4  5  6  7 | 8  9 ]  ->  [ 5, 2, 7 ]  ->  block 5, block 2, block 7 (partly)
 ///
-/// Position p lives in row `p % B` of block `table[p / B]`.
+/// Position p lives in row `p % B` of block `table[p / B]`: the pool's slot `table[p / B] * B + p % B`.
+/// The bookkeeping (the allocator's counts, the tables) stays on the host wherever the rows are.
 #pragma once
 
 #include <cstddef>
@@ -63,22 +64,64 @@ class BlockAllocator {
   std::vector<int> ref_count_;  ///< per block
 };
 
-/// The physical KV memory: per layer, key rows and value rows for num_blocks * block_size
-/// positions, block b owning rows [b * B, (b + 1) * B). Given, except copy_block().
-class PagedKVPool {
+/// A paged KV memory: num_blocks blocks of block_size positions, in every layer, and the
+/// allocator that says who holds which block. The bookkeeping (block ids, reference counts, and
+/// the tables in PagedKVCache) is the same wherever the rows live; only the rows move. A pool
+/// addresses a row by its *slot*: position p of a sequence lies in slot `table[p / B] * B + p % B`.
+///
+/// Given. PagedKVPool keeps its rows in host memory; lesson 08's CudaPagedKVPool keeps them on a
+/// GPU. PagedKVCache, PagedKVManager and lesson 05's PrefixKVManager run over either.
+class KVBlockPool {
+ public:
+  /// num_blocks blocks of block_size positions for a model shaped like `config`.
+  /// Throws for num_blocks < 1 or block_size < 1.
+  KVBlockPool(const ModelConfig& config, int num_blocks, int block_size);
+  virtual ~KVBlockPool() = default;
+  KVBlockPool(const KVBlockPool&) = delete;
+  KVBlockPool& operator=(const KVBlockPool&) = delete;
+
+  int block_size() const { return block_size_; }              ///< B, positions per block
+  int num_blocks() const { return allocator_.num_blocks(); }  ///< blocks in the pool
+  int num_layers() const { return num_layers_; }              ///< the model's layers
+  int kv_dim() const { return kv_dim_; }                      ///< num_key_value_heads * head_dim
+  int context() const { return context_; }                    ///< the model's max_position_embeddings
+
+  BlockAllocator& allocator() { return allocator_; }              ///< who owns which block
+  const BlockAllocator& allocator() const { return allocator_; }  ///< who owns which block
+
+  /// Bytes of one block: keys and values, every layer, float32.
+  size_t bytes_per_block() const { return 2 * sizeof(float) * static_cast<size_t>(num_layers_) * block_size_ * kv_dim_; }
+
+  /// Writes row i of `k` and of `v` ([slots.size(), kv_dim]) into slot slots[i] of `layer`.
+  /// Throws for a bad layer, a slot outside the pool or rows of the wrong shape.
+  virtual void write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) = 0;
+  /// Reads slot slots[i] of `layer` into row i of `out`, keys or values ([slots.size(), kv_dim]):
+  /// for tests and tools (the forward reads the rows where they lie).
+  virtual void read(int layer, std::span<const int> slots, bool keys, Matrix& out) const = 0;
+  /// Copies block `src`'s keys and values into block `dst`, in every layer (copy-on-write).
+  virtual void copy_block(int src, int dst) = 0;
+  /// paged_attention() of `q` over the first `length` positions of `layer` through
+  /// `block_table`. A pool whose rows are on a GPU refuses: a GPU forward reads them there.
+  virtual Matrix attend(int layer, ConstMatrixRef q, std::span<const int> block_table, int length, int num_heads,
+                        int num_kv_heads, int head_dim) const = 0;
+
+ protected:
+  /// Throws unless layer and every slot are inside the pool and k, v are [slots.size(), kv_dim].
+  void check_rows(const char* who, int layer, std::span<const int> slots, Eigen::Index k_rows, Eigen::Index v_rows,
+                  Eigen::Index k_cols, Eigen::Index v_cols) const;
+
+ private:
+  int block_size_, kv_dim_, context_, num_layers_;
+  BlockAllocator allocator_;
+};
+
+/// The physical KV memory in host memory: per layer, key rows and value rows for num_blocks *
+/// block_size positions, block b owning rows [b * B, (b + 1) * B). Given, except copy_block().
+class PagedKVPool final : public KVBlockPool {
  public:
   /// Reserves num_blocks blocks of block_size positions for a model shaped like `config`.
   /// Throws for num_blocks < 1 or block_size < 1.
   PagedKVPool(const ModelConfig& config, int num_blocks, int block_size = 16);
-
-  int block_size() const { return block_size_; }            ///< B, positions per block
-  int num_blocks() const { return allocator_.num_blocks(); }  ///< blocks in the pool
-  int num_layers() const { return static_cast<int>(k_.size()); }  ///< the model's layers
-  int kv_dim() const { return kv_dim_; }                    ///< num_key_value_heads * head_dim
-  int context() const { return context_; }                  ///< the model's max_position_embeddings
-
-  BlockAllocator& allocator() { return allocator_; }              ///< who owns which block
-  const BlockAllocator& allocator() const { return allocator_; }  ///< who owns which block
 
   /// The B key rows of `block` in `layer`: [block_size, kv_dim]. Throws for a bad layer or block.
   MatrixRef key_block(int layer, int block);
@@ -88,14 +131,16 @@ class PagedKVPool {
   ConstMatrixRef value_block(int layer, int block) const;  ///< read-only
 
   /// Copies block `src`'s keys and values into block `dst`, in every layer (copy-on-write).
-  void copy_block(int src, int dst);
+  /// Yours.
+  void copy_block(int src, int dst) override;
 
-  /// Bytes of one block: keys and values, every layer, float32.
-  size_t bytes_per_block() const { return 2 * sizeof(float) * static_cast<size_t>(num_layers()) * block_size_ * kv_dim_; }
+  void write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) override;  ///< given
+  void read(int layer, std::span<const int> slots, bool keys, Matrix& out) const override;          ///< given
+  /// Your paged_attention() over this pool. Given.
+  Matrix attend(int layer, ConstMatrixRef q, std::span<const int> block_table, int length, int num_heads,
+                int num_kv_heads, int head_dim) const override;
 
  private:
-  int block_size_, kv_dim_, context_;
-  BlockAllocator allocator_;
   std::vector<Matrix> k_, v_;  ///< per layer: [num_blocks * block_size, kv_dim]
 };
 
@@ -111,21 +156,25 @@ Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<cons
                        int length, int num_heads, int num_kv_heads, int head_dim);
 
 /// One sequence's keys and values in a pool: a block table and a length per layer. A KVStore,
-/// so forward_cached() and forward_batch() run on it unchanged.
+/// so forward_cached() and forward_batch() run on it unchanged. It is bookkeeping only: the rows
+/// live in the pool (on the host, or on a GPU in lesson 08), addressed by slot.
 ///
-/// Blocks are taken from the pool only when needed: appending position p allocates a block
-/// exactly when p == blocks * B (the last block is full, or there is none). Writing into a block
-/// that another sequence shares (count > 1) first copies it to a private block (copy-on-write).
+/// Blocks are taken from the pool only when needed, by reserve(): making room for position p
+/// takes a block exactly when p == blocks * B (the last block is full, or there is none), and a
+/// block another sequence shares (count > 1) that a position will be written into is first
+/// copied to a private block (copy-on-write). The engine reserves every sequence's positions
+/// while it plans a step, so its forward never allocates; append() reserves what is missing
+/// itself, so that forward_cached() runs on a paged cache as on any store.
 class PagedKVCache final : public KVStore {
  public:
   /// An empty sequence over `pool` that may grow to `max_tokens` positions (at most the model's
   /// context). Given. The pool must outlive the cache.
-  PagedKVCache(PagedKVPool& pool, int max_tokens);
+  PagedKVCache(KVBlockPool& pool, int max_tokens);
   /// A sequence whose first `length` positions are already stored, in every layer, in `blocks`
   /// (full blocks, in order: length must be blocks.size() * block_size). Each block gets one more
   /// holder (share); the first append then starts a block of its own. Given: lesson 05's prefix
   /// cache opens sequences this way.
-  PagedKVCache(PagedKVPool& pool, int max_tokens, std::span<const int> blocks, int length);
+  PagedKVCache(KVBlockPool& pool, int max_tokens, std::span<const int> blocks, int length);
   /// Frees every block it holds (reset()).
   ~PagedKVCache() override;
   PagedKVCache(const PagedKVCache&) = delete;
@@ -136,44 +185,62 @@ class PagedKVCache final : public KVStore {
   int length(int layer) const override;  ///< given
   int max_tokens() const override;     ///< given
 
-  /// Appends rows like KVCache::append: position length(layer) + i goes to row (p % B) of block
-  /// table[p / B], allocating blocks as positions reach them and copying a shared block before
-  /// the first write into it. All or nothing: throws infer::Error, writing nothing, for the
-  /// reasons KVStore::append gives, or when the pool has too few free blocks ("out of KV blocks").
+  /// Makes room for positions [length(), tokens): afterwards the table covers `tokens` positions
+  /// and every block those positions lie in is this sequence's alone (a shared one was copied to
+  /// a fresh block, pool.copy_block(), and the shared one let go). Writes no row of its own and
+  /// changes no length; a table that already covers them privately is left as it is. All or
+  /// nothing: throws "out of KV blocks" and takes nothing if the pool is short of the blocks
+  /// (new ones and copies) it needs. Throws for tokens outside [0, max_tokens()].
+  void reserve(int tokens) override;
+  /// Appends rows like KVCache::append: position p = length(layer) + i goes to slot
+  /// `table[p / B] * B + p % B` of the pool (KVBlockPool::write), after reserve() has made room
+  /// for them. All or nothing: throws infer::Error, writing nothing, for the reasons
+  /// KVStore::append gives, or when the pool has too few free blocks ("out of KV blocks").
   void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override;
-  /// Every stored key of `layer`, gathered through the table into one [length, kv_dim] matrix
-  /// (for tests and tools: the forward uses attend(), which does not copy). Valid until the next
-  /// keys() call; keys() and values() use separate scratch, so both can be held at once.
+  /// Every stored key of `layer`, read through the table into one [length, kv_dim] matrix
+  /// (KVBlockPool::read; for tests and tools: the forward uses attend(), which does not copy).
+  /// Valid until the next keys() call; keys() and values() use separate scratch, so both can be
+  /// held at once.
   ConstMatrixRef keys(int layer) const override;
-  /// Every stored value of `layer`, gathered like keys().
+  /// Every stored value of `layer`, read like keys().
   ConstMatrixRef values(int layer) const override;
-  /// paged_attention() over this sequence's table. Given.
+  /// The pool's attention over this sequence's table (on the host: your paged_attention()).
+  /// Given.
   Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const override;
   /// Frees every block (each free() drops one reference) and forgets every position.
   void reset() override;
+  /// Keeps the first `length` positions: the blocks past blocks_for(length, B) leave the table
+  /// (one free() each), and nothing is copied (speculative decoding's rollback, lesson 06). Given.
+  void truncate(int length) override;
   /// Bytes holding stored positions: length() * (bytes per position, every layer, K and V).
   size_t bytes_used() const override;
   /// Bytes of the blocks in the table: blocks * pool.bytes_per_block(). Less than one block more
   /// than bytes_used() once a sequence only grows one position at a time.
   size_t bytes_reserved() const override;
+  /// Itself: a paged store. Given.
+  const PagedKVCache* paged() const override { return this; }
+  PagedKVCache* paged() override { return this; }  ///< given
 
-  /// Makes the table cover `tokens` positions, allocating blocks for the missing ones (writes
-  /// nothing; a table that already covers them is left as it is). All or nothing: throws "out of
-  /// KV blocks" and allocates nothing if the pool is short. Throws for tokens outside
-  /// [0, max_tokens()].
-  void reserve(int tokens);
   /// A new sequence with the same history: the same block table (each block shared: its count
   /// goes up by one) and the same lengths. The two then grow independently: the first write into
   /// a shared block copies it.
   std::unique_ptr<PagedKVCache> fork() const;
 
+  /// The pool slot of `position`: table[position / B] * B + position % B. Throws for a position
+  /// the table does not cover. Given.
+  int slot(int position) const;
+  /// Records that positions [length(layer), length(layer) + n) of `layer` were written straight
+  /// into their slots by someone other than append() (lesson 08's GPU forward writes them on the
+  /// device). Throws unless reserve() made room for them. Given.
+  void advance(int layer, int n);
+
   /// Physical block of each logical block, in order.
   const std::vector<int>& block_table() const { return blocks_; }
   /// The pool.
-  const PagedKVPool& pool() const { return *pool_; }
+  const KVBlockPool& pool() const { return *pool_; }
 
  private:
-  PagedKVPool* pool_;
+  KVBlockPool* pool_;
   int max_tokens_;
   std::vector<int> blocks_;         ///< the block table
   std::vector<int> length_;         ///< per layer: positions stored
@@ -182,7 +249,8 @@ class PagedKVCache final : public KVStore {
 };
 
 /// The engine's memory as a paged pool: sequences take blocks as they grow, so many more fit in
-/// the same bytes than with lesson 03's whole-context slots.
+/// the same bytes than with lesson 03's whole-context slots. The pool may be in host memory
+/// (PagedKVPool) or on a GPU (lesson 08's CudaPagedKVPool): the bookkeeping is the same.
 ///
 /// - open(tokens): admits a sequence only if its first `tokens` positions fit in the free blocks;
 ///   then reserves exactly those blocks.
@@ -194,11 +262,14 @@ class PagedKVCache final : public KVStore {
 ///   with the holds that remain) fit in the free blocks plus the freed ones.
 class PagedKVManager final : public KVManager {
  public:
-  /// A pool of num_blocks blocks of block_size positions. Given.
+  /// A pool of num_blocks blocks of block_size positions in host memory. Given.
   PagedKVManager(const ModelConfig& config, int num_blocks, int block_size = 16);
+  /// Over `pool`, wherever its rows live (lesson 08 passes a GPU's). Throws for a null pool. Given.
+  explicit PagedKVManager(std::unique_ptr<KVBlockPool> pool);
 
   std::unique_ptr<KVStore> open(int tokens) override;
-  /// Destroys the store (freeing its blocks). Given.
+  /// Destroys the store (freeing its blocks). Throws for a store that is not one of its pool's.
+  /// Given.
   void close(std::unique_ptr<KVStore> store) override;
   int preemptions_needed(std::span<const KVStore* const> running) const override;
   /// min(num_blocks * block_size, the model's context). Given.
@@ -207,12 +278,12 @@ class PagedKVManager final : public KVManager {
   long reserved_tokens() const override;
 
   /// The pool. Given.
-  const PagedKVPool& pool() const { return pool_; }
+  const KVBlockPool& pool() const { return *pool_; }
   /// The pool, to open stores of your own over it (lesson 05). Given.
-  PagedKVPool& pool() { return pool_; }
+  KVBlockPool& pool() { return *pool_; }
 
  private:
-  PagedKVPool pool_;
+  std::unique_ptr<KVBlockPool> pool_;
 };
 
 }  // namespace infer

@@ -34,6 +34,27 @@ std::vector<PrefixRequest> prefix_workload(int n, double shared_fraction, int nu
   return out;
 }
 
+// ------------------------------------------------------------ node slots --
+
+RadixCache::NodeId RadixCache::new_node() {
+  if (free_ids_.empty()) {
+    nodes_.emplace_back();
+    return static_cast<NodeId>(nodes_.size() - 1);
+  }
+  const NodeId id = free_ids_.back();
+  free_ids_.pop_back();
+  nodes_[id] = Node{};
+  return id;
+}
+
+void RadixCache::drop_node(NodeId id) {
+  require(id > 0 && id < static_cast<NodeId>(nodes_.size()) && nodes_[id].alive, "RadixCache::drop_node: node ", id,
+          " is not an alive node other than the root");
+  nodes_[id] = Node{};  // gives back its runs' and children's memory now
+  nodes_[id].alive = false;
+  free_ids_.push_back(id);
+}
+
 // ------------------------------------------------ the simulator, with costs --
 
 std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> requests, const SimRun& run) {
@@ -63,11 +84,15 @@ std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> reques
 // ----------------------------------------------------------- engine memory --
 
 PrefixKVManager::PrefixKVManager(const ModelConfig& config, int num_blocks, int block_size, int cache_capacity_blocks)
-    : paged_(config, num_blocks, block_size) {
+    : PrefixKVManager(std::make_unique<PagedKVPool>(config, num_blocks, block_size), cache_capacity_blocks) {}
+
+PrefixKVManager::PrefixKVManager(std::unique_ptr<KVBlockPool> pool, int cache_capacity_blocks)
+    : paged_(std::move(pool)) {
   require(cache_capacity_blocks >= 0, "PrefixKVManager: cache_capacity_blocks must be >= 0 (0: the whole pool), got ",
           cache_capacity_blocks);
-  cache_ = std::make_unique<RadixCache>(paged_.pool().allocator(), block_size,
-                                        cache_capacity_blocks > 0 ? cache_capacity_blocks : num_blocks);
+  const int blocks = paged_.pool().num_blocks();
+  cache_ = std::make_unique<RadixCache>(paged_.pool().allocator(), paged_.pool().block_size(),
+                                        cache_capacity_blocks > 0 ? cache_capacity_blocks : blocks);
 }
 
 PrefixKVManager::~PrefixKVManager() = default;

@@ -93,6 +93,11 @@ class RadixCache {
   int block_size() const { return block_size_; }
   /// Nodes alive, the root included.
   int num_nodes() const;
+  /// Slots of the node array, alive or evicted (given): an evicted node's slot is reused by the
+  /// next new node, so this is the most nodes ever alive at once, not every node ever made. A
+  /// server's cache sees millions of requests; its memory and its eviction scan must not grow
+  /// with them.
+  int node_slots() const { return static_cast<int>(nodes_.size()); }
 
   /// One node of the tree. The layout is given; what you do with it is yours.
   struct Node {
@@ -102,17 +107,31 @@ class RadixCache {
     std::map<std::vector<int>, NodeId> children;  ///< by the first block_size tokens of the child's run
     int lock = 0;                  ///< running requests using this node (or a descendant)
     uint64_t last_use = 0;         ///< the clock's value when last matched or inserted
-    bool alive = true;             ///< false once evicted (NodeIds are never reused)
+    bool alive = true;             ///< false once evicted (new_node() then reuses its id)
   };
   /// Node `id` (for tests and tools). Throws for a node that does not exist.
   const Node& node(NodeId id) const;
 
  private:
+  /// Splits node `id` after its first `keep` tokens (a multiple of the block size, inside its
+  /// run): a new node above it takes those tokens and their blocks, and `id` keeps the rest, so a
+  /// lock held on `id` still names the same end of a run. Returns the new node. Yours: match()
+  /// and insert() both need it.
+  NodeId split(NodeId id, int keep);
+  /// A fresh node to fill (given): alive, empty, unlocked, no parent; in the slot of an evicted
+  /// node when there is one, else appended. It may move every node: hold NodeIds, not
+  /// references, across it.
+  NodeId new_node();
+  /// Evicts node `id`'s slot (given): empties it, marks it dead and keeps its id for new_node().
+  /// Its blocks must already be freed and its parent unhooked.
+  void drop_node(NodeId id);
+
   BlockAllocator* allocator_;
   int block_size_, capacity_;
   int cached_blocks_ = 0;
   uint64_t clock_ = 0;
   std::vector<Node> nodes_;  ///< nodes_[0] is the root
+  std::vector<NodeId> free_ids_;  ///< evicted slots, for new_node()
 };
 
 // ============================================================ exercise 4 ==
@@ -207,9 +226,11 @@ std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> reques
 ///   block, then asks lesson 04's PagedKVManager how many must be preempted.
 class PrefixKVManager final : public KVManager {
  public:
-  /// A pool of num_blocks blocks of block_size positions; the cache keeps at most
+  /// A pool of num_blocks blocks of block_size positions in host memory; the cache keeps at most
   /// cache_capacity_blocks of them when nobody needs the memory (0: as many as the pool holds).
   PrefixKVManager(const ModelConfig& config, int num_blocks, int block_size, int cache_capacity_blocks = 0);
+  /// The same over `pool`, wherever its rows live (lesson 08 passes a GPU's). Throws for a null pool.
+  explicit PrefixKVManager(std::unique_ptr<KVBlockPool> pool, int cache_capacity_blocks = 0);
   ~PrefixKVManager() override;
   std::unique_ptr<KVStore> open(int tokens) override;
   std::unique_ptr<KVStore> open_for(std::span<const int> tokens) override;
@@ -223,7 +244,7 @@ class PrefixKVManager final : public KVManager {
   /// The tree.
   const RadixCache& cache() const { return *cache_; }
   /// The pool.
-  const PagedKVPool& pool() const { return paged_.pool(); }
+  const KVBlockPool& pool() const { return paged_.pool(); }
   /// Prompt positions found in the cache by open_for(), so far.
   long matched_tokens() const { return matched_; }
   /// Positions open_for() was asked for, so far.

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "common/linear.hpp"
@@ -114,6 +116,83 @@ double SpecStats::acceptance() const {
 
 double SpecStats::tokens_per_round() const {
   return rounds > 0 ? static_cast<double>(accepted + rounds) / static_cast<double>(rounds) : 0.0;
+}
+
+// ------------------------------------------------------------------ in the engine --
+
+namespace {
+
+/// A proposer per sequence (made on its first round), its last proposal and its own Rng.
+class ProposerSpeculator final : public Speculator {
+ public:
+  using Factory = std::function<std::unique_ptr<Proposer>(const Sequence&)>;
+  explicit ProposerSpeculator(Factory make) : make_(std::move(make)) {}
+
+  std::vector<int> propose(const Sequence& seq, int k) override {
+    State& st = state(seq);
+    st.last = st.proposer->propose(seq.tokens, k);
+    return st.last.tokens;
+  }
+
+  std::vector<int> verify(const Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) override {
+    State& st = state(seq);
+    const SamplingParams& params = seq.request.sampling;
+    Verdict v;
+    if (params.temperature == 0.0f) {
+      v = verify_greedy(logits, guesses);
+    } else {
+      const Eigen::Index m = static_cast<Eigen::Index>(guesses.size()), vocab = logits.cols();
+      Matrix p(m + 1, vocab);
+      for (Eigen::Index i = 0; i <= m; ++i) p.row(i) = sampling_distribution(logits.row(i).transpose(), params).transpose();
+      const bool proposed_these = st.last.q.rows() == m && std::equal(guesses.begin(), guesses.end(), st.last.tokens.begin());
+      Matrix q = proposed_these ? st.last.q : Matrix::Zero(m, vocab);
+      if (!proposed_these || q.rows() == 0)  // certain guesses: one-hot rows
+        for (Eigen::Index i = 0; i < m; ++i) q(i, guesses[static_cast<size_t>(i)]) = 1.0f;
+      v = verify_sampled(p, q, guesses, st.rng);
+    }
+    st.proposer->rollback(static_cast<int>(seq.tokens.size()) + v.accepted);
+    std::vector<int> kept(guesses.begin(), guesses.begin() + v.accepted);
+    kept.push_back(v.next_token);
+    return kept;
+  }
+
+  void forget(int id) override { states_.erase(id); }
+
+ private:
+  struct State {
+    std::unique_ptr<Proposer> proposer;
+    Proposal last;  ///< its last proposal (q: the distributions its guesses were drawn from)
+    Rng rng;        ///< verification's draws, apart from the sequence's Sampler
+  };
+  State& state(const Sequence& seq) {
+    auto it = states_.find(seq.request.id);
+    if (it == states_.end())
+      it = states_.emplace(seq.request.id, State{make_(seq), {}, Rng(seq.request.sampling.seed ^ 0x9e3779b97f4a7c15ull)})
+               .first;
+    return it->second;
+  }
+
+  Factory make_;
+  std::unordered_map<int, State> states_;  ///< by request id, until the engine says it left
+};
+
+}  // namespace
+
+std::unique_ptr<Speculator> prompt_lookup_speculator(int max_n, int min_n) {
+  NgramProposer check(max_n, min_n);  // refuses bad sizes now, not at the first round
+  (void)check;
+  return std::make_unique<ProposerSpeculator>(
+      [=](const Sequence&) { return std::make_unique<NgramProposer>(max_n, min_n); });
+}
+
+std::unique_ptr<Speculator> draft_speculator(const ModelWeights& draft, int vocab_size) {
+  require(draft.config.vocab_size == vocab_size, "draft_speculator: the draft's vocabulary has ",
+          draft.config.vocab_size, " tokens, the target's ", vocab_size);
+  return std::make_unique<ProposerSpeculator>([&draft](const Sequence& seq) {
+    SamplingParams params = seq.request.sampling;
+    params.seed ^= 0x5bd1e995u;  // the draft's own draws
+    return std::make_unique<DraftProposer>(draft, params, draft.config.max_position_embeddings);
+  });
 }
 
 }  // namespace infer

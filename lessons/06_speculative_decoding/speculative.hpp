@@ -27,6 +27,7 @@
 #include "common/rng.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/03_batching/engine.hpp"
 
 namespace infer {
 
@@ -283,5 +284,22 @@ std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, s
 std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::span<const int> prompt,
                                int max_new_tokens, int branches, int depth, KVStore& target_cache,
                                SpecStats* stats = nullptr);
+
+// =========================================================== in the engine ==
+
+/// Your proposers and verification as the engine's Speculator (given): lesson 03's engine then
+/// runs speculative decoding for every request it serves, in the same step as everyone else's
+/// decodes and prefills (EngineOptions::speculative_tokens guesses per decode). Each sequence gets
+/// its own proposer; a round is verified with verify_greedy() at temperature 0 and with
+/// verify_sampled() otherwise (p from the sequence's sampling parameters, q from the proposal,
+/// one-hot rows when it has none, drawn with an Rng of the sequence's own), and the proposer rolls
+/// back to what was kept.
+
+/// Prompt lookup (NgramProposer(max_n, min_n)) for every sequence.
+std::unique_ptr<Speculator> prompt_lookup_speculator(int max_n = 3, int min_n = 1);
+/// A DraftProposer over `draft` for every sequence, sampling with the sequence's own parameters
+/// (its seed mixed), with a cache of the draft's context. `draft` must outlive the speculator.
+/// Throws infer::Error unless the draft's vocabulary is `vocab_size`, the target's.
+std::unique_ptr<Speculator> draft_speculator(const ModelWeights& draft, int vocab_size);
 
 }  // namespace infer

@@ -355,11 +355,17 @@ const ModelConfig& CudaForward::config() const { return impl_->c; }
 
 Matrix CudaForward::forward(const StepInput& step) {
   const ModelConfig& c = impl_->c;
-  check_step(c, step, "CudaForward::forward");
+  const int wanted = check_step(c, step, "CudaForward::forward");
   const std::vector<Chunk>& chunks = step.chunks;
   size_t longest = 0;
-  for (const Chunk& ch : chunks) longest = std::max(longest, ch.tokens.size());
-  Matrix out(static_cast<Eigen::Index>(chunks.size()), c.vocab_size);
+  std::vector<Eigen::Index> first_row(chunks.size());  // each chunk's first row of logits in `out`
+  Eigen::Index rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    longest = std::max(longest, chunks[i].tokens.size());
+    first_row[i] = rows;
+    rows += chunks[i].logits;
+  }
+  Matrix out(wanted, c.vocab_size);
   std::vector<int> tokens;
   std::vector<KVStore*> caches;
   std::vector<size_t> chunk_of;  // the chunk behind each row of the wave
@@ -372,9 +378,12 @@ Matrix CudaForward::forward(const StepInput& step) {
         chunk_of.push_back(i);
       }
     const Matrix logits = decode(tokens, caches);
-    for (size_t row = 0; row < chunk_of.size(); ++row)  // a chunk's logits are those after its last token
-      if (chunks[chunk_of[row]].tokens.size() == t + 1)
-        out.row(static_cast<Eigen::Index>(chunk_of[row])) = logits.row(static_cast<Eigen::Index>(row));
+    for (size_t row = 0; row < chunk_of.size(); ++row) {  // a chunk's wanted rows: its last `logits` tokens
+      const Chunk& ch = chunks[chunk_of[row]];
+      const long from_end = static_cast<long>(ch.tokens.size()) - static_cast<long>(t);  // 1 for its last token
+      if (from_end <= ch.logits)
+        out.row(first_row[chunk_of[row]] + ch.logits - from_end) = logits.row(static_cast<Eigen::Index>(row));
+    }
   }
   return out;
 }

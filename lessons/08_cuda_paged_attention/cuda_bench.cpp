@@ -182,12 +182,13 @@ int main(int argc, char** argv) {
         time_steps(*forward, cache, cat("1.1B shape, bf16, ", context, " positions, lesson 07 attention"));
       }
       {  // Lesson 08: the paged pool, split by choose_splits().
-        gpu::CudaPagedKVManager kv(big, (context + steps + 2) / 16 + 2, 16);
-        auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, kv.attention());
+        auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, (context + steps + 2) / 16 + 2, 16);
+        auto forward =
+            gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
+        PagedKVManager kv(std::move(pool));
         auto cache = kv.open(context);
-        auto& paged = dynamic_cast<gpu::CudaPagedKVCache&>(*cache);
         for (int l = 0; l < big.num_hidden_layers; ++l)
-          for (int p = 0; p < context; ++p) paged.advance(l);  // the pool's zeros stand for the cached rows
+          cache->paged()->advance(l, context);  // the pool's zeros stand for the cached rows
         time_steps(*forward, *cache, cat("1.1B shape, bf16, ", context, " positions, paged + split"));
         kv.close(std::move(cache));
       }

@@ -17,198 +17,86 @@ namespace infer::gpu {
 // ------------------------------------------------------------------- pool --
 
 struct CudaPagedKVPool::Impl {
-  int block_size, kv_dim, context, layers;
-  BlockAllocator allocator;
+  ModelConfig c;
   std::vector<DeviceArray<float>> k, v;  // per layer [num_blocks * block_size, kv_dim]
-
-  Impl(const ModelConfig& c, int num_blocks, int bs)
-      : block_size(bs), kv_dim(c.num_key_value_heads * c.head_dim), context(c.max_position_embeddings),
-        layers(c.num_hidden_layers), allocator(num_blocks) {}
-  void check_layer(int layer) const {
-    require(layer >= 0 && layer < layers, "CudaPagedKVPool: layer ", layer, " is outside [0, ", layers, ")");
-  }
 };
 
-CudaPagedKVPool::CudaPagedKVPool(const ModelConfig& c, int num_blocks, int block_size) {
+CudaPagedKVPool::CudaPagedKVPool(const ModelConfig& c, int num_blocks, int block_size)
+    : KVBlockPool(c, num_blocks, block_size) {
   require(cuda_device_available(), "CudaPagedKVPool: no CUDA device here");
-  require(num_blocks >= 1 && block_size >= 1, "CudaPagedKVPool: num_blocks ", num_blocks, " and block_size ",
-          block_size, " must be >= 1");
-  impl_ = std::make_unique<Impl>(c, num_blocks, block_size);
+  impl_ = std::make_unique<Impl>();
+  impl_->c = c;
   const size_t rows = static_cast<size_t>(num_blocks) * block_size;
-  for (int l = 0; l < impl_->layers; ++l) {
-    impl_->k.emplace_back(rows * impl_->kv_dim);
-    impl_->v.emplace_back(rows * impl_->kv_dim);
+  for (int l = 0; l < num_layers(); ++l) {
+    impl_->k.emplace_back(rows * kv_dim());
+    impl_->v.emplace_back(rows * kv_dim());
   }
 }
 
 CudaPagedKVPool::~CudaPagedKVPool() = default;
-int CudaPagedKVPool::block_size() const { return impl_->block_size; }
-int CudaPagedKVPool::num_blocks() const { return impl_->allocator.num_blocks(); }
-int CudaPagedKVPool::num_layers() const { return impl_->layers; }
-int CudaPagedKVPool::kv_dim() const { return impl_->kv_dim; }
-int CudaPagedKVPool::context() const { return impl_->context; }
-BlockAllocator& CudaPagedKVPool::allocator() { return impl_->allocator; }
-const BlockAllocator& CudaPagedKVPool::allocator() const { return impl_->allocator; }
-float* CudaPagedKVPool::device_keys(int layer) {
-  impl_->check_layer(layer);
-  return impl_->k[layer].get();
-}
-float* CudaPagedKVPool::device_values(int layer) {
-  impl_->check_layer(layer);
-  return impl_->v[layer].get();
-}
-const float* CudaPagedKVPool::device_keys(int layer) const {
-  impl_->check_layer(layer);
-  return impl_->k[layer].get();
-}
-const float* CudaPagedKVPool::device_values(int layer) const {
-  impl_->check_layer(layer);
-  return impl_->v[layer].get();
-}
-size_t CudaPagedKVPool::bytes_per_block() const {
-  return 2 * sizeof(float) * static_cast<size_t>(impl_->layers) * impl_->block_size * impl_->kv_dim;
-}
-
-// ------------------------------------------------------------------ cache --
-
-CudaPagedKVCache::CudaPagedKVCache(CudaPagedKVPool& pool, int max_tokens)
-    : pool_(&pool), max_tokens_(max_tokens), length_(pool.num_layers(), 0) {
-  require(max_tokens >= 1 && max_tokens <= pool.context(), "CudaPagedKVCache: max_tokens must be in [1, ",
-          pool.context(), "], got ", max_tokens);
-}
-
-CudaPagedKVCache::~CudaPagedKVCache() { reset(); }
-int CudaPagedKVCache::num_layers() const { return pool_->num_layers(); }
-int CudaPagedKVCache::length(int layer) const {
-  require(layer >= 0 && layer < num_layers(), "CudaPagedKVCache::length: layer ", layer, " is outside [0, ",
-          num_layers(), ")");
-  return length_[layer];
-}
-int CudaPagedKVCache::max_tokens() const { return max_tokens_; }
-
-void CudaPagedKVCache::reserve(int tokens) {
-  require(tokens >= 0 && tokens <= max_tokens_, "CudaPagedKVCache::reserve: ", tokens, " positions, the cache holds ",
-          max_tokens_);
-  const int need = blocks_for(tokens, pool_->block_size()) - static_cast<int>(blocks_.size());
-  if (need <= 0) return;
-  BlockAllocator& a = pool_->allocator();
-  require(need <= a.num_free(), "CudaPagedKVCache: out of KV blocks (", tokens, " positions need ", need,
-          " more blocks, ", a.num_free(), " of ", a.num_blocks(), " are free)");
-  for (int i = 0; i < need; ++i) blocks_.push_back(a.allocate());
-}
-
-int CudaPagedKVCache::slot(int position) const {
-  const int B = pool_->block_size();
-  require(position >= 0 && position / B < static_cast<int>(blocks_.size()), "CudaPagedKVCache::slot: position ",
-          position, " is not covered by the table's ", blocks_.size(), " blocks");
-  return blocks_[position / B] * B + position % B;
-}
-
-void CudaPagedKVCache::advance(int layer) {
-  require(layer >= 0 && layer < num_layers() && length_[layer] < static_cast<int>(blocks_.size()) * pool_->block_size(),
-          "CudaPagedKVCache::advance: layer ", layer, " has no reserved position left");
-  ++length_[layer];
-}
-
-void CudaPagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  require(layer >= 0 && layer < num_layers(), "CudaPagedKVCache::append: layer ", layer, " is outside [0, ",
-          num_layers(), ")");
-  const int kvd = pool_->kv_dim(), n = static_cast<int>(k.rows());
-  require(k.cols() == kvd && v.cols() == kvd && v.rows() == k.rows(), "CudaPagedKVCache::append: keys ", k.rows(), " x ",
-          k.cols(), " and values ", v.rows(), " x ", v.cols(), ", expected rows of kv_dim = ", kvd);
-  require(length_[layer] + n <= max_tokens_, "CudaPagedKVCache::append: ", n, " rows after ", length_[layer],
-          " would pass max_tokens = ", max_tokens_);
-  reserve(length_[layer] + n);
-  const Matrix kc = k, vc = v;  // row-major, as the pool holds them
-  for (int i = 0; i < n; ++i) {
-    const size_t at = static_cast<size_t>(slot(length_[layer] + i)) * kvd;
-    INFER_CUDA_CHECK(cudaMemcpy(pool_->device_keys(layer) + at, kc.row(i).data(), kvd * sizeof(float),
-                                cudaMemcpyHostToDevice));
-    INFER_CUDA_CHECK(cudaMemcpy(pool_->device_values(layer) + at, vc.row(i).data(), kvd * sizeof(float),
-                                cudaMemcpyHostToDevice));
-  }
-  length_[layer] += n;
-}
+const ModelConfig& CudaPagedKVPool::config() const { return impl_->c; }
 
 namespace {
-const Matrix& gather(Matrix& host, const CudaPagedKVCache& c, const float* pool, int layer) {
-  const int kvd = c.pool().kv_dim();
-  host.resize(c.length(layer), kvd);
-  for (int p = 0; p < c.length(layer); ++p)
-    INFER_CUDA_CHECK(cudaMemcpy(host.row(p).data(), pool + static_cast<size_t>(c.slot(p)) * kvd, kvd * sizeof(float),
-                                cudaMemcpyDeviceToHost));
-  return host;
+void check_layer(const KVBlockPool& pool, int layer) {
+  require(layer >= 0 && layer < pool.num_layers(), "CudaPagedKVPool: layer ", layer, " is outside [0, ",
+          pool.num_layers(), ")");
 }
 }  // namespace
 
-ConstMatrixRef CudaPagedKVCache::keys(int layer) const {
-  return gather(host_, *this, pool_->device_keys(layer), layer);
+float* CudaPagedKVPool::device_keys(int layer) {
+  check_layer(*this, layer);
+  return impl_->k[layer].get();
 }
-ConstMatrixRef CudaPagedKVCache::values(int layer) const {
-  return gather(host_, *this, pool_->device_values(layer), layer);
+float* CudaPagedKVPool::device_values(int layer) {
+  check_layer(*this, layer);
+  return impl_->v[layer].get();
 }
-
-void CudaPagedKVCache::reset() {
-  for (int b : blocks_) pool_->allocator().free(b);
-  blocks_.clear();
-  std::fill(length_.begin(), length_.end(), 0);
+const float* CudaPagedKVPool::device_keys(int layer) const {
+  check_layer(*this, layer);
+  return impl_->k[layer].get();
 }
-
-size_t CudaPagedKVCache::bytes_used() const {
-  size_t n = 0;
-  for (int len : length_) n += 2 * sizeof(float) * static_cast<size_t>(len) * pool_->kv_dim();
-  return n;
-}
-size_t CudaPagedKVCache::bytes_reserved() const { return blocks_.size() * pool_->bytes_per_block(); }
-
-// ---------------------------------------------------------------- manager --
-
-CudaPagedKVManager::CudaPagedKVManager(const ModelConfig& config, int num_blocks, int block_size)
-    : config_(config), pool_(std::make_unique<CudaPagedKVPool>(config, num_blocks, block_size)) {}
-
-std::unique_ptr<KVStore> CudaPagedKVManager::open(int tokens) {
-  require(tokens >= 0 && tokens <= capacity_tokens(), "CudaPagedKVManager::open: ", tokens,
-          " positions, a sequence can hold ", capacity_tokens());
-  if (blocks_for(tokens, pool_->block_size()) > pool_->allocator().num_free()) return nullptr;
-  auto cache = std::make_unique<CudaPagedKVCache>(*pool_, pool_->context());
-  cache->reserve(tokens);
-  return cache;
+const float* CudaPagedKVPool::device_values(int layer) const {
+  check_layer(*this, layer);
+  return impl_->v[layer].get();
 }
 
-void CudaPagedKVManager::close(std::unique_ptr<KVStore> store) {
-  require(store != nullptr, "CudaPagedKVManager::close: no store");
-  store.reset();
-}
-
-int CudaPagedKVManager::preemptions_needed(std::span<const KVStore* const> running) const {
-  const int B = pool_->block_size(), n = static_cast<int>(running.size());
-  std::vector<int> need(n), held(n);
-  for (int i = 0; i < n; ++i) {
-    const auto* s = dynamic_cast<const CudaPagedKVCache*>(running[i]);
-    require(s != nullptr && &s->pool() == pool_.get(), "CudaPagedKVManager: running sequence ", i,
-            " is not a store it opened");
-    held[i] = static_cast<int>(s->block_table().size());
-    need[i] = s->length() / B >= held[i] ? 1 : 0;  // its last block is full, or it has none
+void CudaPagedKVPool::write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) {
+  check_rows("CudaPagedKVPool::write", layer, slots, k.rows(), v.rows(), k.cols(), v.cols());
+  const Matrix kc = k, vc = v;  // row-major, as the pool holds them
+  const size_t row = static_cast<size_t>(kv_dim()) * sizeof(float);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const size_t at = static_cast<size_t>(slots[i]) * kv_dim();
+    const Eigen::Index r = static_cast<Eigen::Index>(i);
+    INFER_CUDA_CHECK(cudaMemcpy(device_keys(layer) + at, kc.row(r).data(), row, cudaMemcpyHostToDevice));
+    INFER_CUDA_CHECK(cudaMemcpy(device_values(layer) + at, vc.row(r).data(), row, cudaMemcpyHostToDevice));
   }
-  // Preempt the newest, one at a time, until what the others need fits (no block is shared, so
-  // a preempted sequence frees every block it holds).
-  int freed = 0, needed = 0;
-  for (int i = 0; i < n; ++i) needed += need[i];
-  for (int k = 0; k < n; ++k) {
-    if (needed <= pool_->allocator().num_free() + freed) return k;
-    const int victim = n - 1 - k;
-    freed += held[victim];
-    needed -= need[victim];
+}
+
+void CudaPagedKVPool::read(int layer, std::span<const int> slots, bool keys, Matrix& out) const {
+  const Eigen::Index n = static_cast<Eigen::Index>(slots.size());
+  check_rows("CudaPagedKVPool::read", layer, slots, n, n, kv_dim(), kv_dim());
+  out.resize(n, kv_dim());
+  const float* src = keys ? device_keys(layer) : device_values(layer);
+  for (Eigen::Index i = 0; i < n; ++i)
+    INFER_CUDA_CHECK(cudaMemcpy(out.row(i).data(), src + static_cast<size_t>(slots[static_cast<size_t>(i)]) * kv_dim(),
+                                static_cast<size_t>(kv_dim()) * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void CudaPagedKVPool::copy_block(int src, int dst) {
+  require(src >= 0 && src < num_blocks() && dst >= 0 && dst < num_blocks(), "CudaPagedKVPool::copy_block: blocks ",
+          src, " and ", dst, " must be in [0, ", num_blocks(), ")");
+  const size_t block = static_cast<size_t>(block_size()) * kv_dim();
+  for (int l = 0; l < num_layers(); ++l) {
+    INFER_CUDA_CHECK(cudaMemcpy(device_keys(l) + dst * block, device_keys(l) + src * block, block * sizeof(float),
+                                cudaMemcpyDeviceToDevice));
+    INFER_CUDA_CHECK(cudaMemcpy(device_values(l) + dst * block, device_values(l) + src * block,
+                                block * sizeof(float), cudaMemcpyDeviceToDevice));
   }
-  return n;
 }
 
-int CudaPagedKVManager::capacity_tokens() const {
-  return static_cast<int>(std::min<long>(static_cast<long>(pool_->num_blocks()) * pool_->block_size(), pool_->context()));
-}
-
-long CudaPagedKVManager::reserved_tokens() const {
-  return static_cast<long>(pool_->num_blocks() - pool_->allocator().num_free()) * pool_->block_size();
+Matrix CudaPagedKVPool::attend(int, ConstMatrixRef, std::span<const int>, int, int, int, int) const {
+  throw Error("CudaPagedKVPool: its rows are on the device; attention over them runs there (device_paged_attention "
+              "in CudaForward), not through KVStore::attend on the host");
 }
 
 // -------------------------------------------------------------- attention --
@@ -219,8 +107,7 @@ namespace {
 /// per layer, one write_kv_slots and one paged attention (split when choose_splits says so).
 class PagedAttention final : public DeviceAttention {
  public:
-  PagedAttention(const ModelConfig& c, CudaPagedKVPool& pool, int num_splits)
-      : c_(c), pool_(pool), fixed_splits_(num_splits) {
+  PagedAttention(CudaPagedKVPool& pool, int num_splits) : c_(pool.config()), pool_(pool), fixed_splits_(num_splits) {
     int device = 0;
     INFER_CUDA_CHECK(cudaGetDevice(&device));
     INFER_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
@@ -230,18 +117,19 @@ class PagedAttention final : public DeviceAttention {
     const int B = static_cast<int>(caches.size());
     seqs_.clear();
     for (int i = 0; i < B; ++i) {
-      auto* s = dynamic_cast<CudaPagedKVCache*>(caches[i]);
+      PagedKVCache* s = caches[i] != nullptr ? caches[i]->paged() : nullptr;
       require(s != nullptr && &s->pool() == &pool_, who, ": cache ", i,
-              " is not a CudaPagedKVCache of this attention's pool (take the caches from the same CudaPagedKVManager)");
+              " is not a PagedKVCache over this attention's CudaPagedKVPool (open the caches with a manager over the "
+              "same pool)");
       require(s->length() + 1 <= std::min(s->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
               " at position ", s->length(), " would exceed its cache of ", s->max_tokens(), " positions or the context");
       seqs_.push_back(s);
     }
-    // Reserve every sequence's next position first (all or nothing per sequence: the engine's
-    // preemption has made room), then lay out the step's tables.
-    for (CudaPagedKVCache* s : seqs_) s->reserve(s->length() + 1);
+    // Every sequence's next position has its block (the engine reserved it while planning; a
+    // direct caller gets it here), then the step's tables are laid out.
+    for (PagedKVCache* s : seqs_) s->reserve(s->length() + 1);
     max_blocks_ = 1, max_length_ = 1;
-    for (CudaPagedKVCache* s : seqs_) {
+    for (PagedKVCache* s : seqs_) {
       max_blocks_ = std::max(max_blocks_, static_cast<int>(s->block_table().size()));
       max_length_ = std::max(max_length_, s->length() + 1);
     }
@@ -266,7 +154,7 @@ class PagedAttention final : public DeviceAttention {
   void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) override {
     const int B = static_cast<int>(seqs_.size());
     write_kv_slots(k, v, pool_.device_keys(layer), pool_.device_values(layer), slots_.get(), B, pool_.kv_dim());
-    for (CudaPagedKVCache* s : seqs_) s->advance(layer);
+    for (PagedKVCache* s : seqs_) s->advance(layer, 1);
     PagedBatch a;
     a.q = q, a.k_pool = pool_.device_keys(layer), a.v_pool = pool_.device_values(layer);
     a.block_tables = tables_.get(), a.lengths = lengths_.get(), a.out = out;
@@ -286,7 +174,7 @@ class PagedAttention final : public DeviceAttention {
   ModelConfig c_;
   CudaPagedKVPool& pool_;
   int fixed_splits_, multiprocessors_ = 1;
-  std::vector<CudaPagedKVCache*> seqs_;
+  std::vector<PagedKVCache*> seqs_;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
   DeviceArray<int> tables_, lengths_, slots_;
   DeviceArray<float> partial_out_, partial_lse_;
@@ -294,9 +182,9 @@ class PagedAttention final : public DeviceAttention {
 
 }  // namespace
 
-std::unique_ptr<DeviceAttention> CudaPagedKVManager::attention(int num_splits) {
-  require(num_splits >= 0, "CudaPagedKVManager::attention: num_splits must be >= 0 (0 chooses), got ", num_splits);
-  return std::make_unique<PagedAttention>(config_, *pool_, num_splits);
+std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits) {
+  require(num_splits >= 0, "device_paged_attention: num_splits must be >= 0 (0 chooses), got ", num_splits);
+  return std::make_unique<PagedAttention>(pool, num_splits);
 }
 
 }  // namespace infer::gpu

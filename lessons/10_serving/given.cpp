@@ -9,14 +9,17 @@ ChunkedPrefill::ChunkedPrefill(int token_budget) : budget_(token_budget) {
 }
 
 std::unique_ptr<Engine> serving_engine(std::unique_ptr<ModelRunner> runner, std::unique_ptr<KVManager> memory,
-                                       ServingOptions options) {
+                                       ServingOptions options, std::unique_ptr<Speculator> speculator) {
   require(options.max_running >= 1, "serving_engine: max_running must be >= 1, got ", options.max_running);
   require(options.token_budget >= options.max_running, "serving_engine: token_budget (", options.token_budget,
           ") must be >= max_running (", options.max_running, "), so that every decode fits in a step");
   return std::make_unique<Engine>(
       std::move(runner), std::move(memory),
-      EngineOptions{.policy = Policy::Continuous, .max_running = options.max_running, .keep_log = options.keep_log},
-      std::make_unique<ChunkedPrefill>(options.token_budget));
+      EngineOptions{.policy = Policy::Continuous,
+                    .max_running = options.max_running,
+                    .keep_log = options.keep_log,
+                    .speculative_tokens = options.speculative_tokens},
+      std::make_unique<ChunkedPrefill>(options.token_budget), std::move(speculator));
 }
 
 std::unique_ptr<Engine> serving_engine(const ModelWeights& model, ServingOptions options) {

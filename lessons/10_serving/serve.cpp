@@ -2,12 +2,15 @@
 //
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
-//       [--naive] [--threads N]
+//       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
 // positions; by default enough for every running sequence's whole context). --naive serves one
 // request at a time through lesson 00's forward() instead: the baseline of the lesson's table.
+// --speculative decodes speculatively inside the engine (lesson 06): prompt lookup, or the draft
+// model in DIR (by default the model's directory with -draft appended), guesses up to K tokens
+// (4) per decode.
 // Ctrl-C stops it.
 #include <csignal>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "common/options.hpp"
 #include "common/weights.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/10_serving/server.hpp"
 
 using namespace infer;
@@ -26,7 +30,7 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
-                        "--block-size", "--threads"},
+                        "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft"},
                        {"--naive", "--no-prefix-cache"});
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
     const ModelWeights model = load_model(dir);
@@ -38,9 +42,25 @@ int main(int argc, char** argv) {
     ServerOptions so;
     so.host = opts.text("--host", "127.0.0.1");
     so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
-    const ServingOptions engine_opts{.max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
-                                     .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
-                                     .keep_log = false};  // a server runs for as long as it runs
+    const std::string speculative = opts.text("--speculative", "");
+    if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
+      throw Error(cat("lesson10_serve: --speculative must be ngram or draft, got '", speculative, "'"));
+    if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
+      throw Error("lesson10_serve: --num-speculative-tokens and --draft need --speculative");
+    if (speculative == "ngram" && opts.has("--draft")) throw Error("lesson10_serve: --draft needs --speculative draft");
+    if (!speculative.empty() && opts.has("--naive")) throw Error("lesson10_serve: --naive serves without speculation");
+    const ServingOptions engine_opts{
+        .max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
+        .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
+        .keep_log = false,  // a server runs for as long as it runs
+        .speculative_tokens = speculative.empty() ? 0 : static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64))};
+    ModelWeights draft;  // outlives the server, whose speculator reads it
+    std::unique_ptr<Speculator> speculator;
+    if (speculative == "ngram") speculator = prompt_lookup_speculator();
+    if (speculative == "draft") {
+      draft = load_model(opts.text("--draft", dir + "-draft"));
+      speculator = draft_speculator(draft, c.vocab_size);
+    }
     const int block = static_cast<int>(opts.number("--block-size", 16, 1));
     const int per_seq = (c.max_position_embeddings + block - 1) / block;
     const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
@@ -56,10 +76,13 @@ int main(int argc, char** argv) {
         memory = std::make_unique<PagedKVManager>(c, blocks, block);
       else
         memory = std::make_unique<PrefixKVManager>(c, blocks, block);
-      auto engine = serving_engine(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts);
+      auto engine = serving_engine(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts,
+                                   std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
       what = cat("engine: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
-                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache");
+                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
+                 speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
+                                                engine_opts.speculative_tokens, " guesses a decode)"));
     }
     // Ctrl-C and SIGTERM are taken by this thread alone (blocked before the server's threads start).
     sigset_t stop_signals;

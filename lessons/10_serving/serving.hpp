@@ -60,12 +60,16 @@ struct ServingOptions {
   int max_running = 8;    ///< sequences admitted at once (prefilling or decoding)
   int token_budget = 64;  ///< tokens one step feeds, decodes and prefill chunks together; >= max_running
   bool keep_log = true;   ///< keep every step's log (a long-running server keeps only the last)
+  /// Guesses per decode with a Speculator (lesson 06); they ride on top of the token budget.
+  int speculative_tokens = 0;
 };
 
 /// Lesson 03's Engine planned by ChunkedPrefill, continuous batching, over `runner` and `memory`
-/// (given). Throws for a null runner or memory, max_running < 1, or token_budget < max_running.
+/// (given), speculating with `speculator` when options.speculative_tokens > 0. Throws for a null
+/// runner or memory, max_running < 1, token_budget < max_running, or speculative tokens without a
+/// speculator.
 std::unique_ptr<Engine> serving_engine(std::unique_ptr<ModelRunner> runner, std::unique_ptr<KVManager> memory,
-                                       ServingOptions options);
+                                       ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr);
 /// The same on the CPU over lesson 03's slots (max_running caches of the whole context). Given.
 std::unique_ptr<Engine> serving_engine(const ModelWeights& model, ServingOptions options);
 

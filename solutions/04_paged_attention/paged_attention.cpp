@@ -93,12 +93,14 @@ Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<cons
 namespace {
 
 /// Free blocks that writing positions [from, to) of `table` needs: one per block not yet in
-/// the table, and one per shared block in the range (copy-on-write).
-int blocks_needed(const BlockAllocator& a, const std::vector<int>& table, int from, int to, int B) {
+/// the table, and one per shared block in the range (copy-on-write). `holders(b)` says how many
+/// sequences hold block b.
+template <typename Holders>
+int blocks_needed(Holders holders, const std::vector<int>& table, int from, int to, int B) {
   if (to <= from) return 0;
   int need = std::max(0, blocks_for(to, B) - static_cast<int>(table.size()));
   for (int i = from / B; i <= (to - 1) / B && i < static_cast<int>(table.size()); ++i)
-    if (a.ref_count(table[i]) > 1) ++need;
+    if (holders(table[i]) > 1) ++need;
   return need;
 }
 
@@ -108,60 +110,49 @@ void PagedKVCache::reserve(int tokens) {
   require(tokens >= 0 && tokens <= max_tokens_, "PagedKVCache::reserve: ", tokens, " positions, max_tokens is ",
           max_tokens_);
   BlockAllocator& a = pool_->allocator();
-  const int missing = blocks_for(tokens, pool_->block_size()) - static_cast<int>(blocks_.size());
-  require(missing <= a.num_free(), "PagedKVCache: out of KV blocks: ", tokens, " positions need ", missing,
-          " more blocks, ", a.num_free(), " of ", a.num_blocks(), " num_blocks are free");
-  for (int i = 0; i < missing; ++i) blocks_.push_back(a.allocate());
-}
-
-void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
-  require(layer >= 0 && layer < num_layers(), "PagedKVCache: layer ", layer, " is outside [0, ", num_layers(), ")");
-  const int kv_dim = pool_->kv_dim(), B = pool_->block_size();
-  require(k.cols() == kv_dim && v.cols() == kv_dim, "PagedKVCache: rows must have kv_dim = ", kv_dim,
-          " columns, got ", k.cols(), " (keys) and ", v.cols(), " (values)");
-  require(k.rows() == v.rows(), "PagedKVCache: ", k.rows(), " key rows but ", v.rows(), " value rows");
-  const int from = length_[layer], to = from + static_cast<int>(k.rows());
-  require(to <= max_tokens_, "PagedKVCache: appending ", k.rows(), " positions to layer ", layer, " at length ", from,
-          " would pass max_tokens ", max_tokens_);
-  BlockAllocator& a = pool_->allocator();
-  const int need = blocks_needed(a, blocks_, from, to, B);
-  require(need <= a.num_free(), "PagedKVCache: out of KV blocks: appending ", k.rows(), " positions at ", from,
-          " needs ", need, " free blocks, ", a.num_free(), " of ", a.num_blocks(), " num_blocks are free");
+  const int B = pool_->block_size(), from = length();
+  const int need = blocks_needed([&](int b) { return a.ref_count(b); }, blocks_, from, tokens, B);
+  require(need <= a.num_free(), "PagedKVCache: out of KV blocks: positions ", from, " to ", tokens, " need ", need,
+          " free blocks, ", a.num_free(), " of ", a.num_blocks(), " num_blocks are free");
 
   // Copy-on-write: a shared block about to be written becomes a private copy (all layers).
-  for (int i = from / B; i <= (to - 1) / B && i < static_cast<int>(blocks_.size()); ++i)
+  for (int i = from / B; tokens > from && i <= (tokens - 1) / B && i < static_cast<int>(blocks_.size()); ++i)
     if (a.ref_count(blocks_[i]) > 1) {
       const int copy = a.allocate();
       pool_->copy_block(blocks_[i], copy);
       a.free(blocks_[i]);  // one reference fewer on the original; the other sequences keep it
       blocks_[i] = copy;
     }
-  while (static_cast<int>(blocks_.size()) < blocks_for(to, B)) blocks_.push_back(a.allocate());
+  while (static_cast<int>(blocks_.size()) < blocks_for(tokens, B)) blocks_.push_back(a.allocate());
+}
 
-  for (int p = from; p < to; ++p) {
-    pool_->key_block(layer, blocks_[p / B]).row(p % B) = k.row(p - from);
-    pool_->value_block(layer, blocks_[p / B]).row(p % B) = v.row(p - from);
-  }
+void PagedKVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
+  require(layer >= 0 && layer < num_layers(), "PagedKVCache: layer ", layer, " is outside [0, ", num_layers(), ")");
+  const int kv_dim = pool_->kv_dim();
+  require(k.cols() == kv_dim && v.cols() == kv_dim, "PagedKVCache: rows must have kv_dim = ", kv_dim,
+          " columns, got ", k.cols(), " (keys) and ", v.cols(), " (values)");
+  require(k.rows() == v.rows(), "PagedKVCache: ", k.rows(), " key rows but ", v.rows(), " value rows");
+  const int from = length_[layer], to = from + static_cast<int>(k.rows());
+  require(to <= max_tokens_, "PagedKVCache: appending ", k.rows(), " positions to layer ", layer, " at length ", from,
+          " would pass max_tokens ", max_tokens_);
+  reserve(to);  // nothing to do when the engine reserved them already
+  std::vector<int> slots(static_cast<size_t>(to - from));
+  for (int p = from; p < to; ++p) slots[p - from] = slot(p);
+  pool_->write(layer, slots, k, v);
   length_[layer] = to;
 }
 
 namespace {
-ConstMatrixRef gather(const PagedKVPool& pool, const std::vector<int>& table, int layer, int length, bool keys,
-                      Matrix& out) {
-  const int B = pool.block_size();
-  out.resize(length, pool.kv_dim());
-  for (int p = 0; p < length; ++p)
-    out.row(p) = keys ? pool.key_block(layer, table[p / B]).row(p % B) : pool.value_block(layer, table[p / B]).row(p % B);
+ConstMatrixRef gather(const PagedKVCache& cache, int layer, bool keys, Matrix& out) {
+  std::vector<int> slots(static_cast<size_t>(cache.length(layer)));
+  for (int p = 0; p < cache.length(layer); ++p) slots[p] = cache.slot(p);
+  cache.pool().read(layer, slots, keys, out);
   return out;
 }
 }  // namespace
 
-ConstMatrixRef PagedKVCache::keys(int layer) const {
-  return gather(*pool_, blocks_, layer, length(layer), true, gathered_k_);
-}
-ConstMatrixRef PagedKVCache::values(int layer) const {
-  return gather(*pool_, blocks_, layer, length(layer), false, gathered_v_);
-}
+ConstMatrixRef PagedKVCache::keys(int layer) const { return gather(*this, layer, true, gathered_k_); }
+ConstMatrixRef PagedKVCache::values(int layer) const { return gather(*this, layer, false, gathered_v_); }
 
 void PagedKVCache::reset() {
   for (int b : blocks_) pool_->allocator().free(b);
@@ -188,20 +179,20 @@ std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {
 std::unique_ptr<KVStore> PagedKVManager::open(int tokens) {
   require(tokens >= 0 && tokens <= capacity_tokens(), "PagedKVManager::open: ", tokens, " positions, a sequence can hold ",
           capacity_tokens());
-  if (blocks_for(tokens, pool_.block_size()) > pool_.allocator().num_free()) return nullptr;
-  auto cache = std::make_unique<PagedKVCache>(pool_, pool_.context());
+  if (blocks_for(tokens, pool_->block_size()) > pool_->allocator().num_free()) return nullptr;
+  auto cache = std::make_unique<PagedKVCache>(*pool_, pool_->context());
   cache->reserve(tokens);
   return cache;
 }
 
 int PagedKVManager::preemptions_needed(std::span<const KVStore* const> running) const {
-  const BlockAllocator& a = pool_.allocator();
-  const int B = pool_.block_size();
+  const BlockAllocator& a = pool_->allocator();
+  const int B = pool_->block_size();
   const int n = static_cast<int>(running.size());
   std::vector<const PagedKVCache*> seqs(n);
   for (int i = 0; i < n; ++i) {
-    seqs[i] = dynamic_cast<const PagedKVCache*>(running[i]);
-    require(seqs[i] != nullptr && &seqs[i]->pool() == &pool_, "PagedKVManager: running sequence ", i,
+    seqs[i] = running[i] != nullptr ? running[i]->paged() : nullptr;
+    require(seqs[i] != nullptr && &seqs[i]->pool() == pool_.get(), "PagedKVManager: running sequence ", i,
             " is not a store it opened");
   }
   // Holds dropped by the sequences preempted so far: a block is free when its count reaches 0,
@@ -211,17 +202,12 @@ int PagedKVManager::preemptions_needed(std::span<const KVStore* const> running) 
     const auto it = dropped.find(block);
     return a.ref_count(block) - (it == dropped.end() ? 0 : it->second);
   };
-  auto need = [&](const PagedKVCache& s) {  // free blocks its next position takes: 0 or 1
-    const std::vector<int>& table = s.block_table();
-    const int p = s.length();
-    if (p / B >= static_cast<int>(table.size())) return 1;  // the last block is full, or there is none
-    return holders(table[p / B]) > 1 ? 1 : 0;               // a shared block is copied first
-  };
-  // Preempt the newest, one at a time, until what the others need fits.
+  // Preempt the newest, one at a time, until what the others' next positions need fits.
   int freed = 0;
   for (int k = 0; k < n; ++k) {
     int demand = 0;
-    for (int i = 0; i < n - k; ++i) demand += need(*seqs[i]);
+    for (int i = 0; i < n - k; ++i)
+      demand += blocks_needed(holders, seqs[i]->block_table(), seqs[i]->length(), seqs[i]->length() + 1, B);
     if (demand <= a.num_free() + freed) return k;
     for (int b : seqs[n - 1 - k]->block_table())
       if (++dropped[b] == a.ref_count(b)) ++freed;

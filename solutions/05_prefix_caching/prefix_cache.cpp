@@ -48,14 +48,11 @@ size_t common_length(const std::vector<int>& run, std::span<const int> tokens, s
 
 }  // namespace
 
-// Splits `id` after its first `keep` tokens (a multiple of the block size, inside its run): a new
-// node above it takes those tokens and their blocks. Returns the new node.
-static RadixCache::NodeId split(std::vector<RadixCache::Node>& nodes, RadixCache::NodeId id, size_t keep, int B) {
-  const RadixCache::NodeId top = static_cast<RadixCache::NodeId>(nodes.size());
-  nodes.emplace_back();
-  RadixCache::Node& child = nodes[id];
-  RadixCache::Node& upper = nodes[top];
-  const size_t kb = keep / B;
+RadixCache::NodeId RadixCache::split(NodeId id, int keep) {
+  const NodeId top = new_node();  // before taking references: it may move every node
+  Node& child = nodes_[id];
+  Node& upper = nodes_[top];
+  const int B = block_size_, kb = keep / B;
   upper.tokens.assign(child.tokens.begin(), child.tokens.begin() + keep);
   upper.blocks.assign(child.blocks.begin(), child.blocks.begin() + kb);
   upper.parent = child.parent;
@@ -65,7 +62,7 @@ static RadixCache::NodeId split(std::vector<RadixCache::Node>& nodes, RadixCache
   child.blocks.erase(child.blocks.begin(), child.blocks.begin() + kb);
   child.parent = top;
   upper.children[std::vector<int>(child.tokens.begin(), child.tokens.begin() + B)] = id;
-  nodes[upper.parent].children[std::vector<int>(upper.tokens.begin(), upper.tokens.begin() + B)] = top;
+  nodes_[upper.parent].children[std::vector<int>(upper.tokens.begin(), upper.tokens.begin() + B)] = top;
   return top;
 }
 
@@ -80,7 +77,7 @@ RadixCache::Match RadixCache::match(std::span<const int> tokens) {
     NodeId next = it->second;
     const size_t kb = common_length(nodes_[next].tokens, tokens, pos) / B * B;  // at least one block
     const bool partial = kb < nodes_[next].tokens.size();
-    if (partial) next = split(nodes_, next, kb, block_size_);
+    if (partial) next = split(next, static_cast<int>(kb));
     nodes_[next].last_use = clock_;
     m.blocks.insert(m.blocks.end(), nodes_[next].blocks.begin(), nodes_[next].blocks.end());
     m.tokens += static_cast<int>(kb);
@@ -104,8 +101,7 @@ int RadixCache::insert(std::span<const int> tokens, std::span<const int> blocks)
     std::vector<int> first(tokens.begin() + pos, tokens.begin() + pos + B);
     const auto it = nodes_[cur].children.find(first);
     if (it == nodes_[cur].children.end()) {  // the rest is new: one leaf holds it
-      const NodeId leaf = static_cast<NodeId>(nodes_.size());
-      nodes_.emplace_back();
+      const NodeId leaf = new_node();
       Node& l = nodes_[leaf];
       l.tokens.assign(tokens.begin() + pos, tokens.begin() + n);
       l.blocks.assign(blocks.begin() + pos / B, blocks.end());
@@ -119,7 +115,7 @@ int RadixCache::insert(std::span<const int> tokens, std::span<const int> blocks)
     }
     NodeId next = it->second;
     const size_t kb = std::min(common_length(nodes_[next].tokens, tokens, pos), n - pos) / B * B;
-    if (kb < nodes_[next].tokens.size()) next = split(nodes_, next, kb, block_size_);
+    if (kb < nodes_[next].tokens.size()) next = split(next, static_cast<int>(kb));
     nodes_[next].last_use = clock_;
     cur = next;
     pos += kb;
@@ -153,9 +149,7 @@ int RadixCache::evict_to(int target_blocks) {
     freed += static_cast<int>(v.blocks.size());
     cached_blocks_ -= static_cast<int>(v.blocks.size());
     nodes_[v.parent].children.erase(std::vector<int>(v.tokens.begin(), v.tokens.begin() + block_size_));
-    v.alive = false;
-    v.tokens.clear();
-    v.blocks.clear();
+    drop_node(victim);
   }
   return freed;
 }
@@ -226,7 +220,7 @@ std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) 
   const int n = static_cast<int>(tokens.size());
   require(n >= 1 && n <= capacity_tokens(), "PrefixKVManager::open_for: ", n, " positions, a sequence can hold 1 to ",
           capacity_tokens());
-  PagedKVPool& pool = paged_.pool();
+  KVBlockPool& pool = paged_.pool();
   const int B = pool.block_size();
   // The last position is computed whatever the cache holds: its logits give the next token.
   const RadixCache::Match m = cache_->match(tokens.first(n - 1));
@@ -248,8 +242,8 @@ std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) 
 
 void PrefixKVManager::release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
   require(store != nullptr, "PrefixKVManager::release: no store");
-  const auto* paged = dynamic_cast<const PagedKVCache*>(store.get());
-  require(paged != nullptr, "PrefixKVManager::release: not a store this manager opened");
+  const PagedKVCache* paged = store->paged();
+  require(paged != nullptr && &paged->pool() == &paged_.pool(), "PrefixKVManager::release: not a store this manager opened");
   require(tokens.size() >= static_cast<size_t>(store->length()), "PrefixKVManager::release: ", tokens.size(),
           " tokens for a store of ", store->length(), " positions");
   // Its full blocks, under the tokens they hold. Unlock first: the insert may evict.

@@ -71,6 +71,30 @@ GRADED_TEST(Lesson04Fork, TheFirstWriteToASharedBlockCopiesItAndLeavesTheOtherUn
   EXPECT_TRUE(testing::all_close(child_keys, child->keys(0), 0, 0, "the child's keys after the parent's write"));
 }
 
+GRADED_TEST(Lesson04Fork, ReserveMakesTheCopyBeforeAnyWrite, 2) {
+  // The engine reserves a step's positions while it plans, and its forward only writes: so the
+  // copy of a shared block is reserve()'s job, not append()'s.
+  PagedKVPool pool(config(), 8, 4);
+  PagedKVCache parent(pool, 64);
+  append_all(parent, rows(10, 1), rows(10, 2));
+  auto child = parent.fork();
+  const std::vector<int> shared = parent.block_table();
+  child->reserve(12);  // positions 10 and 11: inside shared block 2
+  ASSERT_EQ(child->block_table().size(), 3u);
+  EXPECT_NE(child->block_table()[2], shared[2])
+      << "reserve() left shared block " << shared[2] << " in the child's table for positions it is about to write: "
+      << "copy it there, so that the forward that follows writes and never allocates";
+  EXPECT_EQ(pool.allocator().ref_count(shared[2]), 1) << "the original belongs to the parent alone after the copy";
+  EXPECT_EQ(child->length(), 10) << "reserve() stores nothing";
+  EXPECT_TRUE(testing::all_close(parent.keys(1), child->keys(1), 0, 0, "the child's keys: the copy holds the rows"));
+  const int free_before = pool.allocator().num_free();
+  append_all(*child, rows(2, 100), rows(2, 200));
+  EXPECT_EQ(pool.allocator().num_free(), free_before) << "appending what reserve() made room for takes no block";
+  EXPECT_EQ(parent.block_table(), shared);
+  child->reserve(11);
+  EXPECT_EQ(pool.allocator().num_free(), free_before) << "reserving positions already stored takes nothing";
+}
+
 GRADED_TEST(Lesson04Fork, ForkingOnABlockBoundaryCopiesNothing, 2) {
   PagedKVPool pool(config(), 8, 4);
   PagedKVCache parent(pool, 64);

@@ -51,6 +51,46 @@ std::vector<GenerationResult> unpressured(const ModelWeights& m, const std::vect
   return engine.run();
 }
 
+/// lesson 03's CPU runner, watching a pool: how many blocks each forward took.
+class WatchingRunner final : public ModelRunner {
+ public:
+  WatchingRunner(const ModelWeights& m, const KVBlockPool& pool) : cpu_(m), pool_(pool) {}
+  const ModelConfig& config() const override { return cpu_.config(); }
+  Matrix forward(const StepInput& step) override {
+    const int before = pool_.allocator().num_free();
+    Matrix out = cpu_.forward(step);
+    taken += before - pool_.allocator().num_free();
+    return out;
+  }
+  int taken = 0;  ///< blocks taken inside forwards, over the run
+
+ private:
+  CpuRunner cpu_;
+  const KVBlockPool& pool_;
+};
+
+GRADED_TEST(Lesson04Engine, TheForwardTakesNoBlockTheStepDidNotReserve, 2) {
+  // The engine reserves every sequence's positions while it plans a step (KVStore::reserve); the
+  // forward then only writes. A pool tight enough to preempt, greedy and sampled requests.
+  const ModelWeights& m = testing::small_model();
+  const auto reqs = requests(12, 17, true);
+  auto memory = std::make_unique<PagedKVManager>(m.config, 12, 4);
+  const KVBlockPool& pool = memory->pool();
+  auto runner = std::make_unique<WatchingRunner>(m, pool);
+  WatchingRunner& watch = *runner;
+  Engine engine(std::move(runner), std::move(memory), {.max_running = 6});
+  for (const auto& r : reqs) engine.submit(r);
+  const auto got = engine.run();
+  EXPECT_EQ(watch.taken, 0) << "the forwards took " << watch.taken
+                            << " blocks: reserve() must take every block a step's positions need (and copy any "
+                               "shared one) before the forward appends";
+  const auto want = unpressured(m, reqs);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << want[i].id;
+  int preempted = 0;
+  for (const auto& r : got) preempted += r.preemptions;
+  EXPECT_GT(preempted, 0) << "the pool was meant to be tight enough to preempt";
+}
+
 GRADED_TEST(Lesson04Engine, OpenAdmitsOnlyWhatTheFreeBlocksHold, 2) {
   const ModelConfig& c = testing::small_model().config;
   PagedKVManager memory(c, 4, 4);

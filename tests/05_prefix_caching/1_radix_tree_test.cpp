@@ -41,6 +41,17 @@ int put(BlockAllocator& a, RadixCache& c, const std::vector<int>& t) {
   return added;
 }
 
+/// A request as the engine runs one: its match's blocks shared, fresh ones for the rest of its
+/// full blocks, the whole inserted, its own holds let go.
+void serve(BlockAllocator& a, RadixCache& c, const std::vector<int>& t) {
+  const auto m = c.match(t);
+  std::vector<int> blocks = m.blocks;
+  for (int b : blocks) a.share(b);
+  while (blocks.size() < t.size() / B) blocks.push_back(a.allocate());
+  c.insert(t, blocks);
+  drop(a, blocks);
+}
+
 GRADED_TEST(Lesson05Tree, AnEmptyTreeMatchesNothing, 1) {
   BlockAllocator a(8);
   RadixCache c(a, B, 8);
@@ -190,12 +201,7 @@ GRADED_TEST(Lesson05Evict, CapacityAndOwnershipHoldAfterEveryOperation, 3) {
     for (int& x : t) x = static_cast<int>(rng.below(3));
     const double u = rng.uniform();
     if (u < 0.6) {
-      const auto m = c.match(t);
-      std::vector<int> blocks = m.blocks;
-      for (int b : blocks) a.share(b);
-      while (blocks.size() < t.size() / B) blocks.push_back(a.allocate());
-      c.insert(t, blocks);
-      drop(a, blocks);
+      serve(a, c, t);
     } else if (u < 0.8) {
       const auto m = c.match(t);
       c.lock(m.node);
@@ -235,6 +241,28 @@ GRADED_TEST(Lesson05Evict, AnEvictedBlockReusedElsewhereIsNeverMatched, 2) {
   const int reused = a.allocate();  // someone else's K/V now
   EXPECT_EQ(c.match(run(8)).tokens, 0) << "an evicted run matched: its block " << reused << " belongs to another";
   a.free(reused);
+}
+
+GRADED_TEST(Lesson05Evict, EvictedNodesGiveTheirSlotsBackSoMemoryStaysFlat, 2) {
+  // A server's cache sees request after request: 5,000 different prompts of 1 to 3 blocks, some
+  // sharing a first block (so runs split), through a cache of 8 blocks. The tree never holds more
+  // than a dozen nodes; the node array must not hold more either.
+  constexpr int kCapacity = 8;
+  BlockAllocator a(kCapacity + 4);
+  RadixCache c(a, B, kCapacity);
+  Rng rng(11);
+  for (int i = 0; i < 5000; ++i) {
+    std::vector<int> t(B * (1 + static_cast<int>(rng.below(3))));
+    for (int& x : t) x = 3 + static_cast<int>(rng.below(200));
+    if (rng.uniform() < 0.3) std::fill(t.begin(), t.begin() + B, 1);  // a common first block
+    serve(a, c, t);
+    ASSERT_LE(c.node_slots(), 2 * kCapacity + 2)
+        << "after " << i + 1 << " prompts through a cache of " << kCapacity << " blocks the node array has "
+        << c.node_slots() << " slots for " << c.num_nodes()
+        << " nodes alive: take new nodes from new_node() and give evicted ones back with drop_node(), or a "
+           "server's memory grows with every request it has ever seen";
+  }
+  EXPECT_LE(c.cached_blocks(), kCapacity);
 }
 
 }  // namespace

@@ -275,6 +275,15 @@ GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.release(nullptr, {}); }, "store"));
   EXPECT_TRUE(testing::throws_error_mentioning(
       [&] { mem.release(std::make_unique<KVCache>(m.config, 4), {}); }, "not a store this manager opened"));
+  PrefixKVManager other(m.config, 8, 4);
+  const std::vector<int> eight = {1, 5, 6, 7, 8, 9, 10, 11};
+  auto theirs = other.open_for(eight);
+  for (int l = 0; l < m.config.num_hidden_layers; ++l)
+    theirs->append(l, Matrix::Zero(8, theirs->paged()->pool().kv_dim()), Matrix::Zero(8, theirs->paged()->pool().kv_dim()));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { mem.release(std::move(theirs), eight); },
+                                               "not a store this manager opened"))
+      << "a store of another manager's pool";
+  EXPECT_EQ(mem.cache().cached_blocks(), 0) << "another pool's blocks went into this manager's tree";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 0, 0); }, "block_size"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { prefix_hit_rates({}, 4, -1); }, "capacity"));
 }

@@ -24,6 +24,8 @@
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/03_batching/engine.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/10_serving/serving.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
@@ -495,6 +497,49 @@ TEST(Plumbing, TenThousandRequestsLeaveNothingBehind) {
   EXPECT_LE(f.queued, 1u) << "a cancelled request's queue entry lingers only until it reaches the head";
   EXPECT_LE(most_held, 30u) << "what the engine held at any time, over 10,000 requests";
   EXPECT_FALSE(engine.cancel(1)) << "a request that left is unknown to the engine";
+}
+
+TEST(Plumbing, SpeculationOverPagedAndPrefixMemoryGivesPlainGreedyTokens) {
+  // Speculative decodes reserve their guesses' positions only from what is free, and roll back
+  // through the block tables (PagedKVCache::truncate): in a pool small enough to preempt, and over
+  // a prefix cache whose shared blocks a rollback must not touch, greedy tokens stay plain
+  // decoding's and every block comes back.
+  const ModelWeights& m = testing::bundled_model();
+  const std::string system = "Q: What does a wise person say about ";
+  std::vector<GenerationRequest> rs;
+  const char* topics[] = {"the sea? A:", "money? A:", "love? A:", "work? A:", "cats? A:", "time? A:", "rain? A:"};
+  for (int i = 0; i < 7; ++i)
+    rs.push_back({i, ByteTokenizer::encode(system + topics[i]), 24 + 5 * i, {.temperature = 0.0f}, i / 2});
+  Engine plain(m, Policy::Continuous, 4);
+  for (const auto& r : rs) plain.submit(r);
+  const auto want = plain.run();
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "a small paged pool" : "a prefix cache");
+    std::unique_ptr<KVManager> memory;
+    if (kind == 0) memory = std::make_unique<PagedKVManager>(m.config, 24, 8);
+    else memory = std::make_unique<PrefixKVManager>(m.config, 48, 8);
+    const KVManager* mem = memory.get();
+    Engine engine(std::make_unique<CpuRunner>(m), std::move(memory), {.max_running = 4, .speculative_tokens = 5},
+                  nullptr, prompt_lookup_speculator());
+    for (const auto& r : rs) engine.submit(r);
+    const auto got = engine.run();
+    ASSERT_EQ(got.size(), want.size());
+    int preempted = 0, cached = 0;
+    long accepted = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+      preempted += got[i].preemptions;
+      cached += got[i].cached_tokens;
+    }
+    for (const EngineStepLog& e : engine.log()) accepted += e.accepted;
+    EXPECT_GT(accepted, 0) << "no guess was kept";
+    if (kind == 0) {
+      EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt";
+      EXPECT_EQ(mem->reserved_tokens(), 0) << "every block back in the pool";
+    } else {
+      EXPECT_GT(cached, 0) << "the shared question was meant to be found in the cache";
+    }
+  }
 }
 
 TEST(Plumbing, TheEventsOfAStepAreTheTokensItsRequestsGet) {
