@@ -499,6 +499,88 @@ TEST(Plumbing, TenThousandRequestsLeaveNothingBehind) {
   EXPECT_FALSE(engine.cancel(1)) << "a request that left is unknown to the engine";
 }
 
+/// A block pool whose rows are not where paged_attention() can read them (as a GPU's are not):
+/// they live in its own arrays, reached only through write, read and copy_block, and attend()
+/// reads them back first. What lesson 08's CudaPagedKVPool is to the bookkeeping, on a CPU.
+class FarPool final : public KVBlockPool {
+ public:
+  FarPool(const ModelConfig& c, int num_blocks, int block_size)
+      : KVBlockPool(c, num_blocks, block_size),
+        k_(c.num_hidden_layers, Matrix::Zero(static_cast<Eigen::Index>(num_blocks) * block_size, kv_dim())),
+        v_(k_) {}
+  void write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) override {
+    check_rows("FarPool::write", layer, slots, k.rows(), v.rows(), k.cols(), v.cols());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      k_[layer].row(slots[i]) = k.row(static_cast<Eigen::Index>(i));
+      v_[layer].row(slots[i]) = v.row(static_cast<Eigen::Index>(i));
+    }
+    ++writes;
+  }
+  void read(int layer, std::span<const int> slots, bool keys, Matrix& out) const override {
+    out.resize(static_cast<Eigen::Index>(slots.size()), kv_dim());
+    for (size_t i = 0; i < slots.size(); ++i) out.row(static_cast<Eigen::Index>(i)) = (keys ? k_ : v_)[layer].row(slots[i]);
+  }
+  void copy_block(int src, int dst) override {
+    for (int l = 0; l < num_layers(); ++l) {
+      k_[l].middleRows(static_cast<Eigen::Index>(dst) * block_size(), block_size()) =
+          k_[l].middleRows(static_cast<Eigen::Index>(src) * block_size(), block_size());
+      v_[l].middleRows(static_cast<Eigen::Index>(dst) * block_size(), block_size()) =
+          v_[l].middleRows(static_cast<Eigen::Index>(src) * block_size(), block_size());
+    }
+  }
+  Matrix attend(int layer, ConstMatrixRef q, std::span<const int> table, int length, int heads, int kv_heads,
+                int head_dim) const override {
+    std::vector<int> slots(static_cast<size_t>(length));
+    for (int p = 0; p < length; ++p) slots[p] = table[p / block_size()] * block_size() + p % block_size();
+    Matrix k, v;
+    read(layer, slots, true, k);
+    read(layer, slots, false, v);
+    return causal_attention(q, k, v, heads, kv_heads, head_dim);
+  }
+  mutable long writes = 0;
+
+ private:
+  std::vector<Matrix> k_, v_;
+};
+
+TEST(Plumbing, TheBookkeepingRunsOverAPoolWhoseRowsLieElsewhere) {
+  // Lesson 04's tables and preemption and lesson 05's prefix cache over a pool that is not
+  // PagedKVPool: the seam lesson 08's GPU pool uses. Greedy tokens equal lesson 03's slots.
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<GenerationRequest> rs;
+  const char* prompts[] = {"Q: What is the sea? A:", "Q: What is the sea? A: It", "Fortune", "Q: What is a", "Never",
+                           "Q: What is the sea? A: The"};
+  for (int i = 0; i < 6; ++i) rs.push_back({i, ByteTokenizer::encode(prompts[i]), 20 + 4 * i, {.temperature = 0.0f}, i});
+  Engine plain(m, Policy::Continuous, 3);
+  for (const auto& r : rs) plain.submit(r);
+  const auto want = plain.run();
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "PagedKVManager, a pool small enough to preempt" : "PrefixKVManager");
+    auto pool = std::make_unique<FarPool>(m.config, kind == 0 ? 12 : 40, 8);
+    FarPool& far = *pool;
+    std::unique_ptr<KVManager> memory;
+    if (kind == 0) memory = std::make_unique<PagedKVManager>(std::move(pool));
+    else memory = std::make_unique<PrefixKVManager>(std::move(pool));
+    Engine engine(std::make_unique<CpuRunner>(m), std::move(memory), {.max_running = 3});
+    for (const auto& r : rs) engine.submit(r);
+    const auto got = engine.run();
+    ASSERT_EQ(got.size(), want.size());
+    int preempted = 0, cached = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+      preempted += got[i].preemptions;
+      cached += got[i].cached_tokens;
+    }
+    EXPECT_GT(far.writes, 0) << "the rows went through the pool's write()";
+    if (kind == 0) {
+      EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt";
+      EXPECT_EQ(engine.memory().reserved_tokens(), 0) << "every block back in the pool";
+    } else {
+      EXPECT_GT(cached, 0) << "the shared question was meant to be found in the cache";
+    }
+  }
+}
+
 TEST(Plumbing, SpeculationOverPagedAndPrefixMemoryGivesPlainGreedyTokens) {
   // Speculative decodes reserve their guesses' positions only from what is free, and roll back
   // through the block tables (PagedKVCache::truncate): in a pool small enough to preempt, and over
