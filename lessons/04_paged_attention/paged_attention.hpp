@@ -254,8 +254,12 @@ class PagedKVCache final : public KVStore {
 ///
 /// - open(tokens): admits a sequence only if its first `tokens` positions fit in the free blocks;
 ///   then reserves exactly those blocks.
-/// - preemptions_needed(running): a running sequence needs one free block for its next position
-///   when its last block is full (or it has none) or is shared. Preempting a sequence drops its
+/// - preemptions_needed(running): a running sequence needs one free block for its next position,
+///   p = length(), when p lies past its table (its last block is full, or it has none) or in a
+///   block it shares (the block is copied first): what reserve(p + 1) would take. Each sequence
+///   is counted on its own, so two that share a partly filled block need one copy each (the
+///   second would find the block its own after the first copied, but counting it keeps the
+///   answer safe and simple). Preempting a sequence drops its
 ///   hold on each of its blocks: a block nobody holds any more is free again, and a block left
 ///   with a single holder is no longer shared (that holder then writes into it in place). The
 ///   answer is the smallest k such that, with the k newest preempted, the others' needs (counted

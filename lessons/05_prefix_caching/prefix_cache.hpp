@@ -80,12 +80,16 @@ class RadixCache {
 
   /// Evicts least recently used unlocked leaves, one whole node at a time (a parent left without
   /// children becomes a leaf and a candidate in its turn), until at most `target_blocks` blocks
-  /// are cached or nothing is evictable. Ties go to the lower NodeId. Returns the blocks freed.
+  /// are cached or nothing is evictable. Ties go to the lower NodeId. A target below 0 is no
+  /// error: it evicts everything evictable (the given make_room() asks for its shortfall that
+  /// way). Returns the blocks the cache let go of (one free() each; a block a running sequence
+  /// still holds reaches the free list only when that sequence lets go too).
   int evict_to(int target_blocks);
 
   /// Blocks the cache holds.
   int cached_blocks() const { return cached_blocks_; }
-  /// Blocks held by nodes that evict_to(0) would free: unlocked, in no locked node's path.
+  /// Blocks held by nodes that evict_to(0) would free: alive nodes other than the root whose lock
+  /// count is 0 (lock() counts on every ancestor, so such a node has no locked descendant).
   int evictable_blocks() const;
   /// The most blocks it keeps.
   int capacity_blocks() const { return capacity_; }
