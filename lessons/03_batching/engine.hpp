@@ -228,6 +228,12 @@ class CpuRunner final : public ModelRunner {
 /// computed any more, and when it is admitted again it feeds everything it has that its new store
 /// does not already hold (recompute; a prefix cache may still hold a prefix of it) and
 /// samples where it stopped: there is no other state to restore.
+/// What a Speculator keeps for one sequence between rounds (lesson 06: its proposer, say a draft
+/// model with its own KV cache). It lives in the Sequence and leaves with it.
+struct SpeculationState {
+  virtual ~SpeculationState() = default;
+};
+
 struct Sequence {
   GenerationRequest request;        ///< as submitted (its prompt, limits and sampling)
   long ticket = 0;                  ///< submission order, engine-wide
@@ -236,6 +242,7 @@ struct Sequence {
   std::unique_ptr<KVStore> cache;   ///< its computed K/V (null while waiting or once done)
   int prefill_end = 0;              ///< tokens.size() when it was last admitted: it decodes once they are computed
   GenerationResult result;          ///< its record so far (tokens filled in when it leaves; finish set when it ends)
+  std::unique_ptr<SpeculationState> speculation;  ///< the Speculator's state for it (null until its first round)
 
   /// Finished (EOS or max_new_tokens): it leaves at the end of the step (static: with its batch).
   bool done() const { return result.finish != FinishReason::None; }
@@ -268,14 +275,14 @@ class Planner;
 class Speculator {
  public:
   virtual ~Speculator() = default;
-  /// Up to k tokens that may follow seq.tokens (fewer, or none, is allowed).
-  virtual std::vector<int> propose(const Sequence& seq, int k) = 0;
-  /// One round's verdict: `logits` has guesses.size() + 1 rows (row i: the target's logits
-  /// where guesses[i] would go; the last: after all of them), sampled with seq's parameters.
-  /// Returns the guesses kept (a prefix of them) followed by the target's own next token.
-  virtual std::vector<int> verify(const Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) = 0;
-  /// Request `id` left the engine: forget whatever was kept for it.
-  virtual void forget(int id) { (void)id; }
+  /// Up to k tokens that may follow seq.tokens (fewer, or none, is allowed). Whatever it keeps
+  /// for the sequence between rounds goes in seq.speculation.
+  virtual std::vector<int> propose(Sequence& seq, int k) = 0;
+  /// One round's verdict over the guesses propose() just gave: `logits` has guesses.size() + 1
+  /// rows (row i: the target's logits where guesses[i] would go; the last: after all of them),
+  /// sampled with seq's parameters. Returns the guesses kept (a prefix of them) followed by the
+  /// target's own next token.
+  virtual std::vector<int> verify(Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) = 0;
 };
 
 /// What the engine holds, container by container: how a long-running server checks that finished

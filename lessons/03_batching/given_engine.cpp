@@ -186,14 +186,13 @@ void Engine::submit(GenerationRequest r) {
   std::vector<int> tokens = r.prompt;
   Sampler sampler(r.sampling);
   auto seq = std::unique_ptr<Sequence>(
-      new Sequence{std::move(r), ticket, std::move(tokens), std::move(sampler), nullptr, 0, result});
+      new Sequence{std::move(r), ticket, std::move(tokens), std::move(sampler), nullptr, 0, result, nullptr});
   live_.emplace(seq->request.id, ticket);
   waiting_.emplace(queue_id(ticket), std::move(seq));
 }
 
 void Engine::leave(std::unique_ptr<Sequence> seq, int finish_step) {
   if (seq->cache) memory_->close(std::move(seq->cache));
-  if (speculator_) speculator_->forget(seq->request.id);
   seq->result.finish_step = finish_step;
   seq->result.tokens.assign(seq->tokens.begin() + static_cast<long>(seq->request.prompt.size()), seq->tokens.end());
   live_.erase(seq->request.id);

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
 #include "common/linear.hpp"
@@ -122,20 +121,23 @@ double SpecStats::tokens_per_round() const {
 
 namespace {
 
-/// A proposer per sequence (made on its first round), its last proposal and its own Rng.
+/// A proposer per sequence (made on its first round), its last proposal and its own Rng, kept in
+/// the sequence (Sequence::speculation).
 class ProposerSpeculator final : public Speculator {
  public:
   using Factory = std::function<std::unique_ptr<Proposer>(const Sequence&)>;
   explicit ProposerSpeculator(Factory make) : make_(std::move(make)) {}
 
-  std::vector<int> propose(const Sequence& seq, int k) override {
+  std::vector<int> propose(Sequence& seq, int k) override {
     State& st = state(seq);
     st.last = st.proposer->propose(seq.tokens, k);
     return st.last.tokens;
   }
 
-  std::vector<int> verify(const Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) override {
+  std::vector<int> verify(Sequence& seq, ConstMatrixRef logits, std::span<const int> guesses) override {
     State& st = state(seq);
+    require(std::equal(guesses.begin(), guesses.end(), st.last.tokens.begin(), st.last.tokens.end()),
+            "ProposerSpeculator::verify: the guesses are not the ones request ", seq.request.id, " was last proposed");
     const SamplingParams& params = seq.request.sampling;
     Verdict v;
     if (params.temperature == 0.0f) {
@@ -144,10 +146,11 @@ class ProposerSpeculator final : public Speculator {
       const Eigen::Index m = static_cast<Eigen::Index>(guesses.size()), vocab = logits.cols();
       Matrix p(m + 1, vocab);
       for (Eigen::Index i = 0; i <= m; ++i) p.row(i) = sampling_distribution(logits.row(i).transpose(), params).transpose();
-      const bool proposed_these = st.last.q.rows() == m && std::equal(guesses.begin(), guesses.end(), st.last.tokens.begin());
-      Matrix q = proposed_these ? st.last.q : Matrix::Zero(m, vocab);
-      if (!proposed_these || q.rows() == 0)  // certain guesses: one-hot rows
+      Matrix q = st.last.q;
+      if (q.rows() == 0) {  // certain guesses: one-hot rows
+        q = Matrix::Zero(m, vocab);
         for (Eigen::Index i = 0; i < m; ++i) q(i, guesses[static_cast<size_t>(i)]) = 1.0f;
+      }
       v = verify_sampled(p, q, guesses, st.rng);
     }
     st.proposer->rollback(static_cast<int>(seq.tokens.size()) + v.accepted);
@@ -156,24 +159,20 @@ class ProposerSpeculator final : public Speculator {
     return kept;
   }
 
-  void forget(int id) override { states_.erase(id); }
-
  private:
-  struct State {
+  struct State final : SpeculationState {
+    State(std::unique_ptr<Proposer> p, uint64_t seed) : proposer(std::move(p)), rng(seed) {}
     std::unique_ptr<Proposer> proposer;
     Proposal last;  ///< its last proposal (q: the distributions its guesses were drawn from)
     Rng rng;        ///< verification's draws, apart from the sequence's Sampler
   };
-  State& state(const Sequence& seq) {
-    auto it = states_.find(seq.request.id);
-    if (it == states_.end())
-      it = states_.emplace(seq.request.id, State{make_(seq), {}, Rng(seq.request.sampling.seed ^ 0x9e3779b97f4a7c15ull)})
-               .first;
-    return it->second;
+  State& state(Sequence& seq) {
+    if (!seq.speculation)
+      seq.speculation = std::make_unique<State>(make_(seq), seq.request.sampling.seed ^ 0x9e3779b97f4a7c15ull);
+    return static_cast<State&>(*seq.speculation);  // a sequence's state is only ever this speculator's
   }
 
   Factory make_;
-  std::unordered_map<int, State> states_;  ///< by request id, until the engine says it left
 };
 
 }  // namespace

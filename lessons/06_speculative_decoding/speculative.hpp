@@ -293,7 +293,8 @@ std::vector<int> generate_tree(TargetModel& target, DraftProposer& draft, std::s
 /// its own proposer; a round is verified with verify_greedy() at temperature 0 and with
 /// verify_sampled() otherwise (p from the sequence's sampling parameters, q from the proposal,
 /// one-hot rows when it has none, drawn with an Rng of the sequence's own), and the proposer rolls
-/// back to what was kept.
+/// back to what was kept. The proposer, its last proposal and that Rng are the sequence's
+/// Sequence::speculation: they leave the engine with it.
 
 /// Prompt lookup (NgramProposer(max_n, min_n)) for every sequence.
 std::unique_ptr<Speculator> prompt_lookup_speculator(int max_n = 3, int min_n = 1);
