@@ -218,6 +218,12 @@ class CpuRunner final : public ModelRunner {
 
 // ================================================================= the engine ==
 
+/// What a Speculator keeps for one sequence between rounds (lesson 06: its proposer, say a draft
+/// model with its own KV cache). It lives in the Sequence and leaves with it.
+struct SpeculationState {
+  virtual ~SpeculationState() = default;
+};
+
 /// A request inside the engine: its tokens and how many of them are computed. Everything the
 /// engine knows about a request lives here, and leaves with it.
 ///
@@ -228,12 +234,6 @@ class CpuRunner final : public ModelRunner {
 /// computed any more, and when it is admitted again it feeds everything it has that its new store
 /// does not already hold (recompute; a prefix cache may still hold a prefix of it) and
 /// samples where it stopped: there is no other state to restore.
-/// What a Speculator keeps for one sequence between rounds (lesson 06: its proposer, say a draft
-/// model with its own KV cache). It lives in the Sequence and leaves with it.
-struct SpeculationState {
-  virtual ~SpeculationState() = default;
-};
-
 struct Sequence {
   GenerationRequest request;        ///< as submitted (its prompt, limits and sampling)
   long ticket = 0;                  ///< submission order, engine-wide
