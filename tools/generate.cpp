@@ -6,16 +6,20 @@
 //            [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //
-// Without --kv-cache every step re-runs the whole sequence (lesson 00); with it, the prompt is
-// prefilled once and each step computes one token (lesson 02). --paged keeps the cache in
-// blocks of SIZE positions from a pool of COUNT blocks (lesson 04). --prefix-cache runs the prompt
-// N times (default 2) through lesson 03's engine over lesson 05's prefix cache, one run after
-// another with seeds S, S + 1, ...: the first run is cold, the later ones find the prompt's full
-// blocks cached. --speculative decodes with lesson 06's speculative loop: a draft model (DIR,
-// by default the model's directory with -draft appended) or prompt lookup proposes K tokens a
-// round (default 4), and the target verifies them in one forward; tree (greedy only): the draft
-// proposes a tree of B branches per node (default 2), K levels deep. --device cuda runs the model on a GPU with lesson 07's kernels, its weights in
-// float32 or bf16 (built where CUDA is).
+// Without --kv-cache every step re-runs the whole sequence (lesson 00's generate()); with it, the
+// prompt is prefilled once and each step computes one token (lesson 02's generate_cached()).
+// Everything else runs the prompt through the engine (lesson 03's Engine, the one that
+// serve-offline and serve drive), as one request: --paged keeps its K/V in blocks of SIZE
+// positions from a pool of COUNT blocks (lesson 04); --prefix-cache runs the prompt N times
+// (default 2) over lesson 05's prefix cache, one run after another with seeds S, S + 1, ...: the
+// first run is cold, the later ones find the prompt's full blocks cached; --speculative draft|ngram
+// feeds up to K guesses (default 4) per step from a draft model (DIR, by default the model's
+// directory with -draft appended) or prompt lookup, verified in the step's one forward
+// (lesson 06); --device cuda runs the forward on a GPU with lesson 07's kernels, its weights in
+// float32 or bf16, and with --paged the pool's rows on the device, read by lesson 08's paged
+// attention (built where CUDA is). --speculative tree (greedy only) runs lesson 06's own tree
+// loop: the draft proposes a tree of B branches per node (default 2), K levels deep, scored in
+// one forward with a tree mask.
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
@@ -35,12 +39,14 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/03_batching/engine.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #endif
 
 namespace {
@@ -48,23 +54,37 @@ namespace {
 void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
-         "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]]\n"
+         "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
+         "                [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]\n"
+         "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
          "  --stats prints tokens and tokens/s to stderr.\n"
-         "  --kv-cache keeps keys and values (lesson 02) instead of recomputing them (lesson 00);\n"
+         "  --kv-cache keeps keys and values (lesson 02's loop) instead of recomputing them (lesson 00's);\n"
          "  --kv-dtype int8 stores them as INT8 with a scale per token and head.\n"
-         "  --paged keeps them in blocks of SIZE positions (default 16) from a pool of COUNT blocks\n"
+         "  The options below run the prompt through the engine (lesson 03), as serve-offline does:\n"
+         "  --paged keeps K/V in blocks of SIZE positions (default 16) from a pool of COUNT blocks\n"
          "  (default: just enough for the prompt and max-new-tokens; lesson 04).\n"
          "  --prefix-cache (with --paged) runs the prompt N times (--repeat, default 2), one after another,\n"
          "  with seeds S, S+1, ...; the runs after the first reuse its cached K/V blocks (lesson 05).\n"
          "  With --stats, each run's cached positions and time to first token go to stderr.\n"
          "  --speculative draft|ngram decodes speculatively (lesson 06): the draft model (--draft DIR,\n"
-         "  default MODEL-draft) or prompt lookup guesses K tokens a round (--num-speculative-tokens,\n"
-         "  default 4), the model verifies them in one forward; --stats adds acceptance and tokens per round.\n"
-         "  --speculative tree (temperature 0 only): the draft's tree of --tree-branches B (default 2)\n"
-         "  children per node, K levels deep, verified in one forward with a tree attention mask.\n"
-         "  --device cuda runs on a GPU with lesson 07's kernels (--weights f32 or bf16, default f32).\n";
+         "  default MODEL-draft) or prompt lookup guesses up to K tokens a step (--num-speculative-tokens,\n"
+         "  default 4), the model verifies them in the same forward; --stats adds acceptance and tokens per step.\n"
+         "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
+         "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it.\n"
+         "  --speculative tree (temperature 0 only) runs lesson 06's own tree loop: the draft's tree of\n"
+         "  --tree-branches B (default 2) children per node, K levels deep, verified in one forward with a\n"
+         "  tree attention mask.\n";
+}
+
+/// The draft model in `dir`, refused unless it shares the model's vocabulary.
+infer::ModelWeights load_draft(const std::string& dir, const infer::ModelWeights& model) {
+  infer::ModelWeights draft = infer::load_model(dir);
+  if (draft.config.vocab_size != model.config.vocab_size)
+    throw infer::Error(infer::cat("generate: the draft's vocabulary has ", draft.config.vocab_size, " tokens, the model's ",
+                                  model.config.vocab_size));
+  return draft;
 }
 
 }  // namespace
@@ -118,23 +138,29 @@ int main(int argc, char** argv) {
     if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
       throw infer::Error("generate: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw infer::Error("generate: --draft needs --speculative draft");
-    if (!speculative.empty() && (paged || opts.has("--kv-cache") || opts.has("--kv-dtype") || opts.text("--device", "cpu") != "cpu"))
-      throw infer::Error("generate: --speculative keeps its own float32 KV caches on the CPU; drop --kv-cache, --paged, "
-                         "--kv-dtype and --device");
+    if (!speculative.empty() && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
+      throw infer::Error("generate: --speculative runs in the engine, which keeps its own KV memory; drop --kv-cache "
+                         "and --kv-dtype");
+    if (speculative == "tree" && (paged || opts.text("--device", "cpu") != "cpu"))
+      throw infer::Error("generate: --speculative tree runs lesson 06's own loop on the CPU, with its own cache; drop "
+                         "--paged and --device");
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
     if (weights != "f32" && weights != "bf16")
       throw infer::Error(infer::cat("generate: --weights must be f32 or bf16, got '", weights, "'"));
     if (device == "cpu" && opts.has("--weights")) throw infer::Error("generate: --weights needs --device cuda");
-    if (device == "cuda" && (kv_cache || opts.has("--kv-dtype")))
-      throw infer::Error("generate: --device cuda keeps its own KV cache on the GPU; drop --kv-cache, --paged and --kv-dtype");
+    if (device == "cuda" && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
+      throw infer::Error("generate: --device cuda runs the engine, which keeps its KV memory on the GPU; drop --kv-cache "
+                         "and --kv-dtype (--paged keeps it in blocks)");
 #if COURSE_HAVE_CUDA
     if (device == "cuda" && !infer::cuda_device_available())
       throw infer::Error("generate: --device cuda, but this machine has no CUDA device");
 #else
     if (device == "cuda") throw infer::Error("generate: this build has no CUDA (no CUDA compiler was found)");
 #endif
+    // Lessons 00 and 02 run their own loops; everything else is the engine's.
+    const bool engine_mode = paged || device == "cuda" || speculative == "draft" || speculative == "ngram";
     const infer::ModelWeights model = infer::load_model(model_dir);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
@@ -145,37 +171,58 @@ int main(int argc, char** argv) {
       if (!print_ids && token != model.config.eos_token_id) std::cout << infer::ByteTokenizer::piece(token) << std::flush;
     };
     std::vector<int> out;
-    std::unique_ptr<infer::PagedKVPool> pool;
-    infer::SpecStats spec;
-    if (!speculative.empty()) {
-      infer::CpuTarget target(model);
+    std::string engine_name;  // what ran, for --stats
+    if (speculative == "tree") {
+      // Lesson 06's tree loop, on its own cache (the engine's speculators propose chains).
+      infer::TargetModel target(model);
       infer::KVCache cache(model.config, model.config.max_position_embeddings);  // room for a tree's nodes too
-      std::unique_ptr<infer::Proposer> proposer;
-      infer::ModelWeights draft;
-      if (speculative != "ngram") {
-        draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
-        if (draft.config.vocab_size != model.config.vocab_size)
-          throw infer::Error(infer::cat("generate: the draft's vocabulary has ", draft.config.vocab_size,
-                                        " tokens, the model's ", model.config.vocab_size));
-        proposer = std::make_unique<infer::DraftProposer>(draft, params, model.config.max_position_embeddings);
-      } else {
-        proposer = std::make_unique<infer::NgramProposer>(3, 1);
-      }
-      if (speculative == "tree")
-        out = infer::generate_tree(target, static_cast<infer::DraftProposer&>(*proposer), prompt_ids, max_new, branches,
-                                   num_spec, cache, &spec);
-      else
-        out = infer::generate_speculative(target, *proposer, prompt_ids, max_new, num_spec, params, cache, &spec);
+      const infer::ModelWeights draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
+      infer::DraftProposer proposer(draft, params, model.config.max_position_embeddings);
+      infer::SpecStats spec;
+      out = infer::generate_tree(target, proposer, prompt_ids, max_new, branches, num_spec, cache, &spec);
       for (int token : out) stream(token);
-    } else if (prefix_cache) {
-      // Lesson 03's engine, one request at a time, over lesson 05's cache: room for one sequence
-      // and the cached prompt, unless --num-blocks says otherwise.
+      engine_name = infer::cat("tree speculation, ", branches, " branches, ", num_spec, " levels: ", spec.rounds,
+                               " target rounds, ", static_cast<int>(100 * spec.acceptance() + 0.5), "% of guesses kept, ",
+                               std::round(100 * spec.tokens_per_round()) / 100, " tokens per round");
+    } else if (engine_mode) {
+      // The engine, one request at a time: what serve-offline and serve run, with one user.
       const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
-      const int blocks = num_blocks > 0 ? num_blocks : 2 * infer::blocks_for(room, block_size);
-      auto memory = std::make_unique<infer::PrefixKVManager>(model.config, blocks, block_size);
-      const infer::PrefixKVManager& prefix = *memory;
-      infer::Engine engine(model, infer::Policy::Continuous, 1, std::move(memory));
-      for (int run = 0; run < repeat; ++run) {
+      const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
+      std::unique_ptr<infer::ModelRunner> runner = std::make_unique<infer::CpuRunner>(model);
+      std::unique_ptr<infer::KVBlockPool> pool;
+      std::unique_ptr<infer::KVManager> memory;
+#if COURSE_HAVE_CUDA
+      std::unique_ptr<infer::gpu::DeviceAttention> attention;
+      if (device == "cuda" && paged) {
+        auto device_pool = std::make_unique<infer::gpu::CudaPagedKVPool>(model.config, blocks, block_size);
+        attention = infer::gpu::device_paged_attention(*device_pool);
+        pool = std::move(device_pool);
+      }
+      if (device == "cuda" && !paged) memory = infer::gpu::cuda_slots(model.config, 1, room);  // lesson 07's slot
+      if (device == "cuda")
+        runner = std::make_unique<infer::gpu::CudaForward>(
+            model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32, std::move(attention));
+#endif
+      if (paged && device == "cpu") pool = std::make_unique<infer::PagedKVPool>(model.config, blocks, block_size);
+      infer::PrefixKVManager* prefix = nullptr;
+      if (prefix_cache) {
+        auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));
+        prefix = p.get();
+        memory = std::move(p);
+      } else if (paged) memory = std::make_unique<infer::PagedKVManager>(std::move(pool));
+      else if (!memory) memory = std::make_unique<infer::SlotKVManager>(model.config, 1);
+      infer::ModelWeights draft;
+      std::unique_ptr<infer::Speculator> speculator;
+      if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
+      if (speculative == "draft") {
+        draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
+        speculator = infer::draft_speculator(draft, model.config.vocab_size);
+      }
+      const int guesses = speculator ? num_spec : 0;
+      infer::Engine engine(std::move(runner), std::move(memory),
+                           {.policy = infer::Policy::Continuous, .max_running = 1, .speculative_tokens = guesses},
+                           nullptr, std::move(speculator));
+      for (int run = 0; run < (prefix_cache ? repeat : 1); ++run) {
         infer::GenerationRequest r;
         r.id = run;
         r.prompt = prompt_ids;
@@ -184,66 +231,58 @@ int main(int argc, char** argv) {
         r.sampling.seed = params.seed + static_cast<uint64_t>(run);
         r.arrival_step = engine.now();
         engine.submit(r);
-        infer::Stopwatch first;
-        engine.step();  // admits it: its prefill and first token
-        const double ttft = first.seconds();
-        const infer::GenerationResult res = engine.run().back();
         if (run > 0 && !print_ids) std::cout << "\n" << prompt;
-        for (int token : res.tokens) stream(token);
-        if (print_ids)
-          for (size_t i = 0; i < res.tokens.size(); ++i) std::cout << (i || run ? " " : "") << res.tokens[i];
-        if (stats)
+        infer::Stopwatch first;
+        double ttft = -1;
+        while (!engine.idle())
+          for (const infer::TokenEvent& e : engine.step()) {
+            if (ttft < 0) ttft = first.seconds();
+            stream(e.token);
+            out.push_back(e.token);
+          }
+        const std::vector<infer::GenerationResult> done = engine.take_finished();
+        if (stats && prefix_cache)
           std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, first token after %.2f ms]",
-                       run + 1, static_cast<unsigned long long>(r.sampling.seed), res.cached_tokens, prompt_ids.size(),
-                       1e3 * ttft);
-        out.insert(out.end(), res.tokens.begin(), res.tokens.end());
+                       run + 1, static_cast<unsigned long long>(r.sampling.seed),
+                       done.empty() ? 0 : done.back().cached_tokens, prompt_ids.size(), 1e3 * ttft);
       }
-      if (stats)
-        std::fprintf(stderr, "\n[prefix cache: %ld of %ld prompt positions found cached over %d runs; %d blocks cached]\n",
-                     prefix.matched_tokens(), prefix.requested_tokens(), repeat, prefix.cache().cached_blocks());
-    } else if (device == "cuda") {
-#if COURSE_HAVE_CUDA
-      infer::gpu::CudaModel gpu(model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32,
-                                std::max<int>(1, static_cast<int>(prompt_ids.size()) + max_new));
-      out = infer::gpu::generate_cuda(gpu, prompt_ids, max_new, sampler, stream);
-#endif
+      long proposed = 0, accepted = 0, most_reserved = 0;
+      for (const auto& e : engine.log())
+        proposed += e.proposed, accepted += e.accepted, most_reserved = std::max(most_reserved, e.reserved_tokens);
+      engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)" : std::string("CPU"),
+                               ", ", engine.log().size(), " steps");
+      if (paged)
+        engine_name += infer::cat("; paged KV memory: at most ", most_reserved / block_size, " of ", blocks,
+                                  " blocks of ", block_size, " positions held");
+      if (prefix)
+        engine_name += infer::cat("; prefix cache: ", prefix->matched_tokens(), " of ", prefix->requested_tokens(),
+                                  " prompt positions found cached over ", repeat, " runs, ", prefix->cache().cached_blocks(),
+                                  " blocks cached");
+      if (guesses > 0)
+        engine_name += infer::cat("; speculative (", speculative, ", up to ", num_spec, " a step): ", proposed,
+                                  " guesses fed, ", static_cast<int>(proposed > 0 ? 100.0 * accepted / proposed + 0.5 : 0),
+                                  "% kept, ", std::round(100.0 * static_cast<double>(out.size()) / std::max<size_t>(1, engine.log().size())) / 100,
+                                  " tokens per step");
     } else if (!kv_cache) {
       out = infer::generate(model, prompt_ids, max_new, sampler, stream);
+      engine_name = "naive decoder";
     } else {
       // Room for everything the sequence will hold; generate_cached refuses more than the context.
-      const int room = static_cast<int>(prompt_ids.size()) + max_new;
+      const int room = std::max(static_cast<int>(prompt_ids.size()) + max_new, 1);
       std::unique_ptr<infer::KVStore> cache;
-      if (paged) {
-        const int needed = infer::blocks_for(std::max(room, 1), block_size);
-        pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks > 0 ? num_blocks : needed, block_size);
-        cache = std::make_unique<infer::PagedKVCache>(*pool, std::clamp(room, 1, model.config.max_position_embeddings));
-      } else if (kv_dtype == "int8") cache = std::make_unique<infer::Int8KVCache>(model.config, std::max(room, 1));
-      else cache = std::make_unique<infer::KVCache>(model.config, std::max(room, 1));
+      if (kv_dtype == "int8") cache = std::make_unique<infer::Int8KVCache>(model.config, room);
+      else cache = std::make_unique<infer::KVCache>(model.config, room);
       out = infer::generate_cached(model, prompt_ids, max_new, sampler, *cache, stream);
-      if (stats && paged)
-        std::fprintf(stderr, "[paged: %zu blocks of %d positions for %d positions; %zu of %zu bytes reserved hold tokens]\n",
-                     static_cast<infer::PagedKVCache&>(*cache).block_table().size(), block_size, cache->length(),
-                     cache->bytes_used(), cache->bytes_reserved());
+      engine_name = "KV cache, " + kv_dtype;
     }
     const double seconds = clock.seconds();
 
-    if (print_ids && !prefix_cache) {  // the prefix cache's runs printed their own ids
+    if (print_ids)
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
-    }
     std::cout << std::endl;  // flushed before the statistics go to stderr
-    if (stats) {
-      const std::string engine = device == "cuda" ? "CUDA, " + weights + " weights"
-                                 : !speculative.empty()
-                                     ? infer::cat("speculative, ", speculative, ", k = ", num_spec, ": ", spec.rounds,
-                                                  " target rounds, ", static_cast<int>(100 * spec.acceptance() + 0.5),
-                                                  "% of guesses kept, ", std::round(100 * spec.tokens_per_round()) / 100, " tokens per round")
-                                 : prefix_cache   ? infer::cat("prefix cache, ", repeat, " runs")
-                                 : paged          ? "paged KV cache"
-                                 : kv_cache       ? "KV cache, " + kv_dtype
-                                                  : "naive decoder";
-      std::fprintf(stderr, "[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", engine.c_str(),
-                   prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
-    }
+    if (stats)
+      std::fprintf(stderr, "%s[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prefix_cache ? "\n" : "",
+                   engine_name.c_str(), prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

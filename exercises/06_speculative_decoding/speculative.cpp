@@ -4,7 +4,7 @@
 // Replace each `throw NotImplemented(...)`. The contract is
 // lessons/06_speculative_decoding/speculative.hpp; the lesson text is
 // lessons/06_speculative_decoding/README.md. Check your work with `./course check 06`.
-// The constructors, CpuTarget, forward_tree(), keep_tree_path() and KVStore::truncate() are
+// The constructors, TargetModel, forward_tree(), keep_tree_path() and KVStore::truncate() are
 // written for you (given.cpp, and lesson 02's given.cpp).
 // Stuck on a function? `./course hint 06 NAME` gives a hint, one tier at a time.
 #include "lessons/06_speculative_decoding/speculative.hpp"

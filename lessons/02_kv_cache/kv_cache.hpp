@@ -23,6 +23,9 @@
 namespace infer {
 
 class PagedKVCache;  // lesson 04
+namespace gpu {
+class CudaKVStore;  // lesson 07
+}
 
 /// Where a sequence's keys and values live. Given to you: the interface that lesson 02's two
 /// caches implement, that forward_cached() talks to, and that later lessons implement again
@@ -77,6 +80,9 @@ class KVStore {
   /// block tables without guessing a store's type.
   virtual const PagedKVCache* paged() const { return nullptr; }
   virtual PagedKVCache* paged() { return nullptr; }  ///< the same, to write through
+  /// This store as lesson 07's contiguous cache in device memory, or null: how the CUDA forward
+  /// finds the device arrays of the caches a step hands it.
+  virtual gpu::CudaKVStore* cuda() { return nullptr; }
 
   /// Bytes holding stored positions (including any scales).
   virtual size_t bytes_used() const = 0;

@@ -155,9 +155,19 @@ class SlotKVManager final : public KVManager {
 
 // ============================================================ the forward seam ==
 
-/// One sequence's share of a step: its `tokens` are fed at positions cache->length() onwards,
-/// and their K/V appended to `cache`. A decode is a chunk of one token (the one it sampled last);
-/// a prompt, or a piece of one, is a chunk of several.
+/// Which tokens of a chunk each token of it may attend to: [n, n], mask(i, j) true where token i
+/// sees token j. Lesson 06 builds one for a tree of guesses (tree_mask()).
+using TreeMask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic>;
+
+/// One sequence's share of a step: its `tokens` are fed after the cache's positions, and their
+/// K/V appended to `cache` in order (token i at row cache->length() + i). A decode is a chunk of
+/// one token (the one it sampled last); a prompt, or a piece of one, is a chunk of several.
+///
+/// By default the tokens are a chain: token i sits at position cache->length() + i and sees the
+/// cache and tokens 0..i (causal). With a `mask` (lesson 06's tree of guesses) token i sees the
+/// cache and the tokens j with mask(i, j), itself included and none after it, and sits at
+/// position cache->length() + (tokens it sees in the chunk) - 1: its depth in the tree. The
+/// causal chunk is the case of a lower-triangular mask.
 struct Chunk {
   std::span<const int> tokens;  ///< at least one token
   KVStore* cache = nullptr;     ///< the sequence's K/V, which the forward extends
@@ -165,6 +175,7 @@ struct Chunk {
   /// How many of its last tokens want their logits: 1 (the next token after the chunk), or, for a
   /// speculative decode (lesson 06), every token of the chunk, one row per guess to verify.
   int logits = 1;
+  const TreeMask* mask = nullptr;  ///< null: causal; else [n, n] (not owned; it outlives the forward)
 };
 
 /// What one step feeds the model: a flat, variable-length batch. Every sequence in the step
@@ -177,14 +188,15 @@ struct StepInput {
 
 /// Checks a step before any of it runs (given; every ModelRunner calls it): throws infer::Error,
 /// naming `who`, for no chunks, an empty chunk, a null cache, two chunks on one cache, token ids
-/// outside the vocabulary, a chunk that would overflow its cache or the context, or a chunk's
-/// `logits` outside [1, its tokens].
+/// outside the vocabulary, a chunk that would overflow its cache or the context, a chunk's
+/// `logits` outside [1, its tokens], or a mask that is not [n, n], hides a token from itself or
+/// shows it a later one (the message names the "mask").
 /// @return the rows of logits the step returns: the sum of the chunks' `logits`.
 int check_step(const ModelConfig& config, const StepInput& step, const char* who);
 
 /// The engine's forward over a step (given): the rows of every chunk are stacked, so each weight
 /// matrix is read once for the whole step; RoPE uses each row's own position; attention runs per
-/// chunk over its own cache, causal within the chunk. Returns a row of logits per wanted position,
+/// chunk over its own cache, causal within the chunk (or as its mask says). Returns a row of logits per wanted position,
 /// chunk after chunk: chunk i's last `logits` tokens, in order (one row, after its last token,
 /// for an ordinary chunk). Each equals forward_cached() of the chunk alone, within float rounding.
 ///

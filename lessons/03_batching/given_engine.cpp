@@ -2,6 +2,7 @@
 // the planner of whole prompts and the engine's loop, compiled with your exercises/ and with the
 // reference. The contract is lessons/03_batching/engine.hpp.
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "common/linear.hpp"
@@ -65,10 +66,53 @@ int check_step(const ModelConfig& c, const StepInput& step, const char* who) {
             ch.cache->max_tokens(), ") or the context (", c.max_position_embeddings, ")");
     require(ch.logits >= 1 && ch.logits <= static_cast<int>(ch.tokens.size()), who, ": chunk ", i, " wants the logits of ",
             ch.logits, " of its ", ch.tokens.size(), " tokens (expected 1 to that)");
+    if (ch.mask) {
+      const TreeMask& m = *ch.mask;
+      const auto n = static_cast<Eigen::Index>(ch.tokens.size());
+      require(m.rows() == n && m.cols() == n, who, ": chunk ", i, "'s mask is [", m.rows(), ", ", m.cols(),
+              "], expected [", n, ", ", n, "] for its tokens");
+      for (Eigen::Index r = 0; r < n; ++r) {
+        require(m(r, r), who, ": chunk ", i, "'s mask hides token ", r, " from itself");
+        for (Eigen::Index j = r + 1; j < n; ++j)
+          require(!m(r, j), who, ": chunk ", i, "'s mask shows token ", r, " the later token ", j);
+      }
+    }
     rows += ch.logits;
   }
   return rows;
 }
+
+namespace {
+
+/// Attention of a masked chunk's queries q ([n, heads * head_dim], rotated), whose K/V were just
+/// appended at rows start .. start + n - 1 of `keys` and `values`: row i sees rows 0 .. start - 1
+/// and the chunk's rows j with mask(i, j).
+Matrix masked_attention(ConstMatrixRef q, ConstMatrixRef keys, ConstMatrixRef values, int start, const TreeMask& mask,
+                        const ModelConfig& c) {
+  const int n = static_cast<int>(q.rows()), d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Matrix out = Matrix::Zero(n, q.cols());
+  std::vector<float> score(static_cast<size_t>(start + n));
+  for (int i = 0; i < n; ++i) {
+    for (int h = 0; h < c.num_attention_heads; ++h) {
+      const int kv = h / group;
+      const auto qi = q.row(i).segment(h * d, d);
+      float best = -INFINITY;
+      for (int j = 0; j < start + n; ++j) {
+        const bool visible = j < start || mask(i, j - start);
+        score[j] = visible ? scale * qi.dot(keys.row(j).segment(kv * d, d)) : -INFINITY;
+        best = std::max(best, score[j]);
+      }
+      float total = 0;
+      for (int j = 0; j < start + n; ++j) total += score[j] = score[j] == -INFINITY ? 0.0f : std::exp(score[j] - best);
+      for (int j = 0; j < start + n; ++j)
+        if (score[j] > 0) out.row(i).segment(h * d, d) += (score[j] / total) * values.row(j).segment(kv * d, d);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Matrix forward_step(const ModelWeights& model, const StepInput& step) {
   const ModelConfig& c = model.config;
@@ -76,11 +120,15 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
   const std::vector<Chunk>& chunks = step.chunks;
   std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
   std::vector<int> pos(chunks.size());
+  std::vector<std::vector<int>> depth(chunks.size());  // a masked chunk's positions after pos[i]
   Eigen::Index rows = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     pos[i] = chunks[i].cache->length();
     first[i] = rows;
     rows += static_cast<Eigen::Index>(chunks[i].tokens.size());
+    if (chunks[i].mask)
+      for (Eigen::Index t = 0; t < chunks[i].mask->rows(); ++t)
+        depth[i].push_back(static_cast<int>(chunks[i].mask->row(t).count()) - 1);
   }
 
   Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
@@ -96,12 +144,22 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
     Matrix attn(rows, q.cols());
     for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
       const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
-      auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
-      apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
-      apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
-      chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
-      attn.middleRows(r, n) =
-          chunks[i].cache->attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+      KVStore& cache = *chunks[i].cache;
+      if (!chunks[i].mask) {
+        auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
+        apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+        apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+        cache.append(l, k.middleRows(r, n), v.middleRows(r, n));
+        attn.middleRows(r, n) = cache.attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        continue;
+      }
+      for (Eigen::Index t = 0; t < n; ++t) {  // each token at its own depth
+        auto qt = q.middleRows(r + t, 1), kt = k.middleRows(r + t, 1);
+        apply_rope(qt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
+        apply_rope(kt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
+      }
+      cache.append(l, k.middleRows(r, n), v.middleRows(r, n));
+      attn.middleRows(r, n) = masked_attention(q.middleRows(r, n), cache.keys(l), cache.values(l), pos[i], *chunks[i].mask, c);
     }
     x += linear(attn, layer.o_proj);
     x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);

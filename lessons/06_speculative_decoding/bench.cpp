@@ -95,7 +95,7 @@ template <class Make>
 Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, int k,
                 const SamplingParams& params, int reps, Make make) {
   return timed(prompts, reps, [&](const std::vector<int>& p, SpecStats& st) {
-    CpuTarget target(m);
+    TargetModel target(m);
     auto proposer = make();
     KVCache cache(m.config, static_cast<int>(p.size()) + n);
     return generate_speculative(target, *proposer, p, n, k, params, cache, &st);
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
                                         [&] { return std::make_unique<DraftProposer>(draft, greedy, 256); }));
     for (const auto& [b, d] : std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {2, 4}}) {
       const Run r = timed(prompts, reps, [&](const std::vector<int>& p, SpecStats& st) {
-        CpuTarget t(target);
+        TargetModel t(target);
         DraftProposer dp(draft, greedy, 256);
         KVCache cache(target.config, 256);  // the tree's nodes sit after the context for a round
         return generate_tree(t, dp, p, n, b, d, cache, &st);

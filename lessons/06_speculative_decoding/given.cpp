@@ -1,4 +1,5 @@
-// Lesson 06, given: constructors, the CPU target, and the statistics' ratios.
+// Lesson 06, given: constructors, the target over lesson 03's forward seam, the tree's forward,
+// and the statistics' ratios.
 #include "lessons/06_speculative_decoding/speculative.hpp"
 
 #include <algorithm>
@@ -20,70 +21,29 @@ DraftProposer::DraftProposer(const ModelWeights& draft, const SamplingParams& pa
   params.validate();
 }
 
-Matrix CpuTarget::forward(std::span<const int> tokens, KVStore& cache) { return forward_cached(*model_, tokens, cache); }
+TargetModel::TargetModel(const ModelWeights& model)
+    : owned_(std::make_unique<CpuRunner>(model)), runner_(owned_.get()) {}
 
-Matrix CpuTarget::forward_tree(const TokenTree& tree, KVStore& cache) { return infer::forward_tree(*model_, tree, cache); }
+Matrix TargetModel::forward(std::span<const int> tokens, KVStore& cache) {
+  ++forwards_;
+  positions_ += static_cast<long>(tokens.size());
+  if (tokens.empty()) return Matrix(0, config().vocab_size);
+  const int n = static_cast<int>(tokens.size());
+  return runner_->forward({{Chunk{.tokens = tokens, .cache = &cache, .logits = n}}});
+}
 
 // ------------------------------------------------------------- the tree forward --
 
-namespace {
-
-/// Attention of the tree's queries q ([N, heads * head_dim], rotated) over the cache's first
-/// `start` positions and the tree's own rows start .. start + N - 1, as `mask` allows.
-Matrix tree_attention(ConstMatrixRef q, ConstMatrixRef keys, ConstMatrixRef values, int start, const TreeMask& mask,
-                      const ModelConfig& c) {
-  const int N = static_cast<int>(q.rows()), d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  Matrix out = Matrix::Zero(N, q.cols());
-  std::vector<float> score(static_cast<size_t>(start + N));
-  for (int i = 0; i < N; ++i) {
-    for (int h = 0; h < c.num_attention_heads; ++h) {
-      const int kv = h / group;
-      const auto qi = q.row(i).segment(h * d, d);
-      float best = -INFINITY;
-      for (int j = 0; j < start + N; ++j) {
-        const bool visible = j < start || mask(i, j - start);
-        score[j] = visible ? scale * qi.dot(keys.row(j).segment(kv * d, d)) : -INFINITY;
-        best = std::max(best, score[j]);
-      }
-      float total = 0;
-      for (int j = 0; j < start + N; ++j) total += score[j] = score[j] == -INFINITY ? 0.0f : std::exp(score[j] - best);
-      for (int j = 0; j < start + N; ++j)
-        if (score[j] > 0) out.row(i).segment(h * d, d) += (score[j] / total) * values.row(j).segment(kv * d, d);
-    }
-  }
-  return out;
+Matrix TargetModel::forward_tree(const TokenTree& tree, KVStore& cache) {
+  ++forwards_;
+  positions_ += static_cast<long>(tree.tokens.size());
+  const TreeMask mask = tree_mask(tree);  // your mask; it validates the tree
+  const int n = static_cast<int>(tree.tokens.size());
+  return runner_->forward({{Chunk{.tokens = tree.tokens, .cache = &cache, .logits = n, .mask = &mask}}});
 }
 
-}  // namespace
-
 Matrix forward_tree(const ModelWeights& model, const TokenTree& tree, KVStore& cache) {
-  const ModelConfig& c = model.config;
-  const TreeMask mask = tree_mask(tree);  // validates the tree
-  const int N = static_cast<int>(tree.tokens.size()), start = cache.length();
-  check_tokens(c, tree.tokens, "forward_tree");
-  std::vector<int> depth(static_cast<size_t>(N), 0);
-  for (int i = 1; i < N; ++i) depth[i] = depth[tree.parent[i]] + 1;
-  const int deepest = *std::max_element(depth.begin(), depth.end());
-  require(start + N <= cache.max_tokens() && start + deepest < c.max_position_embeddings, "forward_tree: ", N,
-          " nodes after ", start, " cached positions exceed the cache's ", cache.max_tokens(),
-          " or the model's context of ", c.max_position_embeddings, " positions");
-  Matrix x(N, c.hidden_size);
-  for (int i = 0; i < N; ++i) x.row(i) = model.embed_tokens.row(tree.tokens[i]);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& layer = model.layers[l];
-    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = linear(h, layer.q_proj), k = linear(h, layer.k_proj);
-    const Matrix v = linear(h, layer.v_proj);
-    for (int i = 0; i < N; ++i) {  // each node at its own position: the root's plus its depth
-      apply_rope(q.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
-      apply_rope(k.middleRows(i, 1), c.head_dim, start + depth[i], c.rope_theta);
-    }
-    cache.append(l, k, v);
-    x += linear(tree_attention(q, cache.keys(l), cache.values(l), start, mask, c), layer.o_proj);
-    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
-  }
-  return linear(rms_norm(x, model.norm, c.rms_norm_eps), model.lm_head);
+  return TargetModel(model).forward_tree(tree, cache);  // a CPU runner for one call
 }
 
 void keep_tree_path(KVStore& cache, int start, std::span<const int> path) {

@@ -7,7 +7,7 @@
 /// verify_greedy(), verify_sampled(), NgramProposer::propose(), DraftProposer's catch_up(),
 /// propose() and rollback(), generate_speculative(); and for tree speculation tree_mask(),
 /// DraftProposer::propose_tree(), verify_tree_greedy() and generate_tree(). Given (in given.cpp):
-/// CpuTarget, forward_tree(), keep_tree_path(), the constructors, KVStore::truncate() (lesson 02),
+/// TargetModel, forward_tree(), keep_tree_path(), the constructors, KVStore::truncate() (lesson 02),
 /// and SpecStats' ratios.
 ///
 /// One round, with the target's cache holding every token of the context but the last:
@@ -80,8 +80,8 @@ struct TokenTree {
   std::vector<int> parent;  ///< one per node: -1 for the root, else an earlier node
 };
 
-/// A tree's attention mask: [nodes, nodes], true where a node may attend to another.
-using TreeMask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic>;
+// A tree's attention mask is lesson 03's TreeMask: [nodes, nodes], true where a node may attend
+// to another; a chunk of a step that carries one is run as a tree (Chunk::mask).
 
 /// Which nodes each node of `tree` may attend to: mask(i, j) is true exactly when j is i or an
 /// ancestor of i. Throws infer::Error for a tree that is empty, whose sizes differ, whose root's
@@ -89,7 +89,8 @@ using TreeMask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic>;
 /// or "parents" when the sizes differ).
 TreeMask tree_mask(const TokenTree& tree);
 
-/// The model over a tree's nodes after the cache's positions (given). Node i sits at position
+/// The model over a tree's nodes after the cache's positions (given): lesson 03's forward_step()
+/// over one chunk, the tree's tokens with your tree_mask() as its mask. Node i sits at position
 /// cache.length() + depth(i) (its RoPE angle) and attends to every cached position and to the
 /// nodes tree_mask() lets it see; so row i of the result is the model's next-token logits after
 /// the path from the root to node i, as if that path alone had been run. The nodes' K/V are
@@ -202,31 +203,32 @@ class DraftProposer final : public Proposer {
 
 // ================================================================= the loop ==
 
-/// What runs the target model: the seam through which tests count target forwards (given:
-/// CpuTarget, lesson 02's forward_cached()).
+/// The target model as the engine runs it: lesson 03's forward seam (a ModelRunner: CpuRunner on
+/// the CPU, lesson 07's CudaForward on a GPU) fed one chunk of one sequence per call (given). It
+/// counts the forwards it is asked for, which is how the tests check "one forward per round".
 class TargetModel {
  public:
-  virtual ~TargetModel() = default;
+  /// Runs `model` on the CPU (a CpuRunner; `model` must outlive this).
+  explicit TargetModel(const ModelWeights& model);
+  /// Runs through `runner` (not owned: it must outlive this).
+  explicit TargetModel(ModelRunner& runner) : runner_(&runner) {}
   /// The target's shape.
-  virtual const ModelConfig& config() const = 0;
+  const ModelConfig& config() const { return runner_->config(); }
   /// Logits of every one of `tokens` ([tokens.size(), vocab]), placed at positions
-  /// cache.length() onward; their K/V are appended to `cache`.
-  virtual Matrix forward(std::span<const int> tokens, KVStore& cache) = 0;
-  /// forward_tree() of the target: one forward over a whole tree of guesses.
-  virtual Matrix forward_tree(const TokenTree& tree, KVStore& cache) = 0;
-};
-
-/// The target on the CPU: forward_cached() (given).
-class CpuTarget final : public TargetModel {
- public:
-  /// Runs `model` (not owned: it must outlive this).
-  explicit CpuTarget(const ModelWeights& model) : model_(&model) {}
-  const ModelConfig& config() const override { return model_->config; }
-  Matrix forward(std::span<const int> tokens, KVStore& cache) override;
-  Matrix forward_tree(const TokenTree& tree, KVStore& cache) override;
+  /// cache.length() onward; their K/V are appended to `cache`. One chunk of one step: every row's
+  /// logits. No tokens: no forward, 0 rows (still counted).
+  Matrix forward(std::span<const int> tokens, KVStore& cache);
+  /// forward_tree() of the target: one step whose one chunk is the tree, masked by tree_mask().
+  Matrix forward_tree(const TokenTree& tree, KVStore& cache);
+  /// forward() and forward_tree() calls so far.
+  long forwards() const { return forwards_; }
+  /// Tokens or tree nodes those calls computed.
+  long positions() const { return positions_; }
 
  private:
-  const ModelWeights* model_;
+  std::unique_ptr<ModelRunner> owned_;  // the CpuRunner of the first constructor
+  ModelRunner* runner_;
+  long forwards_ = 0, positions_ = 0;
 };
 
 /// What a speculative generation did.

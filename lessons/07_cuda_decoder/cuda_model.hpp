@@ -52,6 +52,7 @@ class CudaKVStore final : public KVStore {
   void reset() override;
   size_t bytes_used() const override;
   size_t bytes_reserved() const override;
+  CudaKVStore* cuda() override { return this; }
 
   /// Appends `n` rows of keys and values already on the device (k and v: [n, kv_dim] device
   /// arrays) to `layer`. Same checks as append().
@@ -113,7 +114,8 @@ class CudaForward final : public ModelRunner {
   const ModelConfig& config() const override;
   /// A step of the engine (forward_step()'s contract, validated the same way first): in waves,
   /// wave t one decode() over every chunk that has a token t, so a step of B decodes is one
-  /// batched decode and a prompt of n tokens is n of them. Row i: the logits after chunk i's last token.
+  /// batched decode and a prompt of n tokens is n of them; rows of logits as forward_step() gives
+  /// them. Throws infer::Error for a chunk with a mask (a tree of guesses: not on the GPU yet).
   Matrix forward(const StepInput& step) override;
   /// One step per token (B = 1); the logits of the last.
   Vector prefill(std::span<const int> tokens, KVStore& cache);
@@ -159,11 +161,5 @@ class CudaModel {
   std::unique_ptr<CudaForward> forward_;
   std::unique_ptr<CudaKVStore> cache_;
 };
-
-/// Lesson 00's generate() on the device: the prompt one token at a time, then one decode step
-/// per new token. Same arguments, same stopping rule (EOS or max_new_tokens); `model` must be
-/// empty and hold prompt.size() + max_new_tokens positions.
-std::vector<int> generate_cuda(CudaModel& model, std::span<const int> prompt, int max_new_tokens, Sampler& sampler,
-                               const TokenCallback& on_token = {});
 
 }  // namespace infer::gpu

@@ -212,7 +212,7 @@ class ContiguousAttention final : public DeviceAttention {
   void begin_step(std::span<KVStore* const> caches, const char* who) override {
     stores_.clear();
     for (size_t i = 0; i < caches.size(); ++i) {
-      auto* d = dynamic_cast<CudaKVStore*>(caches[i]);
+      CudaKVStore* d = caches[i] ? caches[i]->cuda() : nullptr;
       require(d != nullptr, who, ": cache ", i, " is not a CudaKVStore (the CUDA forward reads its caches on the device;",
               " take them from cuda_slots())");
       require(d->num_layers() == c_.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
@@ -357,6 +357,9 @@ Matrix CudaForward::forward(const StepInput& step) {
   const ModelConfig& c = impl_->c;
   const int wanted = check_step(c, step, "CudaForward::forward");
   const std::vector<Chunk>& chunks = step.chunks;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    require(chunks[i].mask == nullptr, "CudaForward::forward: chunk ", i,
+            " is a tree (a mask); the GPU forward runs chains of tokens only (run trees on the CPU: CpuRunner)");
   size_t longest = 0;
   std::vector<Eigen::Index> first_row(chunks.size());  // each chunk's first row of logits in `out`
   Eigen::Index rows = 0;
@@ -455,28 +458,5 @@ int CudaModel::max_tokens() const { return cache_->max_tokens(); }
 void CudaModel::reset() { cache_->reset(); }
 const ModelConfig& CudaModel::config() const { return forward_->config(); }
 double CudaModel::weight_bytes_per_step() const { return forward_->weight_bytes_per_step(); }
-
-std::vector<int> generate_cuda(CudaModel& model, std::span<const int> prompt, int max_new_tokens, Sampler& sampler,
-                               const TokenCallback& on_token) {
-  const ModelConfig& c = model.config();
-  check_tokens(c, prompt, "generate_cuda");
-  require(max_new_tokens >= 0, "generate_cuda: max_new_tokens must be >= 0, got ", max_new_tokens);
-  require(model.length() == 0, "generate_cuda: the model's cache must start empty, it holds ", model.length(),
-          " positions");
-  require(prompt.size() + max_new_tokens <= static_cast<size_t>(model.max_tokens()), "generate_cuda: the cache holds ",
-          model.max_tokens(), " positions, the generation needs ", prompt.size() + max_new_tokens);
-  std::vector<int> generated;
-  if (max_new_tokens == 0) return generated;
-  Vector logits;
-  for (int t : prompt) logits = model.decode(t);
-  for (int step = 0; step < max_new_tokens; ++step) {
-    const int next = sampler.next(logits);
-    generated.push_back(next);
-    if (on_token) on_token(next);
-    if (next == c.eos_token_id || step + 1 == max_new_tokens) break;
-    logits = model.decode(next);
-  }
-  return generated;
-}
 
 }  // namespace infer::gpu

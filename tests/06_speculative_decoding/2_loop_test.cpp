@@ -13,7 +13,6 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
-#include "tests/06_speculative_decoding/counting_target.hpp"
 
 namespace infer {
 namespace {
@@ -53,7 +52,7 @@ GRADED_TEST(Lesson06Loop, GreedyWithTheDraftGivesTheTargetsTokensForEveryK, 3) {
   const int n = 40;
   const std::vector<int> want = greedy_reference(prompt, n);
   for (int k = 1; k <= 8; ++k) {
-    CpuTarget target(m);
+    TargetModel target(m);
     DraftProposer draft(testing::bundled_draft(), kGreedy, m.config.max_position_embeddings);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     SpecStats st;
@@ -71,7 +70,7 @@ GRADED_TEST(Lesson06Loop, GreedyWithPromptLookupGivesTheTargetsTokensForEveryK, 
   const int n = 64;
   const std::vector<int> want = greedy_reference(prompt, n);
   for (int k = 1; k <= 8; ++k) {
-    CpuTarget target(m);
+    TargetModel target(m);
     NgramProposer lookup(3, 1);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     SpecStats st;
@@ -89,15 +88,15 @@ GRADED_TEST(Lesson06Loop, OneTargetForwardPerRound, 3) {
   const std::vector<int> want = greedy_reference(prompt, n);
   ASSERT_EQ(static_cast<int>(want.size()), n) << "the test needs a continuation without EOS";
   for (const bool wrong : {false, true}) {
-    testing::CountingTarget target(m);
+    TargetModel target(m);
     Oracle oracle(prompt, want, wrong, m.config.vocab_size);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     SpecStats st;
     EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache, &st), want);
     const long rounds = wrong ? n : (n + k) / (k + 1);  // 30 tokens in rounds of 5: 6 rounds
-    EXPECT_EQ(target.forwards, 1 + rounds) << (wrong ? "always wrong" : "always right") << ": the prefill, then one forward per round";
+    EXPECT_EQ(target.forwards(), 1 + rounds) << (wrong ? "always wrong" : "always right") << ": the prefill, then one forward per round";
     EXPECT_EQ(st.rounds, rounds);
-    EXPECT_EQ(st.target_forwards, target.forwards);
+    EXPECT_EQ(st.target_forwards, target.forwards());
     EXPECT_EQ(st.accepted, wrong ? 0 : n - rounds);
     EXPECT_EQ(st.generated, n);
   }
@@ -125,7 +124,7 @@ GRADED_TEST(Lesson06Loop, GenerationStopsRightAfterEosEvenInsideARound, 1) {
     }
   }
   for (const int k : {3, 5}) {
-    CpuTarget target(m);
+    TargetModel target(m);
     Oracle oracle(prompt, past, false, m.config.vocab_size);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache), want) << "k = " << k;
@@ -159,7 +158,7 @@ GRADED_TEST(Lesson06Loop, AfterARejectionBothCachesHoldExactlyTheKeptTokens, 3) 
   const std::vector<int> prompt = ByteTokenizer::encode("Q: Will it rain? A:");
   const SamplingParams params{.temperature = 1.0f, .seed = 3};
   const int n = 25;
-  CpuTarget target(m);
+  TargetModel target(m);
   DraftProposer draft(d, params, m.config.max_position_embeddings);
   KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
   SpecStats st;
@@ -194,7 +193,7 @@ GRADED_TEST(Lesson06Loop, RollbackWorksForAStoreWithoutItsOwnTruncate, 1) {
   const std::vector<int> prompt = ByteTokenizer::encode("Q: Will it rain? A:");
   const SamplingParams params{.temperature = 1.0f, .seed = 3};
   const int n = 25;
-  CpuTarget target(m);
+  TargetModel target(m);
   DraftProposer draft(testing::bundled_draft(), params, m.config.max_position_embeddings);
   Int8KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
   SpecStats st;
@@ -229,7 +228,7 @@ GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) 
 
 GRADED_TEST(Lesson06Loop, BadArgumentsAreRefused, 1) {
   const ModelWeights& m = testing::bundled_model();
-  CpuTarget target(m);
+  TargetModel target(m);
   NgramProposer lookup;
   const std::vector<int> prompt = ByteTokenizer::encode("Hi");
   KVCache cache(m.config, 16);

@@ -11,7 +11,6 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
-#include "tests/06_speculative_decoding/counting_target.hpp"
 
 namespace infer {
 namespace {
@@ -139,19 +138,19 @@ GRADED_TEST(Lesson06Tree, GreedyTreeSpeculationGivesTheTargetsTokensInOneForward
   const std::vector<int> want = generate_cached(m, prompt, n, greedy, plain);
   ASSERT_EQ(static_cast<int>(want.size()), n) << "the test needs a continuation without EOS";
   for (const auto& [branches, depth] : std::vector<std::pair<int, int>>{{2, 3}, {1, 4}, {3, 2}}) {
-    testing::CountingTarget target(m);
+    TargetModel target(m);
     DraftProposer draft(testing::bundled_draft(), {.temperature = 0.0f}, 256);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
     SpecStats st;
     EXPECT_EQ(generate_tree(target, draft, prompt, n, branches, depth, cache, &st), want)
         << branches << " branches, " << depth << " levels";
-    EXPECT_EQ(target.forwards, 1 + st.rounds) << "the prefill, then one forward per round";
+    EXPECT_EQ(target.forwards(), 1 + st.rounds) << "the prefill, then one forward per round";
     EXPECT_EQ(st.generated, st.accepted + st.rounds) << "each round: its accepted guesses and one target token";
     EXPECT_LT(st.rounds, n) << "nothing was gained";
     EXPECT_EQ(cache.length(), static_cast<int>(prompt.size()) + n - 1)
         << "the target's cache: the context but its last token, no leftover tree nodes";
   }
-  testing::CountingTarget target(m);
+  TargetModel target(m);
   DraftProposer draft(testing::bundled_draft(), {.temperature = 0.0f}, 256);
   KVCache cache(m.config, 64);
   EXPECT_TRUE(testing::throws_error_mentioning(

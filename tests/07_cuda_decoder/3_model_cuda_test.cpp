@@ -41,9 +41,16 @@ GRADED_TEST(Lesson07Model, GreedyTextEqualsTheFixtureOver64Tokens, 3) {
   const auto golden = testing::load_golden("tiny-fortunes");
   const auto& g = golden.greedy.front();
   const int n = std::min<int>(64, static_cast<int>(g.ids.size()));
-  CudaModel gpu(testing::bundled_model(), WeightType::F32, static_cast<int>(g.prompt_ids.size()) + n);
-  Sampler greedy({.temperature = 0.0f});
-  const auto got = generate_cuda(gpu, g.prompt_ids, n, greedy);
+  // The engine on the GPU, one request: what `./course generate --device cuda` runs.
+  const ModelWeights& m = testing::bundled_model();
+  Engine gpu(std::make_unique<CudaForward>(m, WeightType::F32),
+             cuda_slots(m.config, 1, static_cast<int>(g.prompt_ids.size()) + n), {.max_running = 1});
+  GenerationRequest r;
+  r.prompt = g.prompt_ids;
+  r.max_new_tokens = n;
+  r.sampling.temperature = 0.0f;
+  gpu.submit(r);
+  const std::vector<int> got = gpu.run().front().tokens;
   const std::vector<int> want(g.ids.begin(), g.ids.begin() + n);
   EXPECT_EQ(got, want) << "greedy text on the GPU: \"" << ByteTokenizer::decode(got) << "\"\nexpected: \""
                        << ByteTokenizer::decode(want) << "\"";

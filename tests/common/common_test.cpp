@@ -694,5 +694,50 @@ TEST(ForwardStep, EqualsEachSequenceAlone) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, StepInput{}); }, "no chunks"));
 }
 
+TEST(ForwardStep, ATreeChunkBesideOthersGivesEachPathsLogits) {
+  // A chunk with a mask (lesson 06's tree of guesses) in the same step as a decode and a chain:
+  // row i of the tree's logits equals forward_cached() of the path from the root to node i alone,
+  // after the same past; a lower-triangular mask is the plain causal chunk. Tolerance as above.
+  const ModelWeights& m = testing::small_model();
+  const std::vector<int> past = {1, 5, 9}, tree = {6, 20, 21, 22, 23}, parent = {-1, 0, 0, 1, 2};
+  TreeMask mask = TreeMask::Zero(5, 5);
+  for (int i = 0; i < 5; ++i)
+    for (int j = i; j >= 0; j = parent[j]) mask(i, j) = true;  // itself and its ancestors
+  KVCache tree_cache(m.config, 32), decode_cache(m.config, 32), chain_cache(m.config, 32);
+  forward_cached(m, past, tree_cache);
+  forward_cached(m, past, decode_cache);
+  const std::vector<int> decode = {7}, chain = {1, 2, 3};
+  StepInput input{{{decode, &decode_cache}, {tree, &tree_cache, -1, 5, &mask}, {chain, &chain_cache}}};
+  const Matrix logits = forward_step(m, input);
+  ASSERT_EQ(logits.rows(), 7);
+  EXPECT_EQ(tree_cache.length(), 8) << "every node's K/V is appended, in node order";
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int> path;
+    for (int j = i; j >= 0; j = parent[j]) path.insert(path.begin(), tree[j]);
+    KVCache alone(m.config, 32);
+    forward_cached(m, past, alone);
+    const Matrix want = forward_cached(m, path, alone);
+    EXPECT_TRUE(testing::all_close(want.row(want.rows() - 1), logits.row(1 + i), 1e-4, 1e-4, cat("tree node ", i)));
+  }
+  // The causal chunk as a mask: the same logits as without one.
+  KVCache masked(m.config, 32), plain(m.config, 32);
+  TreeMask causal = TreeMask::Zero(3, 3);
+  for (int i = 0; i < 3; ++i) causal.row(i).head(i + 1).setConstant(true);
+  const Matrix a = forward_step(m, {{{chain, &masked, -1, 3, &causal}}});
+  const Matrix b = forward_step(m, {{{chain, &plain, -1, 3}}});
+  EXPECT_TRUE(testing::all_close(b, a, 1e-4, 1e-4, "a lower-triangular mask"));
+  // Masks the forward refuses, before anything is appended.
+  KVCache fresh(m.config, 32);
+  TreeMask wrong = causal;
+  wrong(1, 1) = false;
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, {{{chain, &fresh, -1, 1, &wrong}}}); }, "from itself"));
+  wrong = causal;
+  wrong(0, 2) = true;
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, {{{chain, &fresh, -1, 1, &wrong}}}); }, "later token"));
+  const TreeMask small = TreeMask::Ones(2, 2);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, {{{chain, &fresh, -1, 1, &small}}}); }, "mask is [2, 2]"));
+  EXPECT_EQ(fresh.length(), 0);
+}
+
 }  // namespace
 }  // namespace infer

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The generate program end to end: --ids at temperature 0 prints the golden greedy ids (naive,
-cached, INT8-cached, paged, and each run through the prefix cache), and bad options are refused
+"""The generate program end to end: --ids at temperature 0 prints the golden greedy ids (lesson
+00's and lesson 02's loops, INT8-cached; the engine with paged memory, with the prefix cache on
+each run, speculating with either proposer; lesson 06's tree loop), and bad options are refused
 with a message and a non-zero exit status.
 
     generate_cli_test.py GENERATE_BINARY REPOSITORY_ROOT
@@ -41,8 +42,10 @@ if "run 1, seed 0: 0 of" not in run.stderr or "run 2, seed 1: 0 of" in run.stder
     sys.exit(f"generate --prefix-cache --stats: expected a cold first run and a warm second one, got {run.stderr!r}")
 print("generate --prefix-cache --repeat 3: each run prints the golden ids; the later runs hit the cache")
 
-# Greedy speculative decoding (lesson 06) prints the golden ids too, with either proposer.
+# Greedy speculative decoding (lesson 06) prints the golden ids too, with either proposer, in the
+# engine over either memory, and in lesson 06's tree loop.
 for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
+              ["--speculative", "ngram", "--paged", "--block-size", "4"],
               ["--speculative", "draft", "--num-speculative-tokens", "3"],
               ["--speculative", "tree", "--num-speculative-tokens", "3", "--tree-branches", "2"]):
     run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
@@ -66,9 +69,10 @@ for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"
                       (["--speculative", "bogus"], "draft, ngram or tree"),
                       (["--speculative", "tree", "--temperature", "0.8"], "needs --temperature 0"),
                       (["--speculative", "draft", "--tree-branches", "2"], "needs --speculative tree"), (["--num-speculative-tokens", "2"], "need --speculative"),
-                      (["--speculative", "ngram", "--paged"], "drop --kv-cache"),
+                      (["--speculative", "ngram", "--kv-cache"], "drop --kv-cache"),
+                      (["--speculative", "tree", "--temperature", "0", "--paged"], "drop --paged"),
                       (["--speculative", "draft", "--draft", "/nonexistent"], "nonexistent"),
-                      (["--paged", "--block-size", "2", "--num-blocks", "2"], "out of KV blocks")]:
+                      (["--paged", "--block-size", "2", "--num-blocks", "2"], "positions the KV memory can give one sequence")]:
     args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
     if run.returncode == 0 or fragment not in run.stderr:
