@@ -98,7 +98,8 @@ void refuse_unsupported(const json& body) {
       refuse(name, "leave it out, null or 0");
   if (const json* v = given("best_of"); v && !(v->is_number() && v->get<double>() == 1)) refuse("best_of", "only 1");
   if (const json* v = given("suffix"); v && !(v->is_string() && v->get<std::string>().empty())) refuse("suffix", "leave it out or null");
-  if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
+  if (const json* v = given("response_format");
+      v && !(v->is_object() && v->contains("type") && (*v)["type"].is_string() && (*v)["type"].get<std::string>() == "text"))
     refuse("response_format", "only {\"type\": \"text\"}");
 }
 

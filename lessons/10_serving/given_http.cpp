@@ -2,7 +2,10 @@
 // request (parse_completion_request(), yours), queues it as a Job in the Mailbox, and answers it
 // whole or as server-sent events while the engine thread (given_http_engine.cpp) fills it. The
 // other rooms are listed in server_parts.hpp.
+#include <algorithm>
+#include <cctype>
 #include <csignal>
+#include <optional>
 #include <thread>
 
 #include "common/tokenizer.hpp"
@@ -36,7 +39,52 @@ struct Server::Impl {
   void reply_error(httplib::Response& res, const ApiError& e, bool refused = true) {
     if (refused) metrics.rejected(e.status());
     res.status = e.status();
+    if (e.status() == 503) res.set_header("Retry-After", "1");
     res.set_content(e.body(), "application/json");
+  }
+
+  /// The method each route answers, by path (a GET route answers HEAD too).
+  static std::string route_method(const std::string& path) {
+    if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
+    return "";
+  }
+
+  /// What the headers alone decide, before a byte of the body is read (so that nothing a client
+  /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
+  /// POST its framing and its type. Empty when the request may go on.
+  std::optional<ApiError> refuse_by_headers(const httplib::Request& req) const {
+    const std::string method = route_method(req.path);
+    if (!method.empty() && req.method != method && !(method == "GET" && req.method == "HEAD"))
+      return ApiError(405, cat("Method ", req.method, " is not allowed on ", req.path, "; use ", method));
+    if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.get_header_value("Authorization") != "Bearer " + options.api_key)
+      return ApiError(401, req.has_header("Authorization") ? "Incorrect API key provided"
+                                                           : "No API key provided: send the header 'Authorization: Bearer KEY'",
+                      "", "invalid_api_key");
+    if (req.method != "POST") return std::nullopt;
+    const bool has_length = req.has_header("Content-Length");
+    if (req.has_header("Transfer-Encoding"))
+      return has_length ? ApiError(400, "A request may not carry both Transfer-Encoding and Content-Length")
+                        : ApiError(411, "A request body needs a Content-Length header on this server (no chunked bodies)");
+    if (!has_length) return ApiError(411, "A request body needs a Content-Length header on this server");
+    const std::string length = req.get_header_value("Content-Length");
+    if (length.empty() || length.size() > 18 || length.find_first_not_of("0123456789") != std::string::npos)
+      return ApiError(400, cat("Content-Length must be a number of bytes, got '", length, "'"));
+    if (std::stoull(length) > options.max_body_bytes)
+      return ApiError(413, cat("The request body (", length, " bytes) is larger than this server's limit of ",
+                               options.max_body_bytes, " bytes"));
+    const std::string encoding = req.get_header_value("Content-Encoding");
+    if (!encoding.empty() && encoding != "identity")
+      return ApiError(415, cat("Content-Encoding '", encoding, "' is not accepted: send the JSON body as it is"));
+    std::string type = req.get_header_value("Content-Type");
+    type = type.substr(0, type.find(';'));
+    while (!type.empty() && type.back() == ' ') type.pop_back();
+    std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (type != "application/json")
+      return ApiError(415, cat("The body must be JSON, sent with 'Content-Type: application/json' (got '",
+                               req.get_header_value("Content-Type"), "')"));
+    return std::nullopt;
   }
 
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
@@ -47,12 +95,17 @@ struct Server::Impl {
     } catch (const ApiError& e) {
       reply_error(res, e);
       return;
+    } catch (const json::exception& e) {  // a field of an unexpected type read without a check
+      reply_error(res, ApiError(400, cat("The request has a field of an unexpected type or value: ", e.what())));
+      return;
     } catch (const std::exception& e) {  // e.g. a starter's NotImplemented
       reply_error(res, ApiError(500, cat("parse_completion_request failed: ", e.what())));
       return;
     }
     job->arrived = Clock::now();
-    mailbox.enqueue(job, /*accept=*/engine == nullptr);  // the naive thread refuses nothing
+    const size_t running = engine ? static_cast<size_t>(engine->options().max_running) : 1;
+    mailbox.enqueue(job, /*accept=*/engine == nullptr,  // the naive thread refuses nothing
+                    running + static_cast<size_t>(options.max_waiting));
     {
       // Until the engine has taken it, a request can still be refused, with a status of its own.
       std::unique_lock lock(job->mutex);
@@ -161,14 +214,22 @@ struct Server::Impl {
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       generate(req, res, Endpoint::ChatCompletions);
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const json body = {{"object", "list"},
-                         {"data", json::array({{{"id", model.name},
-                                                {"object", "model"},
-                                                {"created", 0},
-                                                {"owned_by", "course"},
-                                                {"max_model_len", model.config.max_position_embeddings}}})}};
-      res.set_content(dump(body), "application/json");
+    const auto model_object = [this] {
+      return json{{"id", model.name},
+                  {"object", "model"},
+                  {"created", 0},
+                  {"owned_by", "course"},
+                  {"max_model_len", model.config.max_position_embeddings}};
+    };
+    http.Get("/v1/models", [this, model_object](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
+    });
+    http.Get("/v1/models/(.+)", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (id != model.name)
+        return reply_error(res, ApiError(404, cat("The model '", id, "' does not exist; this server serves '", model.name, "'"),
+                                         "model", "model_not_found"));
+      res.set_content(dump(model_object()), "application/json");
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const std::string broken = mailbox.broken();
@@ -179,14 +240,26 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.text(), "text/plain; version=0.0.4");
     });
-    // httplib enforces max_body_bytes through Content-Length only: a body sent without one
-    // (chunked) would be read whole, however large. Such requests are refused before reading.
+    // The headers are checked before the body is read: httplib would read a chunked body whole,
+    // however large, and inflate a compressed one without a limit. A body too large is left to
+    // httplib, which reads it to the end without keeping it and answers 413 (through the error
+    // handler below), so that the client, still sending, hears the answer. A body without a
+    // usable length cannot be skipped: that refusal closes the connection.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (req.method == "POST" && !req.has_header("Content-Length")) {
-        reply_error(res, ApiError(411, "A request body needs a Content-Length header on this server"));
-        return httplib::Server::HandlerResponse::Handled;
+      const std::optional<ApiError> e = refuse_by_headers(req);
+      if (!e || e->status() == 413) return httplib::Server::HandlerResponse::Unhandled;
+      reply_error(res, *e);
+      if (e->status() == 400 || e->status() == 411) res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    // A client that asks before sending its body (Expect: 100-continue) hears the refusal at once.
+    http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (const std::optional<ApiError> e = refuse_by_headers(req)) {
+        reply_error(res, *e);
+        res.set_header("Connection", "close");
+        return e->status();
       }
-      return httplib::Server::HandlerResponse::Unhandled;
+      return 100;
     });
     // Errors httplib itself answers (no such route, a body over the limit): OpenAI's error body too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,

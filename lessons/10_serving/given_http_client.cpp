@@ -11,7 +11,8 @@
 namespace infer {
 
 HttpReply http_post(const std::string& host, int port, const std::string& path, const std::string& body,
-                    const std::function<bool(const std::string&)>& on_event, double timeout_s) {
+                    const std::function<bool(const std::string&)>& on_event, double timeout_s,
+                    const std::string& api_key) {
   httplib::Client client(host, port);
   const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(timeout_s));
   client.set_read_timeout(timeout);
@@ -23,6 +24,7 @@ HttpReply http_post(const std::string& host, int port, const std::string& path, 
   req.path = path;
   req.body = body;
   req.set_header("Content-Type", "application/json");
+  if (!api_key.empty()) req.set_header("Authorization", "Bearer " + api_key);
   req.response_handler = [&](const httplib::Response& r) {
     reply.status = r.status;
     return true;

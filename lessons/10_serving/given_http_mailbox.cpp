@@ -4,11 +4,15 @@
 
 namespace infer::server {
 
-void Mailbox::enqueue(const std::shared_ptr<Job>& job, bool accept) {
+void Mailbox::enqueue(const std::shared_ptr<Job>& job, bool accept, size_t max_open) {
   std::lock_guard lock(mutex_);
   job->id = next_id_++;
   if (stopping_ || !broken_.empty()) {
     end_in_error(*job, stopping_ ? 503 : 500, stopping_ ? "the server is shutting down" : broken_);
+    return;
+  }
+  if (max_open > 0 && static_cast<size_t>(open_jobs_) >= max_open) {
+    end_in_error(*job, 503, cat("the server is full: ", open_jobs_, " requests are running or waiting, its limit; retry later"));
     return;
   }
   if (accept) Mailbox::accept(*job);

@@ -2,7 +2,7 @@
 //
 //   build/solutions/bin/lesson10_load [--host H] [--port P] [--model NAME] [--users N]
 //       [--duration S] [--think S] [--max-tokens T] [--prompts FILE] [--seed X]
-//       [--label TEXT] [--csv FILE]
+//       [--label TEXT] [--csv FILE] [--api-key KEY]
 //
 // N users, each in its own thread, each sending streaming requests to /v1/completions one after
 // another until --duration seconds have passed, waiting an exponential time (mean --think
@@ -14,11 +14,13 @@
 // tokens/s per user (each request's tokens over its own time from sending to [DONE], averaged: the
 // speed at which a user sees text arrive), time to first token, inter-token latency and whole
 // request latency (p50, p99), and the requests that failed (not 200, an error event, no
-// `data: [DONE]`) or came back twice. --csv appends one row per run.
+// `data: [DONE]`) or came back twice. --csv appends one row per run. --api-key KEY (or the
+// environment variable COURSE_API_KEY) is sent as `Authorization: Bearer KEY`.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -63,7 +65,9 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_load",
                        {"--host", "--port", "--model", "--users", "--duration", "--think", "--max-tokens", "--prompts",
-                        "--seed", "--label", "--csv"});
+                        "--seed", "--label", "--csv", "--api-key"});
+    const char* env_key = std::getenv("COURSE_API_KEY");
+    const std::string api_key = opts.text("--api-key", env_key ? env_key : "");
     const std::string host = opts.text("--host", "127.0.0.1");
     const int port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
     const std::string model = opts.text("--model", "tiny-fortunes");
@@ -142,7 +146,7 @@ int main(int argc, char** argv) {
               last = now;
             }
             return true;
-          });
+          }, 60, api_key);
           r.latency = std::chrono::duration<double>(Clock::now() - start).count();
           r.ok = reply.status == 200 && !error && r.events_done == 1;
           std::lock_guard lock(mutex);

@@ -3,6 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
+//       [--api-key KEY] [--max-waiting N]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -11,9 +12,13 @@
 // --speculative decodes speculatively inside the engine (lesson 06): prompt lookup, or the draft
 // model in DIR (by default the model's directory with -draft appended), guesses up to K tokens
 // (4) per decode.
+// --api-key KEY (or the environment variable COURSE_API_KEY) makes every /v1/ route require the
+// header `Authorization: Bearer KEY`; --max-waiting N bounds the requests waiting for a place in
+// the batch (256): one more is answered 503 with Retry-After.
 // Ctrl-C stops it.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <omp.h>
@@ -30,7 +35,8 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
-                        "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft"},
+                        "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
+                        "--api-key", "--max-waiting"},
                        {"--naive", "--no-prefix-cache"});
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
     const ModelWeights model = load_model(dir);
@@ -42,6 +48,9 @@ int main(int argc, char** argv) {
     ServerOptions so;
     so.host = opts.text("--host", "127.0.0.1");
     so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
+    so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
+    const char* env_key = std::getenv("COURSE_API_KEY");
+    so.api_key = opts.text("--api-key", env_key ? env_key : "");
     const std::string speculative = opts.text("--speculative", "");
     if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
       throw Error(cat("lesson10_serve: --speculative must be ngram or draft, got '", speculative, "'"));
@@ -92,10 +101,11 @@ int main(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     const int port = server->start();
     std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());
-    std::printf("try:  curl -N http://%s:%d/v1/completions -H 'Content-Type: application/json' \\\n"
+    std::printf("try:  curl -N http://%s:%d/v1/completions -H 'Content-Type: application/json'%s \\\n"
                 "        -d '{\"model\": \"%s\", \"prompt\": \"The secret of\", \"max_tokens\": 60, \"stream\": true}'\n"
                 "Ctrl-C stops it.\n",
-                so.host.c_str(), port, name.c_str());
+                so.host.c_str(), port, so.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+                name.c_str());
     std::fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);

@@ -11,9 +11,17 @@
 /// hangs up mid-stream cancels its request, and the engine frees its memory before the next step.
 ///
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true or not),
-/// GET /v1/models, GET /health, GET /metrics (Prometheus text: time to first token, time per
+/// GET /v1/models, GET /v1/models/{name}, GET /health, GET /metrics (Prometheus text: time to first token, time per
 /// output token and inter-token latency histograms; running and waiting requests; KV memory
 /// reserved; prefix cache hit rate; tokens and requests by how they ended).
+///
+/// Refused on the headers, before the body is kept or inflated (OpenAI's error body each time):
+/// a Content-Length above max_body_bytes (413: the body is read and dropped; with Expect:
+/// 100-continue it is refused before it is sent), no Content-Length or a chunked body (411, the
+/// connection closed), Transfer-Encoding with Content-Length (400, closed), any Content-Encoding
+/// (415), a Content-Type other than application/json (415), a known path with the wrong method
+/// (405), a missing or wrong key on /v1/ when api_key is set (401). A request beyond max_running
+/// + max_waiting open ones gets 503 with Retry-After.
 #pragma once
 
 #include <functional>
@@ -32,6 +40,12 @@ struct ServerOptions {
   int port = 0;                    ///< 0: any free port (start() returns it)
   size_t max_body_bytes = 1 << 20;  ///< larger bodies get 413
   int http_threads = 128;           ///< connections served at once (a stream holds one for its whole life)
+  /// Requests that may wait for a place in the batch beyond those running (the engine's
+  /// max_running; naive: 1): one more gets 503 with a Retry-After header.
+  int max_waiting = 256;
+  /// When not empty, every /v1/ route needs the header `Authorization: Bearer <api_key>` (401
+  /// otherwise); /health and /metrics stay open.
+  std::string api_key = "";
 };
 
 /// The HTTP server. Given.
@@ -77,9 +91,11 @@ struct HttpReply {
 
 /// POSTs a JSON `body` to http://host:port`path` and reads the answer as it comes (given). For a
 /// stream, `on_event` (if any) is called with each event's payload the moment it arrives; returning
-/// false hangs up. `timeout_s` bounds each wait for bytes.
+/// false hangs up. `timeout_s` bounds each wait for bytes. A non-empty `api_key` is sent as
+/// `Authorization: Bearer <api_key>`.
 HttpReply http_post(const std::string& host, int port, const std::string& path, const std::string& body,
-                    const std::function<bool(const std::string&)>& on_event = nullptr, double timeout_s = 60);
+                    const std::function<bool(const std::string&)>& on_event = nullptr, double timeout_s = 60,
+                    const std::string& api_key = "");
 
 /// GETs http://host:port`path` (given): the status (0 if no answer) and the body.
 std::pair<int, std::string> http_get(const std::string& host, int port, const std::string& path, double timeout_s = 10);

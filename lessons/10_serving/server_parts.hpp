@@ -144,8 +144,9 @@ class Mailbox {
   // The HTTP threads' side.
 
   /// Numbers `job` and hands it to the engine thread, or fails it at once (stopping: 503;
-  /// broken: 500). `accept`: mark it accepted now (the naive thread refuses nothing).
-  void enqueue(const std::shared_ptr<Job>& job, bool accept);
+  /// broken: 500; `max_open` jobs already open, running or waiting: 503). `accept`: mark it
+  /// accepted now (the naive thread refuses nothing). `max_open` 0: no limit.
+  void enqueue(const std::shared_ptr<Job>& job, bool accept, size_t max_open = 0);
   /// Asks the engine thread to cancel job `id` (its client hung up).
   void cancel(int id);
   /// Waits until every job has ended and the engine thread says it is idle; false after `seconds`.
