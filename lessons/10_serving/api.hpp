@@ -69,6 +69,9 @@ struct CompletionRequest {
   SamplingParams sampling;                    ///< temperature, top_p, top_k, seed
   bool stream = false;                        ///< answer with server-sent events
   bool include_usage = false;                 ///< stream_options.include_usage: a last event with token counts
+  /// Stop sequences: the text ends just before the first place one of them appears (not
+  /// included), with finish_reason "stop", and the sequence leaves the engine at once.
+  std::vector<std::string> stop;
 };
 
 /// Yours. Checks a request body and turns it into a CompletionRequest, or throws ApiError.
@@ -80,7 +83,7 @@ struct CompletionRequest {
 /// | --- | --- | --- | --- |
 /// | model | string | required; must equal model.name (else 404, code "model_not_found") | |
 /// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first (an empty string is just BOS); ids are JSON integers (1.0 is refused), taken as they are, each in [0, vocab), at least one | |
-/// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "user" or "assistant"; content a string; rendered by chat_prompt() | |
+/// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "developer" (OpenAI's newer name for system), "user" or "assistant"; content a string, or a non-empty array of text parts {"type": "text", "text": string} joined by newlines (any other part, an image say, is refused); rendered by chat_prompt() | |
 /// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
 /// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
 /// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
@@ -89,6 +92,7 @@ struct CompletionRequest {
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
 /// | stream_options | object | {"include_usage": boolean} | |
+/// | stop | string, or array of strings | at most 4, each non-empty (an empty array: none) | none |
 ///
 /// Every error is an ApiError with status 400 and `param` set to the top-level field's name (also
 /// for a mistake inside it: a message's role is "messages", include_usage is "stream_options"),
@@ -118,16 +122,16 @@ std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name)
 std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
 
 /// Refuses (ApiError 400, param the field) the OpenAI fields this server does not implement when
-/// they ask for something: `stop`, `logprobs`, `echo`, `suffix`, `best_of` above 1, penalties,
-/// `logit_bias`, `tools`, a `response_format` other than text. A client that sends `"stop": ["\n"]`
-/// would otherwise get text past its stop sequence, in silence. Absent, null and default values
-/// pass. The server calls it before parse_completion_request(). Given.
+/// they ask for something: `logprobs`, `echo`, `suffix`, `best_of` above 1, penalties,
+/// `logit_bias`, `tools`, a `response_format` other than text. A client that sends
+/// `"logprobs": 5` would otherwise get no log-probabilities, in silence. Absent, null and default
+/// values pass. The server calls it before parse_completion_request(). Given.
 void refuse_unsupported(const nlohmann::json& body);
 
 /// One message of a chat.
 struct ChatMessage {
-  std::string role;     ///< "system", "user" or "assistant"
-  std::string content;  ///< its text
+  std::string role;     ///< "system", "developer", "user" or "assistant"
+  std::string content;  ///< its text (text parts joined by newlines)
 };
 
 /// The prompt text of a chat (given). The bundled models were trained on plain text and know no

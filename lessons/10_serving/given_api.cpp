@@ -87,7 +87,7 @@ void refuse_unsupported(const json& body) {
   const auto refuse = [](const std::string& name, const std::string& what) {
     throw ApiError(400, cat("'", name, "' is not supported by this server (", what, ")"), name);
   };
-  for (const char* name : {"stop", "logit_bias", "tools", "functions"})
+  for (const char* name : {"logit_bias", "tools", "functions"})
     if (const json* v = given(name); v && !(v->is_array() || v->is_object() ? v->empty() : v->is_string() && v->get<std::string>().empty()))
       refuse(name, "leave it out or null");
   for (const char* name : {"logprobs", "echo", "top_logprobs"})

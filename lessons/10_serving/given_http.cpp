@@ -132,8 +132,8 @@ struct Server::Impl {
       return;
     }
     struct StreamState {
-      size_t sent = 0;      // tokens turned into text
-      std::string pending;  // bytes held back: the start of a character not complete yet
+      size_t seen = 0;     // the job's tokens at the last look
+      size_t emitted = 0;  // bytes of their text sent
       bool role_sent = false;
     };
     auto state = std::make_shared<StreamState>();
@@ -141,16 +141,16 @@ struct Server::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [job, state, name = model.name](size_t, httplib::DataSink& sink) -> bool {
-          std::vector<int> fresh;
-          bool finished = false;
+          std::vector<int> tokens;
+          bool finished = false, fresh = false;
           std::string reason, error;
           int status = 0;
           {
             std::unique_lock lock(job->mutex);
-            job->changed.wait_for(lock, std::chrono::seconds(1),
-                                  [&] { return job->finished || job->tokens.size() > state->sent; });
-            fresh.assign(job->tokens.begin() + static_cast<long>(state->sent), job->tokens.end());
-            state->sent = job->tokens.size();
+            fresh = job->changed.wait_for(lock, std::chrono::seconds(1),
+                                          [&] { return job->finished || job->tokens.size() != state->seen; });
+            tokens = job->tokens;
+            state->seen = tokens.size();
             finished = job->finished;
             reason = job->finish_reason;
             error = job->error;
@@ -160,17 +160,25 @@ struct Server::Impl {
             const std::string event = "data: " + payload + "\n\n";
             return sink.write(event.data(), event.size());
           };
-          if (fresh.empty() && !finished) {  // nothing yet (queued): a comment line keeps the
+          if (!fresh && !finished) {  // nothing yet (queued): a comment line keeps the
             const std::string ping = ": waiting\n\n";  // connection checked, so a hang-up is seen
             return sink.write(ping.data(), ping.size());
           }
-          state->pending += ByteTokenizer::decode(fresh);
-          const size_t n = finished ? state->pending.size() : complete_utf8(state->pending);
+          // What may be sent: the text past what was, without the end of a character not complete
+          // yet, nor an end that may still become a stop sequence (a stop cuts the tokens short,
+          // never before what was sent).
+          const std::string text = ByteTokenizer::decode(tokens);
+          const std::string rest = text.size() > state->emitted ? text.substr(state->emitted) : "";
+          size_t n = finished ? rest.size() : complete_utf8(rest);
+          if (!finished && !job->request.stop.empty()) {
+            const size_t held = stop_holdback(text, job->request.stop);
+            n = std::min(n, rest.size() > held ? rest.size() - held : 0);
+          }
           const bool chat = job->request.endpoint == Endpoint::ChatCompletions;
           if (n > 0 || (chat && !state->role_sent)) {
-            const std::string text = state->pending.substr(0, n);
-            state->pending.erase(0, n);
-            if (!send(dump(chunk_body(*job, name, &text, nullptr, chat && !state->role_sent)))) return false;
+            const std::string piece = rest.substr(0, n);
+            state->emitted += n;
+            if (!send(dump(chunk_body(*job, name, &piece, nullptr, chat && !state->role_sent)))) return false;
             state->role_sent = true;
           }
           if (!finished) return true;
@@ -178,8 +186,7 @@ struct Server::Impl {
             if (!send(ApiError(status, error).body())) return false;
           } else {
             if (!send(dump(chunk_body(*job, name, nullptr, reason, false)))) return false;
-            if (job->request.include_usage &&
-                !send(dump(usage_chunk(*job, name, static_cast<int>(state->sent)))))
+            if (job->request.include_usage && !send(dump(usage_chunk(*job, name, static_cast<int>(tokens.size())))))
               return false;
           }
           if (!send("[DONE]")) return false;

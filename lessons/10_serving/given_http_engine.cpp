@@ -1,9 +1,11 @@
 // Lesson 10's server, the engine thread (given): the only thread that touches the Engine. It
 // submits what came in, cancels what was hung up on, runs a step, and hands each job the tokens
 // the step's events carry; a request that leaves the engine ends its job.
+#include "common/tokenizer.hpp"
 #include "lessons/10_serving/server_parts.hpp"
 
 namespace infer::server {
+
 
 void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
   std::unordered_map<int, std::shared_ptr<Job>> active;  // by request id: submitted, not yet ended
@@ -47,6 +49,16 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
     for (const TokenEvent& ev : events) fresh[ev.id].push_back(ev.token);
     std::unordered_map<int, GenerationResult> ended;
     for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
+    // A stop sequence ends a request where it begins: the tokens before it are kept, and the
+    // sequence leaves the engine now, before the gauges are read (its result, cancelled, gives
+    // the job's counts; the job ends by its stop).
+    std::unordered_map<int, size_t> stopped;  // request id -> tokens its job keeps
+    for (const auto& [id, tokens] : fresh)
+      if (const size_t keep = stop_point(*active.at(id), tokens); keep != std::string::npos) {
+        stopped[id] = keep;
+        if (!ended.contains(id)) engine.cancel(id);
+      }
+    for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
     const EngineFootprint held = engine.footprint();  // the gauges before the answers, as the counters
     metrics.set({.running = static_cast<int>(engine.running().size()),
                  .waiting = engine.waiting(),
@@ -54,8 +66,17 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
                  .engine_held = static_cast<long>(held.requests + held.finished),
                  .engine_queued = static_cast<long>(held.queued)});
     mailbox.set_idle(engine.idle());
-    for (auto& [id, tokens] : fresh)
-      if (!ended.contains(id)) mailbox.deliver(*active.at(id), tokens, now, "");
+    for (auto& [id, tokens] : fresh) {
+      if (const auto s = stopped.find(id); s != stopped.end()) {
+        const auto r = ended.find(id);
+        mailbox.deliver(*active.at(id), tokens, now, "stop", r == ended.end() ? 0 : r->second.cached_tokens,
+                        r == ended.end() ? 0 : r->second.preemptions, s->second);
+        if (r != ended.end()) ended.erase(r);
+        active.erase(id);
+      } else if (!ended.contains(id)) {
+        mailbox.deliver(*active.at(id), tokens, now, "");
+      }
+    }
     for (auto& [id, r] : ended) {
       const auto f = fresh.find(id);
       mailbox.deliver(*active.at(id), f == fresh.end() ? std::span<const int>() : std::span<const int>(f->second), now,

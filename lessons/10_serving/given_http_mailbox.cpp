@@ -85,7 +85,7 @@ void Mailbox::accept(Job& job) {
 }
 
 void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached,
-                      int preempted) {
+                      int preempted, size_t keep) {
   // The metrics first, the client then: whoever reads /metrics after an answer finds it counted.
   size_t before = 0;
   {
@@ -93,10 +93,11 @@ void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t,
     before = job.tokens.size();
   }
   metrics_.tokens(job, before, fresh.size(), t);
-  if (!reason.empty()) metrics_.ended(job, before + fresh.size(), t, reason, cached, preempted);
+  if (!reason.empty()) metrics_.ended(job, std::min(before + fresh.size(), keep), t, reason, cached, preempted);
   {
     std::lock_guard lock(job.mutex);
     job.tokens.insert(job.tokens.end(), fresh.begin(), fresh.end());
+    if (keep < job.tokens.size()) job.tokens.resize(keep);
     if (!reason.empty()) {
       job.finished = true;
       job.finish_reason = reason;

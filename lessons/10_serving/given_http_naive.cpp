@@ -27,7 +27,13 @@ void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
         if (eos) reason = "stop";
         const bool last = eos || i + 1 == job->request.max_tokens;
         metrics.step();
-        mailbox.deliver(*job, std::span<const int>(&tokens.back(), 1), Clock::now(), last ? reason : "");
+        const std::span<const int> fresh(&tokens.back(), 1);
+        if (const size_t keep = stop_point(*job, fresh); keep != std::string::npos) {
+          mailbox.deliver(*job, fresh, Clock::now(), "stop", 0, 0, keep);
+          reason = "stop";
+          break;
+        }
+        mailbox.deliver(*job, fresh, Clock::now(), last ? reason : "");
         if (last) break;
       }
       if (reason == "cancelled") mailbox.deliver(*job, {}, Clock::now(), reason);

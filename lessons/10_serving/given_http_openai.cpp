@@ -1,6 +1,8 @@
 // Lesson 10's server, the OpenAI format room (given): the bodies of whole and streamed answers.
+#include <algorithm>
 #include <ctime>
 
+#include "common/tokenizer.hpp"
 #include "lessons/10_serving/server_parts.hpp"
 
 namespace infer::server {
@@ -16,6 +18,43 @@ size_t complete_utf8(const std::string& bytes) {
     return need > back ? n - back : n;  // a lead byte whose sequence is not complete yet
   }
   return n;
+}
+
+size_t find_stop(const std::string& text, size_t from, const std::vector<std::string>& stops) {
+  size_t first = std::string::npos;
+  for (const std::string& s : stops) {
+    const size_t start = from >= s.size() ? from - s.size() + 1 : 0;  // it may begin before `from`
+    first = std::min(first, text.find(s, start));
+  }
+  return first;
+}
+
+size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
+  size_t held = 0;
+  for (const std::string& s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > held; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        held = n;
+        break;
+      }
+  return held;
+}
+
+size_t stop_point(const Job& job, std::span<const int> fresh) {
+  const std::vector<std::string>& stops = job.request.stop;
+  if (stops.empty() || fresh.empty()) return std::string::npos;
+  std::vector<int> all = job.tokens;
+  all.insert(all.end(), fresh.begin(), fresh.end());
+  const size_t before = ByteTokenizer::decode(job.tokens).size();
+  const size_t at = find_stop(ByteTokenizer::decode(all), before, stops);
+  if (at == std::string::npos) return std::string::npos;
+  size_t keep = 0, bytes = 0;  // the tokens whose text ends at or before the stop
+  while (keep < all.size()) {
+    const size_t n = ByteTokenizer::decode(std::span<const int>(&all[keep], 1)).size();
+    if (bytes + n > at) break;
+    bytes += n, ++keep;
+  }
+  return keep;
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

@@ -62,6 +62,17 @@ struct Job {
 
 // ------------------------------------------------------------ OpenAI format --
 
+/// Stop sequences (CompletionRequest::stop). Where the first of `stops` begins in `text`, searching
+/// only where one could end past `from` (text before it was searched already); npos if none.
+size_t find_stop(const std::string& text, size_t from, const std::vector<std::string>& stops);
+/// With `fresh` appended to `job`'s tokens: how many tokens it keeps if a stop sequence now
+/// appears in its text (the tokens before it), else npos. The thread that writes job.tokens (the
+/// engine's, or the naive one) calls it, and so reads them without the lock.
+size_t stop_point(const Job& job, std::span<const int> fresh);
+/// How many bytes at the end of `text` must be held back from a stream: the longest suffix that
+/// is the start of a stop sequence (it may still become one).
+size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops);
+
 /// The longest prefix of `bytes` that does not end inside a UTF-8 sequence: a stream must not cut
 /// a character in two (each event's text is a JSON string, and JSON strings hold whole characters).
 size_t complete_utf8(const std::string& bytes);
@@ -172,8 +183,9 @@ class Mailbox {
   /// Marks `job` accepted by the engine: its handler may stream it.
   static void accept(Job& job);
   /// Appends `fresh` to `job` at time `t` (counted in Metrics first); a non-empty `reason` ends it.
+  /// `keep`: the tokens the job keeps after that (a stop sequence cut it short; npos: all).
   void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached = 0,
-               int preempted = 0);
+               int preempted = 0, size_t keep = std::string::npos);
   /// Ends each of `jobs` with an error (HTTP `status`) and clears the list.
   void fail(std::vector<std::shared_ptr<Job>>& jobs, int status, const std::string& message);
   /// Fails whatever is still queued, with `status`.

@@ -43,12 +43,31 @@ std::vector<int> chat_messages_prompt(const json& body) {
     const std::string where = cat("messages[", i, "]");
     if (!m.is_object()) throw ApiError(400, cat("'", where, "' must be an object, got ", m.type_name()), "messages");
     const auto role = m.find("role"), content = m.find("content");
-    const auto known = [](const std::string& r) { return r == "system" || r == "user" || r == "assistant"; };
+    const auto known = [](const std::string& r) {
+      return r == "system" || r == "developer" || r == "user" || r == "assistant";
+    };
     if (role == m.end() || !role->is_string() || !known(role->get<std::string>()))
-      throw ApiError(400, cat("'", where, ".role' must be \"system\", \"user\" or \"assistant\""), "messages");
-    if (content == m.end() || !content->is_string())
-      throw ApiError(400, cat("'", where, ".content' must be a string"), "messages");
-    messages.push_back({role->get<std::string>(), content->get<std::string>()});
+      throw ApiError(400, cat("'", where, ".role' must be \"system\", \"developer\", \"user\" or \"assistant\""),
+                     "messages");
+    if (content != m.end() && content->is_string()) {
+      messages.push_back({role->get<std::string>(), content->get<std::string>()});
+      continue;
+    }
+    // Text parts, as most clients send them: [{"type": "text", "text": "..."}, ...], joined by newlines.
+    if (content == m.end() || !content->is_array() || content->empty())
+      throw ApiError(400, cat("'", where, ".content' must be a string or a non-empty array of text parts"), "messages");
+    std::string text;
+    for (size_t j = 0; j < content->size(); ++j) {
+      const json& part = (*content)[j];
+      const std::string at = cat(where, ".content[", j, "]");
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+        throw ApiError(400, cat("'", at, "' must be a text part, {\"type\": \"text\", \"text\": ...} (this model reads text only)"),
+                       "messages");
+      if (!part.contains("text") || !part["text"].is_string())
+        throw ApiError(400, cat("'", at, ".text' must be a string"), "messages");
+      text += (j > 0 ? "\n" : "") + part["text"].get<std::string>();
+    }
+    messages.push_back({role->get<std::string>(), text});
   }
   return ByteTokenizer::encode(chat_prompt(messages));
 }
@@ -115,6 +134,17 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw ApiError(400, cat("'stream_options' must be an object, got ", it->type_name()), "stream_options");
     r.include_usage = get_bool(*it, "include_usage").value_or(false);
+  }
+  if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() && !it->is_array())
+      throw ApiError(400, cat("'stop' must be a string or an array of strings, got ", it->type_name()), "stop");
+    const json list = it->is_string() ? json::array({*it}) : *it;
+    if (list.size() > 4) throw ApiError(400, cat("'stop' holds at most 4 sequences, got ", list.size()), "stop");
+    for (const json& s : list) {
+      if (!s.is_string() || s.get<std::string>().empty())
+        throw ApiError(400, cat("'stop' sequences must be non-empty strings, got ", s.dump()), "stop");
+      r.stop.push_back(s.get<std::string>());
+    }
   }
   return r;
 }

@@ -67,6 +67,21 @@ std::vector<Bad> bad_requests() {
       {"chat: a prompt longer than the context", Chat,
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": ")" + long_prompt(400) + R"("}]})", 400,
        "messages", "context_length_exceeded"},
+      {"stop as a number", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": 5})", 400, "stop"},
+      {"an empty stop sequence", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": [""]})", 400, "stop"},
+      {"a stop sequence that is not a string", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": ["a", 1]})", 400,
+       "stop"},
+      {"five stop sequences", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
+       400, "stop"},
+      {"chat: an image part (this model reads text only)", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": [{"type": "image_url",
+           "image_url": {"url": "http://x/y.png"}}]}]})", 400, "messages"},
+      {"chat: a text part without its text", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": [{"type": "text"}]}]})", 400, "messages"},
+      {"chat: an empty array of parts", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": []}]})", 400, "messages"},
+      {"chat: content of the wrong type", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": 5}]})", 400, "messages"},
       {"chat: negative max_completion_tokens", Chat,
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})",
        400, "max_completion_tokens"},
@@ -108,6 +123,13 @@ GRADED_TEST(Lesson10Api, GoodRequestsBecomeEngineRequests, 3) {
   EXPECT_TRUE(a.stream);
   EXPECT_TRUE(a.include_usage);
   EXPECT_EQ(a.endpoint, Endpoint::Completions);
+  EXPECT_TRUE(a.stop.empty()) << "no stop sequences unless asked";
+  const CompletionRequest stops = parse_completion_request(
+      R"({"model": "tiny-fortunes", "prompt": "Hi", "stop": ["\n", "Q:"]})", Endpoint::Completions, model);
+  EXPECT_EQ(stops.stop, (std::vector<std::string>{"\n", "Q:"}));
+  const CompletionRequest one = parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "stop": "."})",
+                                                         Endpoint::Completions, model);
+  EXPECT_EQ(one.stop, (std::vector<std::string>{"."})) << "a single string is one stop sequence";
 
   const CompletionRequest d = parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "top_k": -1,
       "temperature": null})", Endpoint::Completions, model);
@@ -132,6 +154,14 @@ GRADED_TEST(Lesson10Api, GoodRequestsBecomeEngineRequests, 3) {
       << "a chat's prompt is chat_prompt() of its messages, encoded with BOS";
   EXPECT_EQ(chat.max_tokens, 5) << "chat accepts max_completion_tokens";
   EXPECT_EQ(chat.endpoint, Endpoint::ChatCompletions);
+
+  const CompletionRequest parts = parse_completion_request(
+      R"({"model": "tiny-fortunes", "messages": [{"role": "developer", "content": "Be brief."},
+          {"role": "user", "content": [{"type": "text", "text": "Why"}, {"type": "text", "text": "not?"}]}],
+          "max_tokens": 5})",
+      Endpoint::ChatCompletions, model);
+  EXPECT_EQ(parts.prompt, ByteTokenizer::encode(chat_prompt({{"developer", "Be brief."}, {"user", "Why\nnot?"}})))
+      << "the developer role is accepted (OpenAI's newer name for system), and text parts are joined by newlines";
 
   const CompletionRequest rest = parse_completion_request(
       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "Why?"}]})", Endpoint::ChatCompletions, model);

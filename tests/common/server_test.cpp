@@ -20,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include "common/testing/models.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/10_serving/server.hpp"
 
@@ -213,6 +215,57 @@ TEST(ServerHostile, AFullQueueAnswers503WithRetryAfter) {
   EXPECT_GE(ok, 6) << "4 running and 2 waiting are always served";
   EXPECT_GT(full, 0) << "12 at once cannot all fit in 4 running and 2 waiting";
   EXPECT_EQ(http_get("127.0.0.1", port, "/health").first, 200);
+}
+
+/// Greedy text of `server` for "The ", cut by stop sequences, as a client reads it.
+void expect_stops_cut_the_text(Server& server, const std::string& who_serves) {
+  const int port = server.port();
+  const ModelWeights& m = testing::bundled_model();
+  KVCache cache(m.config, m.config.max_position_embeddings);
+  Sampler greedy({.temperature = 0.0f});
+  const std::string full = ByteTokenizer::decode(generate_cached(m, ByteTokenizer::encode("The "), 60, greedy, cache));
+  for (const std::string stop : {" street", "of the", "e"}) {
+    const size_t at = full.find(stop);
+    ASSERT_NE(at, std::string::npos) << "the greedy text \"" << full << "\" holds \"" << stop << "\"";
+    for (const bool chat : {false, true})
+      for (const bool stream : {false, true}) {
+        json body = {{"model", "tiny-fortunes"}, {"max_tokens", 60}, {"temperature", 0}, {"stream", stream},
+                     {"stop", json::array({"no such text", stop})}};
+        if (chat) body["messages"] = json::array({{{"role", "user"}, {"content", "The "}}});  // the same prompt text
+        else body["prompt"] = "The ";
+        const HttpReply r = http_post("127.0.0.1", port, chat ? "/v1/chat/completions" : "/v1/completions", body.dump());
+        const std::string who = who_serves + (chat ? ", chat, " : ", completions, ") + (stream ? "streamed" : "whole") +
+                                ", stop \"" + stop + "\"";
+        ASSERT_EQ(r.status, 200) << who << ": " << r.body.substr(0, 300);
+        std::string text, reason;
+        const auto read_choice = [&](const json& c, bool delta) {
+          if (chat && c[delta ? "delta" : "message"].contains("content"))
+            text += c[delta ? "delta" : "message"]["content"].get<std::string>();
+          if (!chat) text += c["text"].get<std::string>();
+          if (!c["finish_reason"].is_null()) reason = c["finish_reason"].get<std::string>();
+        };
+        if (!stream) read_choice(json::parse(r.body)["choices"][0], false);
+        for (const std::string& e : r.events)
+          if (e != "[DONE]") read_choice(json::parse(e)["choices"][0], true);
+        EXPECT_EQ(text, full.substr(0, at)) << who;
+        EXPECT_EQ(reason, "stop") << who;
+      }
+  }
+  EXPECT_TRUE(server.wait_idle(10)) << who_serves;
+  EXPECT_EQ(metric_value(server.metrics(), "course_requests_running"), 0.0) << who_serves;
+}
+
+TEST(ServerStop, AStopSequenceEndsTheTextWhereItBeginsStreamedOrNot) {
+  // Greedy text cut before the first place a stop sequence appears (every stop here spans several
+  // byte tokens), with finish_reason "stop", streamed or not, completions and chat; the sequence
+  // leaves the engine at once. The naive server (the table's baseline) as well.
+  auto engine = small_server();
+  expect_stops_cut_the_text(*engine, "the engine");
+  EXPECT_EQ(metric_value(engine->metrics(), "course_kv_reserved_tokens"), 0.0) << "every stopped sequence freed its blocks";
+  const ModelWeights& m = testing::bundled_model();
+  Server naive(m, ApiModel{"tiny-fortunes", m.config}, ServerOptions{.http_threads = 8});
+  naive.start();
+  expect_stops_cut_the_text(naive, "naive");
 }
 
 TEST(ServerHostile, NoMutatedBodyIsAnsweredWithA500) {
