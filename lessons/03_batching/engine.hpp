@@ -36,6 +36,9 @@ struct GenerationRequest {
   int max_new_tokens = 1;      ///< limit (EOS may end it sooner)
   SamplingParams sampling;     ///< this request's sampler, seeded per request
   int arrival_step = 0;        ///< when it becomes visible to the scheduler
+  /// Log-probabilities with each token (a server's `logprobs`): -1 none; N >= 0 the sampled
+  /// token's and those of the model's N most likely tokens (TokenEvent::logprob, ::top).
+  int logprobs = -1;
 };
 
 /// Why a request left the engine.
@@ -66,7 +69,16 @@ struct TokenEvent {
   int id = 0;                                ///< the request
   int token = 0;                             ///< the token it sampled
   FinishReason finish = FinishReason::None;  ///< on a request's last token: why it ends there
+  /// With GenerationRequest::logprobs >= 0: the token's log-probability under the model (the
+  /// log-softmax of its logits, before temperature, top-k or top-p), and the `logprobs` most
+  /// likely tokens with theirs, most likely first. Otherwise 0 and empty.
+  float logprob = 0.0f;
+  std::vector<std::pair<int, float>> top = {};
 };
+
+/// Fills event.logprob and event.top from `logits` ([1, vocab], the row event.token was sampled
+/// from) when n >= 0: the log-softmax of the row, and its n largest entries (given).
+void fill_logprobs(TokenEvent& event, ConstMatrixRef logits, int n);
 
 /// Per-step record of what the engine did.
 struct EngineStepLog {
@@ -425,7 +437,7 @@ class Engine {
   void leave(std::unique_ptr<Sequence> seq, int finish_step);
   /// After `seq` sampled `token`: appends it, sets its finish when it ends there (EOS or
   /// max_new_tokens) and releases its memory then; the event to stream.
-  TokenEvent take_token(Sequence& seq, int token);
+  TokenEvent take_token(Sequence& seq, int token, ConstMatrixRef logits);
   /// The guesses a decoding `seq` feeds this step (none without a speculator): at most
   /// speculative_tokens, no more than it may still generate after the token its forward gives or
   /// than its store and the context hold, and only when the memory can hold them now (reserved

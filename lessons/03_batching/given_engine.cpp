@@ -3,6 +3,7 @@
 // reference. The contract is lessons/03_batching/engine.hpp.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "common/linear.hpp"
@@ -224,6 +225,8 @@ void Engine::submit(GenerationRequest r) {
   const ModelConfig& c = runner_->config();
   check_tokens(c, r.prompt, "Engine::submit");
   r.sampling.validate();
+  require(r.logprobs >= -1, "Engine::submit: request ", r.id, " asks for ", r.logprobs,
+          " log-probabilities, expected -1 (none) or more");
   require(r.max_new_tokens >= 1, "Engine::submit: request ", r.id, " asks for ", r.max_new_tokens,
           " new tokens, expected >= 1");
   const size_t need = r.prompt.size() + static_cast<size_t>(r.max_new_tokens);
@@ -348,7 +351,23 @@ Sequence* Engine::admit_next() {
   return running_.back().get();
 }
 
-TokenEvent Engine::take_token(Sequence& s, int token) {
+void fill_logprobs(TokenEvent& event, ConstMatrixRef logits, int n) {
+  if (n < 0) return;
+  const float best = logits.maxCoeff();  // the log-softmax of the row, stable
+  const float log_total = best + std::log((logits.array() - best).exp().sum());
+  event.logprob = logits(0, event.token) - log_total;
+  std::vector<int> ids(static_cast<size_t>(logits.cols()));
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto most = ids.begin() + std::min<long>(n, static_cast<long>(ids.size()));
+  std::partial_sort(ids.begin(), most, ids.end(),
+                    [&](int a, int b) { return logits(0, a) > logits(0, b) || (logits(0, a) == logits(0, b) && a < b); });
+  event.top.clear();
+  for (auto it = ids.begin(); it != most; ++it) event.top.emplace_back(*it, logits(0, *it) - log_total);
+}
+
+TokenEvent Engine::take_token(Sequence& s, int token, ConstMatrixRef logits) {
+  TokenEvent event{s.request.id, token};
+  fill_logprobs(event, logits, s.request.logprobs);
   if (s.generated() == 0) s.result.first_token_step = now_;
   s.tokens.push_back(token);
   FinishReason finish = FinishReason::None;
@@ -358,7 +377,8 @@ TokenEvent Engine::take_token(Sequence& s, int token) {
     s.result.finish = finish;
     memory_->release(std::move(s.cache), s.tokens);  // a prefix cache keeps what it computed
   }
-  return {s.request.id, token, finish};
+  event.finish = finish;
+  return event;
 }
 
 std::vector<int> Engine::guesses(Sequence& s) {
@@ -463,11 +483,13 @@ std::vector<TokenEvent> Engine::step() {
       const auto mine = logits.middleRows(row, rows);
       row += rows;
       if (!fed[i].empty()) {
-        for (const int token : verify(s, mine, std::span(fed[i]).subspan(1))) events.push_back(take_token(s, token));
+        const std::vector<int> kept = verify(s, mine, std::span(fed[i]).subspan(1));
+        for (size_t j = 0; j < kept.size(); ++j)  // row j: the model's logits where kept[j] goes
+          events.push_back(take_token(s, kept[j], mine.middleRows(static_cast<Eigen::Index>(j), 1)));
         continue;
       }
       if (s.uncomputed() > 0) continue;  // a piece of its prefill: more to come
-      events.push_back(take_token(s, s.sampler.next(mine.row(0).transpose())));
+      events.push_back(take_token(s, s.sampler.next(mine.row(0).transpose()), mine.topRows(1)));
     }
   }
 

@@ -72,6 +72,9 @@ struct CompletionRequest {
   /// Stop sequences: the text ends just before the first place one of them appears (not
   /// included), with finish_reason "stop", and the sequence leaves the engine at once.
   std::vector<std::string> stop;
+  /// Log-probabilities with each token (not streamed): -1 none; N >= 0 the sampled token's and
+  /// the N most likely tokens' (GenerationRequest::logprobs).
+  int logprobs = -1;
 };
 
 /// Yours. Checks a request body and turns it into a CompletionRequest, or throws ApiError.
@@ -93,6 +96,9 @@ struct CompletionRequest {
 /// | stream | boolean | | false |
 /// | stream_options | object | {"include_usage": boolean} | |
 /// | stop | string, or array of strings | at most 4, each non-empty (an empty array: none) | none |
+/// | logprobs (completions) | integer | in [0, 5]: the sampled token's log-probability and the N most likely tokens'; not with "stream": true | none |
+/// | logprobs (chat) | boolean | true: each token's log-probability; not with "stream": true | false |
+/// | top_logprobs (chat) | integer | in [0, 20], only with "logprobs": true | 0 |
 ///
 /// Every error is an ApiError with status 400 and `param` set to the top-level field's name (also
 /// for a mistake inside it: a message's role is "messages", include_usage is "stream_options"),
@@ -122,10 +128,9 @@ std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name)
 std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
 
 /// Refuses (ApiError 400, param the field) the OpenAI fields this server does not implement when
-/// they ask for something: `logprobs`, `echo`, `suffix`, `best_of` above 1, penalties,
-/// `logit_bias`, `tools`, a `response_format` other than text. A client that sends
-/// `"logprobs": 5` would otherwise get no log-probabilities, in silence. Absent, null and default
-/// values pass. The server calls it before parse_completion_request(). Given.
+/// they ask for something: `echo`, `suffix`, `best_of` above 1, penalties, `logit_bias`,
+/// `tools`, a `response_format` other than text. A client that sends `"echo": true` would
+/// otherwise get no prompt back, in silence. Absent, null and default values pass. The server calls it before parse_completion_request(). Given.
 void refuse_unsupported(const nlohmann::json& body);
 
 /// One message of a chat.

@@ -90,7 +90,7 @@ void refuse_unsupported(const json& body) {
   for (const char* name : {"logit_bias", "tools", "functions"})
     if (const json* v = given(name); v && !(v->is_array() || v->is_object() ? v->empty() : v->is_string() && v->get<std::string>().empty()))
       refuse(name, "leave it out or null");
-  for (const char* name : {"logprobs", "echo", "top_logprobs"})
+  for (const char* name : {"echo"})
     if (const json* v = given(name); v && !(v->is_boolean() && !v->get<bool>()) && !(v->is_number() && v->get<double>() == 0))
       refuse(name, "leave it out, null or false");
   for (const char* name : {"presence_penalty", "frequency_penalty"})

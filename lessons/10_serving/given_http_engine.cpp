@@ -14,7 +14,8 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
   while (mailbox.wait(!engine.idle(), arrived, cancelled)) {
     for (auto& job : arrived) {
       try {
-        engine.submit({job->id, job->request.prompt, job->request.max_tokens, job->request.sampling, engine.now()});
+        engine.submit({job->id, job->request.prompt, job->request.max_tokens, job->request.sampling, engine.now(),
+                       job->request.logprobs});
         active[job->id] = job;
         Mailbox::accept(*job);
       } catch (const std::exception& ex) {  // refused by the engine's own checks: a 400 from the handler
@@ -46,7 +47,11 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
     const auto now = Clock::now();
     // Each job's new tokens, and the end of those that left the engine (finished or cancelled).
     std::unordered_map<int, std::vector<int>> fresh;
-    for (const TokenEvent& ev : events) fresh[ev.id].push_back(ev.token);
+    std::unordered_map<int, std::vector<TokenEvent>> fresh_events;  // for the jobs that want log-probabilities
+    for (TokenEvent& ev : events) {
+      fresh[ev.id].push_back(ev.token);
+      if (active.at(ev.id)->request.logprobs >= 0) fresh_events[ev.id].push_back(std::move(ev));
+    }
     std::unordered_map<int, GenerationResult> ended;
     for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
     // A stop sequence ends a request where it begins: the tokens before it are kept, and the
@@ -70,17 +75,17 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
       if (const auto s = stopped.find(id); s != stopped.end()) {
         const auto r = ended.find(id);
         mailbox.deliver(*active.at(id), tokens, now, "stop", r == ended.end() ? 0 : r->second.cached_tokens,
-                        r == ended.end() ? 0 : r->second.preemptions, s->second);
+                        r == ended.end() ? 0 : r->second.preemptions, s->second, fresh_events[id]);
         if (r != ended.end()) ended.erase(r);
         active.erase(id);
       } else if (!ended.contains(id)) {
-        mailbox.deliver(*active.at(id), tokens, now, "");
+        mailbox.deliver(*active.at(id), tokens, now, "", 0, 0, std::string::npos, fresh_events[id]);
       }
     }
     for (auto& [id, r] : ended) {
       const auto f = fresh.find(id);
       mailbox.deliver(*active.at(id), f == fresh.end() ? std::span<const int>() : std::span<const int>(f->second), now,
-                      finish_reason_name(r.finish), r.cached_tokens, r.preemptions);
+                      finish_reason_name(r.finish), r.cached_tokens, r.preemptions, std::string::npos, fresh_events[id]);
       active.erase(id);
     }
   }

@@ -85,7 +85,7 @@ void Mailbox::accept(Job& job) {
 }
 
 void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached,
-                      int preempted, size_t keep) {
+                      int preempted, size_t keep, std::span<const TokenEvent> events) {
   // The metrics first, the client then: whoever reads /metrics after an answer finds it counted.
   size_t before = 0;
   {
@@ -97,7 +97,9 @@ void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t,
   {
     std::lock_guard lock(job.mutex);
     job.tokens.insert(job.tokens.end(), fresh.begin(), fresh.end());
+    if (job.request.logprobs >= 0) job.logprobs.insert(job.logprobs.end(), events.begin(), events.end());
     if (keep < job.tokens.size()) job.tokens.resize(keep);
+    if (keep < job.logprobs.size()) job.logprobs.resize(keep);
     if (!reason.empty()) {
       job.finished = true;
       job.finish_reason = reason;

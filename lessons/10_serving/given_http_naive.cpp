@@ -22,6 +22,9 @@ void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
         }
         const Matrix logits = forward(m, tokens);  // the whole sequence, every token: no cache
         const int next = sampler.next(logits.row(logits.rows() - 1).transpose());
+        TokenEvent event{job->id, next};
+        fill_logprobs(event, logits.bottomRows(1), job->request.logprobs);
+        const std::span<const TokenEvent> events(&event, job->request.logprobs >= 0 ? 1 : 0);
         tokens.push_back(next);
         const bool eos = next == m.config.eos_token_id;
         if (eos) reason = "stop";
@@ -29,11 +32,11 @@ void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
         metrics.step();
         const std::span<const int> fresh(&tokens.back(), 1);
         if (const size_t keep = stop_point(*job, fresh); keep != std::string::npos) {
-          mailbox.deliver(*job, fresh, Clock::now(), "stop", 0, 0, keep);
+          mailbox.deliver(*job, fresh, Clock::now(), "stop", 0, 0, keep, events);
           reason = "stop";
           break;
         }
-        mailbox.deliver(*job, fresh, Clock::now(), last ? reason : "");
+        mailbox.deliver(*job, fresh, Clock::now(), last ? reason : "", 0, 0, std::string::npos, events);
         if (last) break;
       }
       if (reason == "cancelled") mailbox.deliver(*job, {}, Clock::now(), reason);

@@ -77,10 +77,41 @@ json usage(const Job& job, int completion_tokens) {
 
 }  // namespace
 
+/// A job's log-probabilities in OpenAI's shape: for chat, {"content": [{token, logprob, bytes,
+/// top_logprobs}]}; for completions, {tokens, token_logprobs, top_logprobs, text_offset}.
+json logprobs_body(const Job& job) {
+  const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
+  const auto text = [](int token) { return ByteTokenizer::decode(std::span<const int>(&token, 1)); };
+  const auto bytes = [&](int token) {
+    json b = json::array();
+    for (const unsigned char c : text(token)) b.push_back(c);
+    return b;
+  };
+  json content = json::array(), tokens = json::array(), token_logprobs = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t offset = 0;
+  for (const TokenEvent& e : job.logprobs) {
+    json top_chat = json::array(), top_completion = json::object();
+    for (const auto& [id, lp] : e.top) {
+      top_chat.push_back({{"token", text(id)}, {"logprob", lp}, {"bytes", bytes(id)}});
+      top_completion[text(id)] = lp;
+    }
+    content.push_back({{"token", text(e.token)}, {"logprob", e.logprob}, {"bytes", bytes(e.token)}, {"top_logprobs", top_chat}});
+    tokens.push_back(text(e.token));
+    token_logprobs.push_back(e.logprob);
+    tops.push_back(top_completion);
+    offsets.push_back(offset);
+    offset += text(e.token).size();
+  }
+  if (chat) return {{"content", content}};
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json completion_body(const Job& job, const std::string& model, const std::string& text, int completion_tokens,
                      const std::string& reason) {
   const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
-  json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", reason},
+                 {"logprobs", job.request.logprobs >= 0 ? logprobs_body(job) : json(nullptr)}};
   if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   json body = envelope(job, model, "text_completion", "chat.completion");

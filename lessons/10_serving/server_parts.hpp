@@ -53,6 +53,7 @@ struct Job {
   std::mutex mutex;               ///< guards what follows
   std::condition_variable changed;  ///< notified at every change below
   std::vector<int> tokens;        ///< generated so far (EOS included if produced)
+  std::vector<TokenEvent> logprobs;  ///< with request.logprobs >= 0: one per token, its log-probabilities
   bool finished = false;          ///< no more tokens will come
   std::string finish_reason;      ///< "stop" (EOS), "length" (max_tokens), "cancelled", "error"
   int error_status = 0;           ///< with "error"
@@ -184,8 +185,9 @@ class Mailbox {
   static void accept(Job& job);
   /// Appends `fresh` to `job` at time `t` (counted in Metrics first); a non-empty `reason` ends it.
   /// `keep`: the tokens the job keeps after that (a stop sequence cut it short; npos: all).
+  /// `events`: the engine's events of `fresh`, one each, for a job that wants log-probabilities.
   void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached = 0,
-               int preempted = 0, size_t keep = std::string::npos);
+               int preempted = 0, size_t keep = std::string::npos, std::span<const TokenEvent> events = {});
   /// Ends each of `jobs` with an error (HTTP `status`) and clears the list.
   void fail(std::vector<std::shared_ptr<Job>>& jobs, int status, const std::string& message);
   /// Fails whatever is still queued, with `status`.

@@ -146,6 +146,20 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
       r.stop.push_back(s.get<std::string>());
     }
   }
+  if (!chat) {
+    if (const auto n = get_integer(body, "logprobs")) {
+      if (*n < 0 || *n > 5) throw ApiError(400, cat("'logprobs' must be in [0, 5], got ", *n), "logprobs");
+      r.logprobs = static_cast<int>(*n);
+    }
+  } else {
+    const bool wanted = get_bool(body, "logprobs").value_or(false);
+    const auto top = get_integer(body, "top_logprobs");
+    if (top && (*top < 0 || *top > 20)) throw ApiError(400, cat("'top_logprobs' must be in [0, 20], got ", *top), "top_logprobs");
+    if (top && !wanted) throw ApiError(400, "'top_logprobs' needs \"logprobs\": true", "top_logprobs");
+    if (wanted) r.logprobs = static_cast<int>(top.value_or(0));
+  }
+  if (r.logprobs >= 0 && r.stream)
+    throw ApiError(400, "'logprobs' is not supported with \"stream\": true on this server", "logprobs");
   return r;
 }
 

@@ -73,6 +73,19 @@ std::vector<Bad> bad_requests() {
        "stop"},
       {"five stop sequences", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
        400, "stop"},
+      {"logprobs above 5", C, R"({"model": "tiny-fortunes", "prompt": "hi", "logprobs": 6})", 400, "logprobs"},
+      {"logprobs as a boolean (completions)", C, R"({"model": "tiny-fortunes", "prompt": "hi", "logprobs": true})", 400,
+       "logprobs"},
+      {"logprobs with a stream", C, R"({"model": "tiny-fortunes", "prompt": "hi", "logprobs": 2, "stream": true})", 400,
+       "logprobs"},
+      {"chat: top_logprobs without logprobs", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400,
+       "top_logprobs"},
+      {"chat: top_logprobs above 20", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+           "top_logprobs": 21})", 400, "top_logprobs"},
+      {"chat: logprobs as a number", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "logprobs": 1})", 400, "logprobs"},
       {"chat: an image part (this model reads text only)", Chat,
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": [{"type": "image_url",
            "image_url": {"url": "http://x/y.png"}}]}]})", 400, "messages"},
@@ -124,6 +137,16 @@ GRADED_TEST(Lesson10Api, GoodRequestsBecomeEngineRequests, 3) {
   EXPECT_TRUE(a.include_usage);
   EXPECT_EQ(a.endpoint, Endpoint::Completions);
   EXPECT_TRUE(a.stop.empty()) << "no stop sequences unless asked";
+  EXPECT_EQ(a.logprobs, -1) << "no log-probabilities unless asked";
+  EXPECT_EQ(parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "logprobs": 3})", Endpoint::Completions,
+                                     model).logprobs, 3);
+  EXPECT_EQ(parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "logprobs": 0})", Endpoint::Completions,
+                                     model).logprobs, 0) << "0: the sampled token's log-probability alone";
+  const std::string chat_hi = R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "Hi"}])";
+  EXPECT_EQ(parse_completion_request(chat_hi + R"(, "logprobs": true, "top_logprobs": 4})", Endpoint::ChatCompletions,
+                                     model).logprobs, 4);
+  EXPECT_EQ(parse_completion_request(chat_hi + R"(, "logprobs": true})", Endpoint::ChatCompletions, model).logprobs, 0);
+  EXPECT_EQ(parse_completion_request(chat_hi + R"(, "logprobs": false})", Endpoint::ChatCompletions, model).logprobs, -1);
   const CompletionRequest stops = parse_completion_request(
       R"({"model": "tiny-fortunes", "prompt": "Hi", "stop": ["\n", "Q:"]})", Endpoint::Completions, model);
   EXPECT_EQ(stops.stop, (std::vector<std::string>{"\n", "Q:"}));

@@ -237,7 +237,7 @@ GRADED_TEST(Lesson10Http, BadRequestsGet4xxAndTheServerStaysUp, 2) {
       {"top_p of 0", R"({"model": "tiny-fortunes", "prompt": "hi", "top_p": 0})", 400},
       {"an unknown model", R"({"model": "nope", "prompt": "hi"})", 404},
       {"a body of 3 MB", R"({"model": "tiny-fortunes", "prompt": ")" + std::string(3 << 20, 'x') + R"("})", 413},
-      {"logprobs (not supported)", R"({"model": "tiny-fortunes", "prompt": "hi", "logprobs": 3})", 400},
+      {"echo (not supported)", R"({"model": "tiny-fortunes", "prompt": "hi", "echo": true})", 400},
   };
   for (const Bad& b : bad) {
     const HttpReply r = http_post(kHost, port, "/v1/completions", b.body);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
@@ -266,6 +267,65 @@ TEST(ServerStop, AStopSequenceEndsTheTextWhereItBeginsStreamedOrNot) {
   Server naive(m, ApiModel{"tiny-fortunes", m.config}, ServerOptions{.http_threads = 8});
   naive.start();
   expect_stops_cut_the_text(naive, "naive");
+}
+
+TEST(ServerLogprobs, EachTokenComesWithTheModelsLogProbabilities) {
+  // Greedy: each token is the most likely one, and its log-probability is the log-softmax of the
+  // model's logits there (lesson 02's forward_cached, tolerance 1e-3); the top ones come sorted,
+  // as many as asked. Completions and chat shapes, on the engine and on the naive server.
+  const ModelWeights& m = testing::bundled_model();
+  auto engine = small_server();
+  Server naive(m, ApiModel{"tiny-fortunes", m.config}, ServerOptions{.http_threads = 8});
+  naive.start();
+  for (Server* server : {engine.get(), &naive})
+    for (const bool chat : {false, true}) {
+      json body = {{"model", "tiny-fortunes"}, {"max_tokens", 12}, {"temperature", 0}};
+      if (chat) {
+        body["messages"] = json::array({{{"role", "user"}, {"content", "The "}}});
+        body["logprobs"] = true;
+        body["top_logprobs"] = 3;
+      } else {
+        body["prompt"] = "The ";
+        body["logprobs"] = 3;
+      }
+      const std::string who = std::string(server == &naive ? "naive" : "engine") + (chat ? ", chat" : ", completions");
+      const HttpReply r = http_post("127.0.0.1", server->port(), chat ? "/v1/chat/completions" : "/v1/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << who << ": " << r.body.substr(0, 300);
+      const json j = json::parse(r.body);
+      const json& lp = j["choices"][0]["logprobs"];
+      std::vector<std::string> tokens;
+      std::vector<double> logprob;
+      std::vector<std::vector<double>> top;
+      for (size_t i = 0; i < (chat ? lp["content"].size() : lp["tokens"].size()); ++i) {
+        tokens.push_back(chat ? lp["content"][i]["token"].get<std::string>() : lp["tokens"][i].get<std::string>());
+        logprob.push_back(chat ? lp["content"][i]["logprob"].get<double>() : lp["token_logprobs"][i].get<double>());
+        top.emplace_back();
+        if (chat)
+          for (const json& t : lp["content"][i]["top_logprobs"]) top.back().push_back(t["logprob"].get<double>());
+        else
+          for (const auto& [t, v] : lp["top_logprobs"][i].items()) top.back().push_back(v.get<double>());
+        std::sort(top.back().rbegin(), top.back().rend());
+      }
+      ASSERT_EQ(static_cast<int>(tokens.size()), j["usage"]["completion_tokens"].get<int>()) << who << ": one per token";
+      // The model's own numbers, token by token.
+      KVCache cache(m.config, m.config.max_position_embeddings);
+      std::vector<int> feed = ByteTokenizer::encode("The ");
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const Matrix logits = forward_cached(m, feed, cache);
+        const Eigen::RowVectorXf row = logits.row(logits.rows() - 1);
+        const float best = row.maxCoeff();
+        const float log_total = best + std::log((row.array() - best).exp().sum());
+        Eigen::Index argmax = 0;
+        row.maxCoeff(&argmax);
+        const int token = static_cast<int>(argmax);
+        EXPECT_EQ(tokens[i], ByteTokenizer::decode(std::vector<int>{token})) << who << ", token " << i;
+        EXPECT_NEAR(logprob[i], row(argmax) - log_total, 1e-3) << who << ", token " << i;
+        ASSERT_EQ(top[i].size(), 3u) << who << ", token " << i;
+        EXPECT_NEAR(top[i][0], logprob[i], 1e-6) << who << ": greedy takes the most likely token";
+        EXPECT_LE(top[i][2], top[i][1]);
+        feed = {token};
+      }
+    }
 }
 
 TEST(ServerHostile, NoMutatedBodyIsAnsweredWithA500) {
