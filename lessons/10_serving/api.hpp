@@ -29,8 +29,8 @@ namespace infer {
 class ApiError : public Error {
  public:
   /// `status`: 400 (bad request), 401 (no or wrong API key), 404 (unknown model or route), 405
-  /// (wrong method), 411 (no length), 413 (body too large), 415 (not JSON, or encoded), 500 (the
-  /// server failed), 503 (shutting down, or full).
+  /// (wrong method), 411 (no length), 413 (body too large), 415 (not JSON, or encoded), 431
+  /// (headers too large), 500 (the server failed), 503 (shutting down, or full).
   /// `param`: the offending field ("" when none); `code`: a machine-readable reason ("" when none).
   ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
   /// The HTTP status.

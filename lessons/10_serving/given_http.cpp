@@ -43,6 +43,8 @@ struct Server::Impl {
     res.set_content(e.body(), "application/json");
   }
 
+  static constexpr size_t kMaxHeaderBytes = 64 << 10;  ///< headers in all, as h11's default
+
   /// The method each route answers, by path (a GET route answers HEAD too).
   static std::string route_method(const std::string& path) {
     if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
@@ -54,6 +56,11 @@ struct Server::Impl {
   /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
   /// POST its framing and its type. Empty when the request may go on.
   std::optional<ApiError> refuse_by_headers(const httplib::Request& req) const {
+    size_t header_bytes = 0;  // (httplib has read them already: this bounds what a request may carry on)
+    for (const auto& [name, value] : req.headers) header_bytes += name.size() + value.size() + 4;
+    if (header_bytes > kMaxHeaderBytes)
+      return ApiError(431, cat("The request's headers take ", header_bytes, " bytes, more than this server's limit of ",
+                               kMaxHeaderBytes));
     const std::string method = route_method(req.path);
     if (!method.empty() && req.method != method && !(method == "GET" && req.method == "HEAD"))
       return ApiError(405, cat("Method ", req.method, " is not allowed on ", req.path, "; use ", method));
@@ -256,7 +263,7 @@ struct Server::Impl {
       const std::optional<ApiError> e = refuse_by_headers(req);
       if (!e || e->status() == 413) return httplib::Server::HandlerResponse::Unhandled;
       reply_error(res, *e);
-      if (e->status() == 400 || e->status() == 411) res.set_header("Connection", "close");
+      if (e->status() == 400 || e->status() == 411 || e->status() == 431) res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     });
     // A client that asks before sending its body (Expect: 100-continue) hears the refusal at once.

@@ -19,9 +19,9 @@
 /// a Content-Length above max_body_bytes (413: the body is read and dropped; with Expect:
 /// 100-continue it is refused before it is sent), no Content-Length or a chunked body (411, the
 /// connection closed), Transfer-Encoding with Content-Length (400, closed), any Content-Encoding
-/// (415), a Content-Type other than application/json (415), a known path with the wrong method
-/// (405), a missing or wrong key on /v1/ when api_key is set (401). A request beyond max_running
-/// + max_waiting open ones gets 503 with Retry-After.
+/// (415), a Content-Type other than application/json (415), headers above 64 KB in all (431,
+/// closed), a known path with the wrong method (405), a missing or wrong key on /v1/ when api_key
+/// is set (401). A request beyond max_running + max_waiting open ones gets 503 with Retry-After.
 #pragma once
 
 #include <functional>

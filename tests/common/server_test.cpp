@@ -117,6 +117,13 @@ bool is_error_body(const Raw& r) {
          j["error"].contains("message");
 }
 
+/// `n` headers of about 10 bytes each.
+std::string many_headers(int n) {
+  std::string h;
+  for (int i = 0; i < n; ++i) h += "X-" + std::to_string(i) + ": v\r\n";
+  return h;
+}
+
 std::string post_head(const std::string& path, const std::string& headers) {
   return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + "\r\n";
 }
@@ -151,6 +158,7 @@ TEST(ServerHostile, FramingsAndTypesAreRefusedBeforeTheBodyIsRead) {
       {"GET on a POST route", "GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405},
       {"POST on a GET route", post_head("/v1/models", "Content-Type: application/json\r\nContent-Length: 2\r\n"), 405},
       {"an unknown model by id", "GET /v1/models/gpt-4 HTTP/1.1\r\nHost: x\r\n\r\n", 404},
+      {"70 KB of headers", "GET /health HTTP/1.1\r\nHost: x\r\n" + many_headers(7000) + "\r\n", 431},
   };
   for (const Case& c : cases) {
     const Raw r = exchange(port, c.head, "", 5);
