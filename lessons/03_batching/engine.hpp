@@ -37,7 +37,7 @@ struct GenerationRequest {
   SamplingParams sampling;     ///< this request's sampler, seeded per request
   int arrival_step = 0;        ///< when it becomes visible to the scheduler
   /// Log-probabilities with each token (a server's `logprobs`): -1 none; N >= 0 the sampled
-  /// token's and those of the model's N most likely tokens (TokenEvent::logprob, ::top).
+  /// token's and those of the model's N most likely tokens (TokenEvent::logprob and TokenEvent::top).
   int logprobs = -1;
 };
 
@@ -70,9 +70,10 @@ struct TokenEvent {
   int token = 0;                             ///< the token it sampled
   FinishReason finish = FinishReason::None;  ///< on a request's last token: why it ends there
   /// With GenerationRequest::logprobs >= 0: the token's log-probability under the model (the
-  /// log-softmax of its logits, before temperature, top-k or top-p), and the `logprobs` most
-  /// likely tokens with theirs, most likely first. Otherwise 0 and empty.
+  /// log-softmax of its logits, before temperature, top-k or top-p). Otherwise 0.
   float logprob = 0.0f;
+  /// With GenerationRequest::logprobs = N >= 0: the model's N most likely tokens with their
+  /// log-probabilities, most likely first. Otherwise empty.
   std::vector<std::pair<int, float>> top = {};
 };
 
