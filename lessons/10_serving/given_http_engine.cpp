@@ -46,20 +46,16 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
     }
     const auto now = Clock::now();
     // Each job's new tokens, and the end of those that left the engine (finished or cancelled).
-    std::unordered_map<int, std::vector<int>> fresh;
-    std::unordered_map<int, std::vector<TokenEvent>> fresh_events;  // for the jobs that want log-probabilities
-    for (TokenEvent& ev : events) {
-      fresh[ev.id].push_back(ev.token);
-      if (active.at(ev.id)->request.logprobs >= 0) fresh_events[ev.id].push_back(std::move(ev));
-    }
+    std::unordered_map<int, std::vector<TokenEvent>> fresh;
+    for (TokenEvent& ev : events) fresh[ev.id].push_back(std::move(ev));
     std::unordered_map<int, GenerationResult> ended;
     for (GenerationResult& r : engine.take_finished()) ended.emplace(r.id, std::move(r));
     // A stop sequence ends a request where it begins: the tokens before it are kept, and the
     // sequence leaves the engine now, before the gauges are read (its result, cancelled, gives
     // the job's counts; the job ends by its stop).
     std::unordered_map<int, size_t> stopped;  // request id -> tokens its job keeps
-    for (const auto& [id, tokens] : fresh)
-      if (const size_t keep = stop_point(*active.at(id), tokens); keep != std::string::npos) {
+    for (const auto& [id, mine] : fresh)
+      if (const size_t keep = stop_point(*active.at(id), mine); keep != std::string::npos) {
         stopped[id] = keep;
         if (!ended.contains(id)) engine.cancel(id);
       }
@@ -71,21 +67,21 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
                  .engine_held = static_cast<long>(held.requests + held.finished),
                  .engine_queued = static_cast<long>(held.queued)});
     mailbox.set_idle(engine.idle());
-    for (auto& [id, tokens] : fresh) {
+    for (auto& [id, mine] : fresh) {
       if (const auto s = stopped.find(id); s != stopped.end()) {
         const auto r = ended.find(id);
-        mailbox.deliver(*active.at(id), tokens, now, "stop", r == ended.end() ? 0 : r->second.cached_tokens,
-                        r == ended.end() ? 0 : r->second.preemptions, s->second, fresh_events[id]);
+        mailbox.deliver(*active.at(id), mine, now, "stop", r == ended.end() ? 0 : r->second.cached_tokens,
+                        r == ended.end() ? 0 : r->second.preemptions, s->second);
         if (r != ended.end()) ended.erase(r);
         active.erase(id);
       } else if (!ended.contains(id)) {
-        mailbox.deliver(*active.at(id), tokens, now, "", 0, 0, std::string::npos, fresh_events[id]);
+        mailbox.deliver(*active.at(id), mine, now, "");
       }
     }
     for (auto& [id, r] : ended) {
       const auto f = fresh.find(id);
-      mailbox.deliver(*active.at(id), f == fresh.end() ? std::span<const int>() : std::span<const int>(f->second), now,
-                      finish_reason_name(r.finish), r.cached_tokens, r.preemptions, std::string::npos, fresh_events[id]);
+      mailbox.deliver(*active.at(id), f == fresh.end() ? std::span<const TokenEvent>() : std::span<const TokenEvent>(f->second),
+                      now, finish_reason_name(r.finish), r.cached_tokens, r.preemptions);
       active.erase(id);
     }
   }

@@ -84,8 +84,8 @@ void Mailbox::accept(Job& job) {
   job.changed.notify_all();
 }
 
-void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached,
-                      int preempted, size_t keep, std::span<const TokenEvent> events) {
+void Mailbox::deliver(Job& job, std::span<const TokenEvent> fresh, Clock::time_point t, const std::string& reason,
+                      int cached, int preempted, size_t keep) {
   // The metrics first, the client then: whoever reads /metrics after an answer finds it counted.
   size_t before = 0;
   {
@@ -96,8 +96,8 @@ void Mailbox::deliver(Job& job, std::span<const int> fresh, Clock::time_point t,
   if (!reason.empty()) metrics_.ended(job, std::min(before + fresh.size(), keep), t, reason, cached, preempted);
   {
     std::lock_guard lock(job.mutex);
-    job.tokens.insert(job.tokens.end(), fresh.begin(), fresh.end());
-    if (job.request.logprobs >= 0) job.logprobs.insert(job.logprobs.end(), events.begin(), events.end());
+    for (const TokenEvent& e : fresh) job.tokens.push_back(e.token);
+    if (job.request.logprobs >= 0) job.logprobs.insert(job.logprobs.end(), fresh.begin(), fresh.end());
     if (keep < job.tokens.size()) job.tokens.resize(keep);
     if (keep < job.logprobs.size()) job.logprobs.resize(keep);
     if (!reason.empty()) {

@@ -24,19 +24,18 @@ void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
         const int next = sampler.next(logits.row(logits.rows() - 1).transpose());
         TokenEvent event{job->id, next};
         fill_logprobs(event, logits.bottomRows(1), job->request.logprobs);
-        const std::span<const TokenEvent> events(&event, job->request.logprobs >= 0 ? 1 : 0);
         tokens.push_back(next);
         const bool eos = next == m.config.eos_token_id;
         if (eos) reason = "stop";
         const bool last = eos || i + 1 == job->request.max_tokens;
         metrics.step();
-        const std::span<const int> fresh(&tokens.back(), 1);
+        const std::span<const TokenEvent> fresh(&event, 1);
         if (const size_t keep = stop_point(*job, fresh); keep != std::string::npos) {
-          mailbox.deliver(*job, fresh, Clock::now(), "stop", 0, 0, keep, events);
+          mailbox.deliver(*job, fresh, Clock::now(), "stop", 0, 0, keep);
           reason = "stop";
           break;
         }
-        mailbox.deliver(*job, fresh, Clock::now(), last ? reason : "", 0, 0, std::string::npos, events);
+        mailbox.deliver(*job, fresh, Clock::now(), last ? reason : "");
         if (last) break;
       }
       if (reason == "cancelled") mailbox.deliver(*job, {}, Clock::now(), reason);

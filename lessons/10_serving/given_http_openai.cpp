@@ -40,11 +40,11 @@ size_t stop_holdback(const std::string& text, const std::vector<std::string>& st
   return held;
 }
 
-size_t stop_point(const Job& job, std::span<const int> fresh) {
+size_t stop_point(const Job& job, std::span<const TokenEvent> fresh) {
   const std::vector<std::string>& stops = job.request.stop;
   if (stops.empty() || fresh.empty()) return std::string::npos;
   std::vector<int> all = job.tokens;
-  all.insert(all.end(), fresh.begin(), fresh.end());
+  for (const TokenEvent& e : fresh) all.push_back(e.token);
   const size_t before = ByteTokenizer::decode(job.tokens).size();
   const size_t at = find_stop(ByteTokenizer::decode(all), before, stops);
   if (at == std::string::npos) return std::string::npos;

@@ -69,7 +69,7 @@ size_t find_stop(const std::string& text, size_t from, const std::vector<std::st
 /// With `fresh` appended to `job`'s tokens: how many tokens it keeps if a stop sequence now
 /// appears in its text (the tokens before it), else npos. The thread that writes job.tokens (the
 /// engine's, or the naive one) calls it, and so reads them without the lock.
-size_t stop_point(const Job& job, std::span<const int> fresh);
+size_t stop_point(const Job& job, std::span<const TokenEvent> fresh);
 /// How many bytes at the end of `text` must be held back from a stream: the longest suffix that
 /// is the start of a stop sequence (it may still become one).
 size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops);
@@ -185,9 +185,9 @@ class Mailbox {
   static void accept(Job& job);
   /// Appends `fresh` to `job` at time `t` (counted in Metrics first); a non-empty `reason` ends it.
   /// `keep`: the tokens the job keeps after that (a stop sequence cut it short; npos: all).
-  /// `events`: the engine's events of `fresh`, one each, for a job that wants log-probabilities.
-  void deliver(Job& job, std::span<const int> fresh, Clock::time_point t, const std::string& reason, int cached = 0,
-               int preempted = 0, size_t keep = std::string::npos, std::span<const TokenEvent> events = {});
+  /// A job that wants log-probabilities keeps the events themselves as well.
+  void deliver(Job& job, std::span<const TokenEvent> fresh, Clock::time_point t, const std::string& reason,
+               int cached = 0, int preempted = 0, size_t keep = std::string::npos);
   /// Ends each of `jobs` with an error (HTTP `status`) and clears the list.
   void fail(std::vector<std::shared_ptr<Job>>& jobs, int status, const std::string& message);
   /// Fails whatever is still queued, with `status`.
