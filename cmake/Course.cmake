@@ -27,7 +27,7 @@ function(course_lesson nn topic)
 
   # lessons/NN_topic/given*.cpp: the plumbing given to students, in both tracks. given_cuda.cpp
   # calls the CUDA runtime and is built where CUDA is; given_http.cpp and given_http_*.cpp serve
-  # HTTP (lesson 10) and are built where cpp-httplib is (COURSE_HTTP).
+  # HTTP (lesson 10) and are built where Boost.Beast is (COURSE_HTTP).
   file(GLOB given CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given*.cpp")
   list(FILTER given EXCLUDE REGEX "/given_(cuda|http[a-z_]*)\\.cpp$")
   if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
@@ -45,7 +45,7 @@ function(course_lesson nn topic)
   target_link_libraries(lesson${nn}_solution PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
   course_link_cuda(lesson${nn}_solution "${sol_src};${given}")
   if(lesson_http)
-    target_link_libraries(lesson${nn}_solution PUBLIC course_httplib)
+    target_link_libraries(lesson${nn}_solution PUBLIC course_http)
   endif()
 
   if(COURSE_TRACK STREQUAL "exercises")
@@ -62,7 +62,7 @@ function(course_lesson nn topic)
     target_link_libraries(lesson${nn}_exercise PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
     course_link_cuda(lesson${nn}_exercise "${ex_src};${given}")
     if(lesson_http)
-      target_link_libraries(lesson${nn}_exercise PUBLIC course_httplib)
+      target_link_libraries(lesson${nn}_exercise PUBLIC course_http)
     endif()
     set(track_lib lesson${nn}_exercise)
   else()
@@ -134,6 +134,7 @@ endfunction()
 # case its own ctest (so a crash or a hang costs that case only).
 function(course_add_tests target labels lib)
   add_executable(${target} ${ARGN})
+  set_target_properties(${target} PROPERTIES COURSE_TEST_HARNESS ON)
   target_link_libraries(${target} PRIVATE ${lib} course_testing course_test_main course_flags)
   course_discover_tests(${target} "${labels}")
 endfunction()

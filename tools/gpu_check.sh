@@ -73,9 +73,9 @@ if [ ! -f /usr/include/eigen3/Eigen/Core ] || [ ! -d /usr/include/gtest ]; then
   cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DCOURSE_GTEST_SOURCE="$prefix/usr/src/googletest")
 fi
 
-# Lesson 10's HTTP server needs Debian's cpp-httplib (TLS, zlib, Brotli underneath), which a bare
-# GPU machine lacks: it is left out there; its tests run on every CPU machine.
-[ -f /usr/include/httplib.h ] || cmake_args+=(-DCOURSE_HTTP=OFF)
+# Lesson 10's HTTP server needs Boost.Beast's headers (libboost1.74-dev, among the .deb files
+# `./course gpu-deps` fetches); without them it is left out there, and its tests run on every CPU machine.
+[ -f /usr/include/boost/beast.hpp ] || [ -f "${prefix:-/nonexistent}/usr/include/boost/beast.hpp" ] || cmake_args+=(-DCOURSE_HTTP=OFF)
 
 # ---------------------------------------------------------------- 2. build --
 if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then

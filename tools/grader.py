@@ -6,6 +6,7 @@
                     [--json FILE] [--csv FILE] [--junit FILE]
                     [--sandbox require|auto|off] [--timeout S] [--jobs N]
                     [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure]
+                    [--stop-at-first-loss]
 
 What it promises, and how:
 
@@ -42,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -565,13 +567,20 @@ def grade(args):
         with open(record, "w") as f:
             f.write(digest + "\n")
 
+    lost = threading.Event()  # --stop-at-first-loss: set once a case is lost
+
     def one(item):
         name, binary = item
+        if lost.is_set():
+            return name, {"status": "not run", "message": "not run: grading stopped at the first lost case "
+                          "(--stop-at-first-loss)", "output": "", "time": 0.0}
         t0 = time.monotonic()
         run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
         status, message = judge(name, run, args.timeout, args.max_output_mb)
         if status == "failed" and message is None:
             message = grade_report.failure_message(run["output"])
+        if args.stop_at_first_loss and status not in ("passed", "skipped"):
+            lost.set()
         return name, {"status": status, "message": message, "output": run["output"],
                       "time": time.monotonic() - t0}
 
@@ -611,6 +620,9 @@ def main():
     ap.add_argument("--show-build", action="store_true")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--first-failure", action="store_true")
+    ap.add_argument("--stop-at-first-loss", action="store_true",
+                    help="run no more cases once one is lost: enough to prove a submission loses points "
+                         "(tools/known_wrong.py), not a grade")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     args.source = os.path.abspath(args.source)

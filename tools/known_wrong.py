@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Proves that each lesson's catalogue of known-wrong implementations loses points.
 
-    tools/known_wrong.py [--lessons NN ...] [--build DIR] [--workers N] [--list]
+    tools/known_wrong.py [--lessons NN ...] [--build DIR] [--workers N] [--all-cases] [--list]
 
 tests/NN_topic/known_wrong/*.patch are small, readable changes to the reference solution
 (solutions/NN_topic/), each one a mistake students make; the lines before the diff say which.
 For each, this applies the patch to a copy of the solutions, grades that lesson with
-tools/grader.py, and expects fewer points than the total. It prints which graded cases caught
-each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
+tools/grader.py, and expects fewer points than the total. The grading of an entry stops at its
+first lost case (that proves it loses points, in about a third of the time of all its cases; CI
+runs it so); --all-cases runs every case and shows each entry's points and every case that caught
+it. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
 (the reference changed under it: update the patch).
 
 Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/known_wrong/NAME.patch`,
@@ -48,6 +50,9 @@ def main():
     ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) if shutil.which("ccache") else 1,
                     help="entries graded at once, each in its own build tree (default: one per core "
                          "where ccache is installed, else one)")
+    ap.add_argument("--all-cases", action="store_true",
+                    help="run every graded case of each entry (its points, every case that catches it), "
+                         "not only up to the first lost one")
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
     ap.add_argument("--cmake-arg", action="append", default=[],
@@ -140,6 +145,8 @@ def main():
                    "--jobs", str(jobs)]
             if configured:
                 cmd.append("--no-configure")
+            if not args.all_cases:
+                cmd.append("--stop-at-first-loss")
             cmd += [f"--cmake-arg={a}" for a in args.cmake_arg]
             graded = subprocess.run(cmd, capture_output=True, text=True)
             configured = True
@@ -151,15 +158,18 @@ def main():
             with open(report) as f:
                 r = json.load(f)
             caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
-                      for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")]
-            points = f"{r['earned']}/{r['total']}"
+                      for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")
+                      and (args.all_cases or t["status"] != "not run")]
+            # Stopped at the first lost case, the points earned say nothing more than "fewer".
+            points = f"{r['earned']}/{r['total']}" if args.all_cases else f"< {r['total']}"
             lost = r["earned"] < r["total"]
             with lock:
                 tally = counts.setdefault(lesson, [0, 0])
                 tally[0] += lost
                 tally[1] += 1
             if lost:
-                shown = ", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
+                shown = (", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
+                         or "a case that did not run")
                 record(i, lesson, name, points, f"caught by {shown}", f"{points} ({seconds:.0f} s)")
             else:
                 record(i, lesson, name, points, "NOT CAUGHT", f"{points}, NOT CAUGHT",

@@ -1,305 +1,486 @@
-// Lesson 10's server, the routes room (given): the HTTP front. Each handler parses and checks a
-// request (parse_completion_request(), yours), queues it as a Job in the Mailbox, and answers it
-// whole or as server-sent events while the engine thread (given_http_engine.cpp) fills it. The
-// other rooms are listed in server_parts.hpp.
+// Lesson 10's server, the routes room (given): the HTTP front, on Boost.Beast. Each connection is
+// a small state machine driven by a few threads (no thread of its own): read the headers (with a
+// deadline), refuse what they already rule out, read the body (with a deadline), then either answer
+// at once or queue a Job in the Mailbox and answer it, whole or as server-sent events, each time
+// the engine thread (given_http_engine.cpp) says the job changed. The other rooms are listed in
+// server_parts.hpp.
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <limits>
 #include <csignal>
 #include <optional>
 #include <thread>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 
 #include "common/tokenizer.hpp"
 #include "lessons/10_serving/server.hpp"
 #include "lessons/10_serving/server_parts.hpp"
 
-// After Eigen: httplib brings in <resolv.h>, whose `_res` macro would rename a parameter of Eigen's.
-#include <httplib.h>
-
 namespace infer {
 
 using nlohmann::json;
 using namespace server;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+constexpr size_t kMaxHeaderBytes = 64 << 10;           ///< a request's headers in all, as h11's default
+constexpr auto kLinger = std::chrono::seconds(2);      ///< reading what a refused client still sends
+constexpr size_t kMaxLingerBytes = 4 << 20;            ///< ... at most this much of it
+
+/// One HTTP/1.1 answer with a body, as bytes on the wire. `head`: the headers only (a HEAD request).
+std::string http_response(int status, const std::string& type, const std::string& body, bool close,
+                          const std::string& extra_headers = "", bool head = false) {
+  std::string out = cat("HTTP/1.1 ", status, " ", http::obsolete_reason(http::int_to_status(status)), "\r\n",
+                        "Content-Type: ", type, "\r\nContent-Length: ", body.size(), "\r\n", extra_headers);
+  if (close) out += "Connection: close\r\n";
+  out += "\r\n";
+  if (!head) out += body;
+  return out;
+}
+
+/// `s` seconds, as the timers count them.
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+/// One chunk of a chunked body (a stream's server-sent event).
+std::string http_chunk(const std::string& data) {
+  std::ostringstream size;
+  size << std::hex << data.size();
+  return size.str() + "\r\n" + data + "\r\n";
+}
+
+/// The method each route answers, by path (a GET route answers HEAD too); "" for no route.
+std::string route_method(std::string_view path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
+  return "";
+}
+
+}  // namespace
 
 struct Server::Impl {
+  class Connection;
+
   ApiModel model;
   ServerOptions options;
   std::unique_ptr<Engine> engine;         // engine mode
   const ModelWeights* weights = nullptr;  // naive mode
   Metrics metrics;
   Mailbox mailbox{metrics};
-  httplib::Server http;
-  std::thread listener, worker;
+  std::atomic<int> answering{0};  ///< requests queued for the engine whose answer is not written yet
+  // After what a connection uses: destroyed before it, with the connections still in it.
+  net::io_context io;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> http_threads;
+  std::thread worker;
   int bound_port = 0;
-  int listen_socket = -1;  // the listening socket (httplib's socket_t is an int on POSIX)
   bool started = false, stopped = false;
 
   Impl(ApiModel m, ServerOptions o) : model(std::move(m)), options(std::move(o)) {}
 
-  /// Answers with OpenAI's error body; `refused`: count it as a request refused before the engine.
-  void reply_error(httplib::Response& res, const ApiError& e, bool refused = true) {
-    if (refused) metrics.rejected(e.status());
-    res.status = e.status();
-    if (e.status() == 503) res.set_header("Retry-After", "1");
-    res.set_content(e.body(), "application/json");
-  }
-
-  static constexpr size_t kMaxHeaderBytes = 64 << 10;  ///< headers in all, as h11's default
-
-  /// The method each route answers, by path (a GET route answers HEAD too).
-  static std::string route_method(const std::string& path) {
-    if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
-    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") return "GET";
-    return "";
-  }
-
   /// What the headers alone decide, before a byte of the body is read (so that nothing a client
   /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
-  /// POST its framing and its type. Empty when the request may go on.
-  std::optional<ApiError> refuse_by_headers(const httplib::Request& req) const {
-    size_t header_bytes = 0;  // (httplib has read them already: this bounds what a request may carry on)
-    for (const auto& [name, value] : req.headers) header_bytes += name.size() + value.size() + 4;
-    if (header_bytes > kMaxHeaderBytes)
-      return ApiError(431, cat("The request's headers take ", header_bytes, " bytes, more than this server's limit of ",
-                               kMaxHeaderBytes));
-    const std::string method = route_method(req.path);
-    if (!method.empty() && req.method != method && !(method == "GET" && req.method == "HEAD"))
-      return ApiError(405, cat("Method ", req.method, " is not allowed on ", req.path, "; use ", method));
-    if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
-        req.get_header_value("Authorization") != "Bearer " + options.api_key)
-      return ApiError(401, req.has_header("Authorization") ? "Incorrect API key provided"
-                                                           : "No API key provided: send the header 'Authorization: Bearer KEY'",
+  /// POST its framing, its size and its type. Empty when the request may go on.
+  std::optional<ApiError> refuse_by_headers(const http::request_header<>& req, std::string_view path) const {
+    const std::string method = route_method(path);
+    const std::string verb(req.method_string());
+    if (!method.empty() && verb != method && !(method == "GET" && verb == "HEAD"))
+      return ApiError(405, cat("Method ", verb, " is not allowed on ", path, "; use ", method));
+    if (!options.api_key.empty() && path.rfind("/v1/", 0) == 0 &&
+        req[http::field::authorization] != "Bearer " + options.api_key)
+      return ApiError(401, req.count(http::field::authorization) ? "Incorrect API key provided"
+                                                                 : "No API key provided: send the header 'Authorization: Bearer KEY'",
                       "", "invalid_api_key");
-    if (req.method != "POST") return std::nullopt;
-    const bool has_length = req.has_header("Content-Length");
-    if (req.has_header("Transfer-Encoding"))
+    if (verb != "POST") return std::nullopt;
+    const bool has_length = req.count(http::field::content_length) > 0;
+    if (req.count(http::field::transfer_encoding))
       return has_length ? ApiError(400, "A request may not carry both Transfer-Encoding and Content-Length")
                         : ApiError(411, "A request body needs a Content-Length header on this server (no chunked bodies)");
     if (!has_length) return ApiError(411, "A request body needs a Content-Length header on this server");
-    const std::string length = req.get_header_value("Content-Length");
+    const std::string length(req[http::field::content_length]);
     if (length.empty() || length.size() > 18 || length.find_first_not_of("0123456789") != std::string::npos)
       return ApiError(400, cat("Content-Length must be a number of bytes, got '", length, "'"));
     if (std::stoull(length) > options.max_body_bytes)
       return ApiError(413, cat("The request body (", length, " bytes) is larger than this server's limit of ",
                                options.max_body_bytes, " bytes"));
-    const std::string encoding = req.get_header_value("Content-Encoding");
+    const std::string encoding(req[http::field::content_encoding]);
     if (!encoding.empty() && encoding != "identity")
       return ApiError(415, cat("Content-Encoding '", encoding, "' is not accepted: send the JSON body as it is"));
-    std::string type = req.get_header_value("Content-Type");
+    std::string type(req[http::field::content_type]);
     type = type.substr(0, type.find(';'));
     while (!type.empty() && type.back() == ' ') type.pop_back();
     std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return std::tolower(ch); });
     if (type != "application/json")
       return ApiError(415, cat("The body must be JSON, sent with 'Content-Type: application/json' (got '",
-                               req.get_header_value("Content-Type"), "')"));
+                               std::string(req[http::field::content_type]), "')"));
     return std::nullopt;
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
-    auto job = std::make_shared<Job>();
-    try {
-      refuse_unsupported(parse_json_object(req.body));
-      job->request = parse_completion_request(req.body, endpoint, model);
-    } catch (const ApiError& e) {
-      reply_error(res, e);
-      return;
-    } catch (const json::exception& e) {  // a field of an unexpected type read without a check
-      reply_error(res, ApiError(400, cat("The request has a field of an unexpected type or value: ", e.what())));
-      return;
-    } catch (const std::exception& e) {  // e.g. a starter's NotImplemented
-      reply_error(res, ApiError(500, cat("parse_completion_request failed: ", e.what())));
-      return;
-    }
-    job->arrived = Clock::now();
-    const size_t running = engine ? static_cast<size_t>(engine->options().max_running) : 1;
-    mailbox.enqueue(job, /*accept=*/engine == nullptr,  // the naive thread refuses nothing
-                    running + static_cast<size_t>(options.max_waiting));
-    {
-      // Until the engine has taken it, a request can still be refused, with a status of its own.
-      std::unique_lock lock(job->mutex);
-      job->changed.wait(lock, [&] { return job->accepted || job->finished; });
-      if (!job->accepted) {
-        const ApiError e(job->error_status, job->error);
-        lock.unlock();
-        reply_error(res, e);
-        return;
-      }
-    }
-    if (!job->request.stream) {
-      std::unique_lock lock(job->mutex);
-      job->changed.wait(lock, [&] { return job->finished; });
-      if (job->finish_reason == "error") {
-        const ApiError e(job->error_status, job->error);
-        lock.unlock();
-        reply_error(res, e, /*refused=*/false);  // counted as ended in error
-        return;
-      }
-      res.set_content(dump(completion_body(*job, model.name, ByteTokenizer::decode(job->tokens),
-                                           static_cast<int>(job->tokens.size()), job->finish_reason)),
-                      "application/json");
-      return;
-    }
-    struct StreamState {
-      size_t seen = 0;     // the job's tokens at the last look
-      size_t emitted = 0;  // bytes of their text sent
-      bool role_sent = false;
-    };
-    auto state = std::make_shared<StreamState>();
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [job, state, name = model.name](size_t, httplib::DataSink& sink) -> bool {
-          std::vector<int> tokens;
-          bool finished = false, fresh = false;
-          std::string reason, error;
-          int status = 0;
-          {
-            std::unique_lock lock(job->mutex);
-            fresh = job->changed.wait_for(lock, std::chrono::seconds(1),
-                                          [&] { return job->finished || job->tokens.size() != state->seen; });
-            tokens = job->tokens;
-            state->seen = tokens.size();
-            finished = job->finished;
-            reason = job->finish_reason;
-            error = job->error;
-            status = job->error_status;
-          }
-          const auto send = [&](const std::string& payload) {
-            const std::string event = "data: " + payload + "\n\n";
-            return sink.write(event.data(), event.size());
-          };
-          if (!fresh && !finished) {  // nothing yet (queued): a comment line keeps the
-            const std::string ping = ": waiting\n\n";  // connection checked, so a hang-up is seen
-            return sink.write(ping.data(), ping.size());
-          }
-          // What may be sent: the text past what was, without the end of a character not complete
-          // yet, nor an end that may still become a stop sequence (a stop cuts the tokens short,
-          // never before what was sent).
-          const std::string text = ByteTokenizer::decode(tokens);
-          const std::string rest = text.size() > state->emitted ? text.substr(state->emitted) : "";
-          size_t n = finished ? rest.size() : complete_utf8(rest);
-          if (!finished && !job->request.stop.empty()) {
-            const size_t held = stop_holdback(text, job->request.stop);
-            n = std::min(n, rest.size() > held ? rest.size() - held : 0);
-          }
-          const bool chat = job->request.endpoint == Endpoint::ChatCompletions;
-          if (n > 0 || (chat && !state->role_sent)) {
-            const std::string piece = rest.substr(0, n);
-            state->emitted += n;
-            if (!send(dump(chunk_body(*job, name, &piece, nullptr, chat && !state->role_sent)))) return false;
-            state->role_sent = true;
-          }
-          if (!finished) return true;
-          if (reason == "error") {
-            if (!send(ApiError(status, error).body())) return false;
-          } else {
-            if (!send(dump(chunk_body(*job, name, nullptr, reason, false)))) return false;
-            if (job->request.include_usage && !send(dump(usage_chunk(*job, name, static_cast<int>(tokens.size())))))
-              return false;
-          }
-          if (!send("[DONE]")) return false;
-          sink.done();
-          return true;
-        },
-        [this, job](bool success) {
-          bool ended = false;
-          {
-            std::lock_guard lock(job->mutex);
-            ended = job->finished;
-          }
-          if (!success && !ended) mailbox.cancel(job->id);  // the client hung up: free its sequence
-        });
+  /// The model as /v1/models lists it.
+  json model_object() const {
+    return json{{"id", model.name},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "course"},
+                {"max_model_len", model.config.max_position_embeddings}};
   }
 
-  void routes() {
-    http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
-    http.set_payload_max_length(options.max_body_bytes);
-    http.set_tcp_nodelay(true);  // one event per token: do not let Nagle hold them back
-    // Debian's cpp-httplib 0.11 listens with a backlog of 5 connections: 100 clients connecting at
-    // once would overflow it and some would be dropped. Keep the listening socket, and start()
-    // calls listen() on it again with a deep backlog (Linux lets a listen() change the backlog).
-    http.set_socket_options([this](int sock) {
-      const int yes = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-      listen_socket = sock;
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::Completions);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::ChatCompletions);
-    });
-    const auto model_object = [this] {
-      return json{{"id", model.name},
-                  {"object", "model"},
-                  {"created", 0},
-                  {"owned_by", "course"},
-                  {"max_model_len", model.config.max_position_embeddings}};
-    };
-    http.Get("/v1/models", [this, model_object](const httplib::Request&, httplib::Response& res) {
-      res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
-    });
-    http.Get("/v1/models/(.+)", [this, model_object](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = req.matches[1];
-      if (id != model.name)
-        return reply_error(res, ApiError(404, cat("The model '", id, "' does not exist; this server serves '", model.name, "'"),
-                                         "model", "model_not_found"));
-      res.set_content(dump(model_object()), "application/json");
-    });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const std::string broken = mailbox.broken();
-      res.status = broken.empty() ? 200 : 503;
-      res.set_content(broken.empty() ? R"({"status":"ok"})" : dump(json{{"status", "failed"}, {"error", broken}}),
-                      "application/json");
-    });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics.text(), "text/plain; version=0.0.4");
-    });
-    // The headers are checked before the body is read: httplib would read a chunked body whole,
-    // however large, and inflate a compressed one without a limit. A body too large is left to
-    // httplib, which reads it to the end without keeping it and answers 413 (through the error
-    // handler below), so that the client, still sending, hears the answer. A body without a
-    // usable length cannot be skipped: that refusal closes the connection.
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      const std::optional<ApiError> e = refuse_by_headers(req);
-      if (!e || e->status() == 413) return httplib::Server::HandlerResponse::Unhandled;
-      reply_error(res, *e);
-      if (e->status() == 400 || e->status() == 411 || e->status() == 431) res.set_header("Connection", "close");
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    // A client that asks before sending its body (Expect: 100-continue) hears the refusal at once.
-    http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (const std::optional<ApiError> e = refuse_by_headers(req)) {
-        reply_error(res, *e);
-        res.set_header("Connection", "close");
-        return e->status();
-      }
-      return 100;
-    });
-    // Errors httplib itself answers (no such route, a body over the limit): OpenAI's error body too.
-    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                       httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
-      const std::string message =
-          res.status == 413   ? cat("The request body is larger than this server's limit of ", options.max_body_bytes,
-                                    " bytes")
-          : res.status == 404 ? cat("No route ", req.method, " ", req.path, " on this server")
-                              : cat("HTTP error ", res.status);
-      reply_error(res, ApiError(res.status, message));
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      reply_error(res, ApiError(500, what));
-    });
-  }
+  void accept();
 };
 
+/// One client connection. Every handler runs on the connection's strand, so its state needs no
+/// lock; the engine thread reaches it only through Job::on_change, which posts on_job() there.
+class Server::Impl::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), s_(server) {}
+  ~Connection() { uncount(); }
+
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+
+ private:
+  // --------------------------------------------------------------- reading --
+
+  void read_header() {
+    header_.emplace();
+    header_->header_limit(kMaxHeaderBytes);
+    header_->body_limit(std::numeric_limits<std::uint64_t>::max());  // the body's size is refuse_by_headers()'s to judge (not boost::none: Boost 1.74 compares it wrongly)
+    stream_.expires_after(seconds(s_.options.request_timeout_s));
+    reading_ = true;
+    http::async_read_header(stream_, buffer_, *header_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    reading_ = false;
+    if (ec == http::error::header_limit)
+      return refuse(ApiError(431, cat("The request's headers are larger than this server's limit of ", kMaxHeaderBytes,
+                                      " bytes")));
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
+        ec == net::error::eof || ec == net::error::connection_reset)
+      return close();  // gone, or silent past the deadline: nobody to answer
+    if (ec) return refuse(ApiError(400, cat("The request is not valid HTTP/1.1: ", ec.message())));
+    const http::request_header<>& req = header_->get();
+    path_ = std::string(req.target().substr(0, req.target().find('?')));
+    head_only_ = req.method() == http::verb::head;
+    keep_alive_ = header_->keep_alive();
+    if (const std::optional<ApiError> e = s_.refuse_by_headers(req, path_)) return refuse(*e);
+    body_.emplace(std::move(*header_));
+    body_->body_limit(s_.options.max_body_bytes);
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      // The client waits for this before it sends the body (a refusal came above, before it).
+      send("HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    stream_.expires_after(seconds(s_.options.request_timeout_s));
+    reading_ = true;
+    http::async_read(stream_, buffer_, *body_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
+  }
+
+  void on_body(beast::error_code ec) {
+    reading_ = false;
+    if (ec == http::error::body_limit)
+      return refuse(ApiError(413, cat("The request body is larger than this server's limit of ",
+                                      s_.options.max_body_bytes, " bytes")));
+    if (ec) return close();  // gone, or too slow: the deadline closed it
+    stream_.expires_never();  // a generation takes as long as it takes; a hang-up ends it
+    route(body_->get());
+  }
+
+  /// While an answer is being prepared: read on, to see the client hang up (the read ends with an
+  /// error) and cancel its request at once. Bytes that come are a next request, kept for it.
+  void watch() {
+    // (Bytes already in the buffer are a pipelined request: it is read once this one is answered,
+    // and its client cannot be watched meanwhile.)
+    if (reading_ || closed_ || (buffer_.size() > 0 && !closing_)) return;
+    reading_ = true;
+    stream_.async_read_some(buffer_.prepare(16 << 10), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->reading_ = false;
+      if (ec) return self->hung_up();
+      self->buffer_.commit(n);
+      if (self->closing_) return self->linger();  // what a refused client still sends, dropped
+      // A pipelined request came: answered after this one (the bytes wait in the buffer).
+      if (self->answered_ && !self->writing_ && self->out_.empty()) self->after_answer();
+    });
+  }
+
+  /// The client went away (or its connection broke): its request, if running, is cancelled.
+  void hung_up() {
+    if (job_) {
+      bool finished = false;
+      {
+        std::lock_guard lock(job_->mutex);
+        finished = job_->finished;
+      }
+      if (!finished) s_.mailbox.cancel(job_->id);  // the engine frees its sequence before its next step
+    }
+    close();
+  }
+
+  // ---------------------------------------------------------------- routing --
+
+  void route(const http::request<http::string_body>& req) {
+    answered_ = false;
+    if (path_ == "/v1/completions") return generate(req.body(), Endpoint::Completions);
+    if (path_ == "/v1/chat/completions") return generate(req.body(), Endpoint::ChatCompletions);
+    if (path_ == "/v1/models") return reply(200, dump(json{{"object", "list"}, {"data", json::array({s_.model_object()})}}));
+    if (path_.rfind("/v1/models/", 0) == 0) {
+      const std::string id = path_.substr(11);
+      if (id != s_.model.name)
+        return reply_error(ApiError(404, cat("The model '", id, "' does not exist; this server serves '", s_.model.name, "'"),
+                                    "model", "model_not_found"));
+      return reply(200, dump(s_.model_object()));
+    }
+    if (path_ == "/health") {
+      const std::string broken = s_.mailbox.broken();
+      return reply(broken.empty() ? 200 : 503,
+                   broken.empty() ? R"({"status":"ok"})" : dump(json{{"status", "failed"}, {"error", broken}}));
+    }
+    if (path_ == "/metrics") return reply(200, s_.metrics.text(), "text/plain; version=0.0.4");
+    reply_error(ApiError(404, cat("No route ", std::string(req.method_string()), " ", path_, " on this server")));
+  }
+
+  void generate(const std::string& body, Endpoint endpoint) {
+    auto job = std::make_shared<Job>();
+    try {
+      refuse_unsupported(parse_json_object(body));
+      job->request = parse_completion_request(body, endpoint, s_.model);
+    } catch (const ApiError& e) {
+      return reply_error(e);
+    } catch (const json::exception& e) {  // a field of an unexpected type read without a check
+      return reply_error(ApiError(400, cat("The request has a field of an unexpected type or value: ", e.what())));
+    } catch (const std::exception& e) {  // e.g. a starter's NotImplemented
+      return reply_error(ApiError(500, cat("parse_completion_request failed: ", e.what())));
+    }
+    job->arrived = Clock::now();
+    // The job keeps its connection alive until it ends (nothing else may: a connection waiting
+    // for its answer has no read or write under way).
+    job->on_change = [self = shared_from_this()] { net::post(self->stream_.get_executor(), [self] { self->on_job(); }); };
+    job_ = job;
+    shown_ = {};
+    counted_ = true;
+    s_.answering.fetch_add(1);
+    const size_t running = s_.engine ? static_cast<size_t>(s_.engine->options().max_running) : 1;
+    s_.mailbox.enqueue(job, /*accept=*/s_.engine == nullptr,  // the naive thread refuses nothing
+                       running + static_cast<size_t>(s_.options.max_waiting));
+    watch();
+    on_job();  // it may have been refused already (a full queue, a stopping server)
+  }
+
+  /// The job changed (or may have): write what is new of its answer.
+  void on_job() {
+    if (!job_) return;
+    const std::shared_ptr<Job> held = job_;  // (end_job() below lets go of job_)
+    Job& job = *held;
+    std::vector<int> tokens;
+    bool accepted = false, finished = false;
+    std::string reason, error;
+    int status = 0;
+    {
+      std::lock_guard lock(job.mutex);
+      accepted = job.accepted;
+      finished = job.finished;
+      tokens = job.tokens;
+      reason = job.finish_reason;
+      error = job.error;
+      status = job.error_status;
+    }
+    if (!accepted) {  // until the engine takes it, a request can be refused with a status of its own
+      if (finished) {
+        end_job();
+        reply_error(ApiError(status, error));
+      }
+      return;
+    }
+    if (!job.request.stream) {
+      if (!finished) return;
+      end_job();
+      if (reason == "error") return reply_error(ApiError(status, error), /*refused=*/false);  // counted as ended in error
+      return reply(200, dump(completion_body(job, s_.model.name, ByteTokenizer::decode(tokens),
+                                             static_cast<int>(tokens.size()), reason)));
+    }
+    std::string out;
+    if (!shown_.head_sent) {
+      out += "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+             "Transfer-Encoding: chunked\r\n";
+      if (!keep_alive_) out += "Connection: close\r\n";
+      out += "\r\n";
+      shown_.head_sent = true;
+    }
+    const auto event = [&](const std::string& payload) { out += http_chunk("data: " + payload + "\n\n"); };
+    // What may be sent: the text past what was, without the end of a character not complete yet,
+    // nor an end that may still become a stop sequence (a stop cuts the tokens short, never before
+    // what was sent).
+    const std::string text = ByteTokenizer::decode(tokens);
+    const std::string rest = text.size() > shown_.bytes ? text.substr(shown_.bytes) : "";
+    size_t n = finished ? rest.size() : complete_utf8(rest);
+    if (!finished && !job.request.stop.empty()) {
+      const size_t held = stop_holdback(text, job.request.stop);
+      n = std::min(n, rest.size() > held ? rest.size() - held : 0);
+    }
+    const bool chat = job.request.endpoint == Endpoint::ChatCompletions;
+    if (n > 0 || (chat && !shown_.role_sent)) {
+      const std::string piece = rest.substr(0, n);
+      shown_.bytes += n;
+      event(dump(chunk_body(job, s_.model.name, &piece, nullptr, chat && !shown_.role_sent)));
+      shown_.role_sent = true;
+    }
+    if (finished) {
+      if (reason == "error") {
+        event(ApiError(status, error).body());
+      } else {
+        event(dump(chunk_body(job, s_.model.name, nullptr, reason, false)));
+        if (job.request.include_usage) event(dump(usage_chunk(job, s_.model.name, static_cast<int>(tokens.size()))));
+      }
+      event("[DONE]");
+      out += "0\r\n\r\n";  // the chunked body's end
+      end_job();
+      answered_ = true;
+    }
+    send(std::move(out));
+  }
+
+  /// The job's answer is complete (being written): the connection no longer follows it.
+  void end_job() { job_.reset(); }
+
+  /// The answer to a queued request is written (or its client is gone): Server::stop() waits for
+  /// no more of them.
+  void uncount() {
+    if (counted_) s_.answering.fetch_sub(1);
+    counted_ = false;
+  }
+
+  // --------------------------------------------------------------- writing --
+
+  /// Answers with `body` (JSON unless told), then goes on to the next request or closes.
+  void reply(int status, const std::string& body, const std::string& type = "application/json",
+             const std::string& extra = "") {
+    answered_ = true;
+    send(http_response(status, type, body, !keep_alive_, extra, head_only_));
+  }
+
+  /// Answers with OpenAI's error body; `refused`: count it as a request refused before the engine.
+  void reply_error(const ApiError& e, bool refused = true) {
+    if (refused) s_.metrics.rejected(e.status());
+    reply(e.status(), e.body(), "application/json", e.status() == 503 ? "Retry-After: 1\r\n" : "");
+  }
+
+  /// Refuses a request whose body was not read (or not wholly): the answer, then a lingering close
+  /// (the client, perhaps still sending, hears the answer instead of a reset).
+  void refuse(const ApiError& e) {
+    keep_alive_ = false;
+    closing_ = true;
+    reply_error(e);
+  }
+
+  void send(std::string bytes) {
+    out_ += bytes;
+    flush();
+  }
+
+  void flush() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_ = true;
+    sending_.swap(out_);
+    out_.clear();
+    net::async_write(stream_, net::buffer(sending_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      self->sending_.clear();
+      if (ec) return self->hung_up();
+      if (!self->out_.empty()) return self->flush();
+      if (self->answered_ && !self->job_) {
+        self->uncount();
+        self->after_answer();
+      }
+    });
+  }
+
+  /// The answer is written: the next request on this connection, or the end of it.
+  void after_answer() {
+    if (closing_ || !keep_alive_) return linger();
+    if (reading_) {  // the watch is still reading: it brings the next request (or the hang-up)
+      stream_.expires_after(seconds(s_.options.request_timeout_s));  // idle deadline
+      return;
+    }
+    answered_ = false;
+    read_header();  // (a pipelined request may be in the buffer already)
+  }
+
+  /// Stops sending, and reads (dropping) what the client still sends for a moment, then closes.
+  void linger() {
+    closing_ = true;
+    if (writing_) return;  // flush() comes back here
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kLinger);
+    lingered_ += buffer_.size();
+    buffer_.consume(buffer_.size());
+    if (lingered_ > kMaxLingerBytes) return close();
+    watch();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    end_job();
+    uncount();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  Server::Impl& s_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::empty_body>> header_;
+  std::optional<http::request_parser<http::string_body>> body_;
+  std::string path_;
+  bool head_only_ = false, keep_alive_ = true;
+  std::shared_ptr<Job> job_;  ///< the request being answered, if it went to the engine
+  struct Shown {
+    bool head_sent = false;  ///< the stream's headers
+    bool role_sent = false;  ///< chat: the assistant's role, in the first event
+    size_t bytes = 0;        ///< of the job's text
+  } shown_;
+  std::string out_, sending_;  ///< bytes to write; bytes being written
+  bool reading_ = false, writing_ = false;
+  bool answered_ = false;  ///< the answer is complete (in out_ or written)
+  bool closing_ = false;   ///< close once the answer is written
+  bool closed_ = false;
+  bool counted_ = false;   ///< in Server::Impl::answering
+  size_t lingered_ = 0;    ///< bytes read and dropped while closing
+};
+
+void Server::Impl::accept() {
+  acceptor->async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor->is_open()) return;  // stopping
+    if (ec) {  // out of file descriptors, say: try again in a moment, never stop accepting
+      auto timer = std::make_shared<net::steady_timer>(io, std::chrono::milliseconds(50));
+      timer->async_wait([this, timer](beast::error_code) { accept(); });
+      return;
+    }
+    socket.set_option(tcp::no_delay(true));  // one event per token: do not let Nagle hold them back
+    std::make_shared<Connection>(std::move(socket), *this)->start();
+    accept();
+  });
+}
 
 Server::Server(std::unique_ptr<Engine> engine, ApiModel model, ServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
@@ -323,25 +504,34 @@ int Server::start() {
   Impl& s = *impl_;
   require(!s.started, "Server::start: already started");
   require(s.options.http_threads >= 1, "Server: http_threads must be >= 1, got ", s.options.http_threads);
+  require(s.options.request_timeout_s > 0, "Server: request_timeout_s must be > 0, got ", s.options.request_timeout_s);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hung up must not kill the process
-  s.routes();
-  if (s.options.port == 0) {
-    s.bound_port = s.http.bind_to_any_port(s.options.host);
-  } else {
-    s.bound_port = s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+  // A connection costs a file descriptor: allow as many as the system lets this process have
+  // (a shell's default soft limit, 1,024, is below what a server meets).
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
   }
-  require(s.bound_port > 0, "Server::start: cannot listen on ", s.options.host, ":", s.options.port,
-          " (in use, or not an address of this machine?)");
-  if (s.listen_socket >= 0) ::listen(s.listen_socket, SOMAXCONN);
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(s.options.host, ec);
+  require(!ec, "Server::start: '", s.options.host, "' is not an IP address");
+  s.acceptor.emplace(s.io);
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(s.options.port));
+  s.acceptor->open(endpoint.protocol(), ec);
+  if (!ec) s.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor->bind(endpoint, ec);
+  if (!ec) s.acceptor->listen(net::socket_base::max_listen_connections, ec);
+  require(!ec, "Server::start: cannot listen on ", s.options.host, ":", s.options.port,
+          " (in use, or not an address of this machine?): ", ec.message());
+  s.bound_port = s.acceptor->local_endpoint().port();
   s.started = true;
   s.worker = std::thread([&s] {
     if (s.engine) server::run_engine(*s.engine, s.mailbox, s.metrics);
     else server::run_naive(*s.weights, s.mailbox, s.metrics);
   });
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
-  // httplib's stop() does nothing until the listener runs: a stop() right after start() would
-  // otherwise leave the listener in accept() for ever.
-  for (int i = 0; i < 5000 && !s.http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.accept();
+  for (int i = 0; i < s.options.http_threads; ++i) s.http_threads.emplace_back([&s] { s.io.run(); });
   return s.bound_port;
 }
 
@@ -349,11 +539,17 @@ void Server::stop() {
   Impl& s = *impl_;
   if (!s.started || s.stopped) return;
   s.stopped = true;
+  net::post(s.io, [&s] {
+    beast::error_code ignored;
+    s.acceptor->close(ignored);
+  });
   s.mailbox.stop();
-  if (s.worker.joinable()) s.worker.join();                   // fails what is open, which wakes the handlers
+  if (s.worker.joinable()) s.worker.join();                   // fails what is open, which wakes the connections
   s.mailbox.fail_queued(503, "the server is shutting down");  // what came in since
-  s.http.stop();
-  if (s.listener.joinable()) s.listener.join();
+  // Every open request has ended: give the connections a moment to write those answers.
+  for (int i = 0; i < 2000 && s.answering.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.io.stop();
+  for (std::thread& t : s.http_threads) t.join();
 }
 
 int Server::port() const { return impl_->bound_port; }

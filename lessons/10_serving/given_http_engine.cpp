@@ -18,7 +18,7 @@ void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics) {
                        job->request.logprobs});
         active[job->id] = job;
         Mailbox::accept(*job);
-      } catch (const std::exception& ex) {  // refused by the engine's own checks: a 400 from the handler
+      } catch (const std::exception& ex) {  // refused by the engine's own checks: a 400 from its connection
         std::vector<std::shared_ptr<Job>> one{job};
         mailbox.fail(one, 400, ex.what());
       }

@@ -1,5 +1,5 @@
 // Lesson 10's server, the mailbox room (given): what travels between the HTTP threads and the
-// engine thread, under one lock, and each Job's own channel to its handler.
+// engine thread, under one lock, and each Job's own channel to its connection.
 #include "lessons/10_serving/server_parts.hpp"
 
 namespace infer::server {
@@ -81,7 +81,7 @@ bool Mailbox::take_cancel(int id) {
 void Mailbox::accept(Job& job) {
   std::lock_guard lock(job.mutex);
   job.accepted = true;
-  job.changed.notify_all();
+  if (job.on_change) job.on_change();
 }
 
 void Mailbox::deliver(Job& job, std::span<const TokenEvent> fresh, Clock::time_point t, const std::string& reason,
@@ -104,7 +104,7 @@ void Mailbox::deliver(Job& job, std::span<const TokenEvent> fresh, Clock::time_p
       job.finished = true;
       job.finish_reason = reason;
     }
-    job.changed.notify_all();
+    if (job.on_change) job.on_change();
   }
   if (!reason.empty()) {
     std::lock_guard lock(mutex_);
@@ -120,12 +120,12 @@ void Mailbox::end_in_error(Job& job, int status, const std::string& message) {
   job.finish_reason = "error";
   job.error_status = status;
   job.error = message;
-  job.changed.notify_all();
+  if (job.on_change) job.on_change();
 }
 
 void Mailbox::fail(std::vector<std::shared_ptr<Job>>& jobs, int status, const std::string& message) {
   // A job the engine had accepted is counted as ended in error; one it had not is counted by its
-  // handler, as refused.
+  // connection, as refused.
   for (auto& job : jobs) {
     bool accepted = false;
     {

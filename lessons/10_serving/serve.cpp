@@ -3,7 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
-//       [--api-key KEY] [--max-waiting N]
+//       [--api-key KEY] [--max-waiting N] [--request-timeout S]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -14,7 +14,9 @@
 // (4) per decode.
 // --api-key KEY (or the environment variable COURSE_API_KEY) makes every /v1/ route require the
 // header `Authorization: Bearer KEY`; --max-waiting N bounds the requests waiting for a place in
-// the batch (256): one more is answered 503 with Retry-After.
+// the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
+// client has to send a request's headers, and then its body (10 s), before its connection is
+// closed.
 // Ctrl-C stops it.
 #include <csignal>
 #include <cstdio>
@@ -36,7 +38,7 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting"},
+                        "--api-key", "--max-waiting", "--request-timeout"},
                        {"--naive", "--no-prefix-cache"});
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
     const ModelWeights model = load_model(dir);
@@ -49,6 +51,9 @@ int main(int argc, char** argv) {
     so.host = opts.text("--host", "127.0.0.1");
     so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
+    so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s);
+    if (so.request_timeout_s <= 0)
+      throw Error(cat("lesson10_serve: --request-timeout expects seconds above 0, got ", so.request_timeout_s));
     const char* env_key = std::getenv("COURSE_API_KEY");
     so.api_key = opts.text("--api-key", env_key ? env_key : "");
     const std::string speculative = opts.text("--speculative", "");

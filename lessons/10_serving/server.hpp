@@ -5,23 +5,33 @@
 /// The shape is the one vLLM and nano-vllm share: HTTP threads never touch the engine. One engine
 /// thread owns it and loops: take the requests that came in (submitted with arrival_step =
 /// engine.now()), take the cancellations, run one step(), hand each request its new tokens. The
-/// HTTP threads (one per open connection) parse and check a request (parse_completion_request(),
-/// yours), queue it, and then wait on that request's own channel: a streaming client gets a
-/// server-sent event per step that gave it text, and `data: [DONE]` at the end. A client that
-/// hangs up mid-stream cancels its request, and the engine frees its memory before the next step.
+/// HTTP front (Boost.Beast over Asio: a few threads serve every connection, so an open socket costs
+/// memory, not a thread) reads a request, parses and checks it (parse_completion_request(),
+/// yours), queues it, and writes its answer as the engine fills it: whole, or for a streaming
+/// client a server-sent event per step that gave it text and `data: [DONE]` at the end. While it
+/// answers, it keeps reading the connection: a client that hangs up, streaming or not, cancels its
+/// request, and the engine frees its memory before the next step. Requests on one connection
+/// (keep-alive, pipelined) are answered in order.
+///
+/// Deadlines: a request's headers must arrive within request_timeout_s of the connection asking
+/// for them (the first request, or the next on a kept-alive connection), and its body within
+/// request_timeout_s more; a connection past either is closed. A generation has no deadline.
 ///
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true or not),
 /// GET /v1/models, GET /v1/models/{name}, GET /health, GET /metrics (Prometheus text: time to first token, time per
 /// output token and inter-token latency histograms; running and waiting requests; KV memory
 /// reserved; prefix cache hit rate; tokens and requests by how they ended).
 ///
-/// Refused on the headers, before the body is kept or inflated (OpenAI's error body each time):
-/// a Content-Length above max_body_bytes (413: the body is read and dropped; with Expect:
-/// 100-continue it is refused before it is sent), no Content-Length or a chunked body (411, the
-/// connection closed), Transfer-Encoding with Content-Length (400, closed), any Content-Encoding
-/// (415), a Content-Type other than application/json (415), headers above 64 KB in all (431,
-/// closed), a known path with the wrong method (405), a missing or wrong key on /v1/ when api_key
-/// is set (401). A request beyond max_running + max_waiting open ones gets 503 with Retry-After.
+/// Refused on the headers, before a byte of the body is read or inflated (OpenAI's error body each
+/// time, then the connection closed): a Content-Length above max_body_bytes (413; with Expect:
+/// 100-continue, before the client sends the body), no Content-Length or a chunked body (411),
+/// Transfer-Encoding with Content-Length (400), any Content-Encoding (415), a Content-Type other
+/// than application/json (415), headers above 64 KB in all (431), a known path with the wrong
+/// method (405), a missing or wrong key on /v1/ when api_key is set (401), anything that is not
+/// HTTP/1.1 (400). A refused client still sending hears the answer: the server stops writing and
+/// reads (dropping) what comes for up to 2 s and 4 MB before it closes, rather than resetting the
+/// connection under it. A request beyond max_running + max_waiting open ones gets 503 with
+/// Retry-After.
 #pragma once
 
 #include <functional>
@@ -39,7 +49,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  ///< address to bind
   int port = 0;                    ///< 0: any free port (start() returns it)
   size_t max_body_bytes = 1 << 20;  ///< larger bodies get 413
-  int http_threads = 128;           ///< connections served at once (a stream holds one for its whole life)
+  /// Threads running the HTTP front. Each serves any number of connections (none waits on a
+  /// client), so a few are enough; more only if parsing and writing answers keep them busy.
+  int http_threads = 2;
+  /// Seconds a client has to send a request's headers, and then its body: a connection that
+  /// takes longer is closed (a slow client costs a socket for this long, never a thread).
+  double request_timeout_s = 10;
   /// Requests that may wait for a place in the batch beyond those running (the engine's
   /// max_running; naive: 1): one more gets 503 with a Retry-After header.
   int max_waiting = 256;

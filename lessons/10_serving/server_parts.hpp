@@ -4,7 +4,7 @@
 ///
 /// | room | file | its job |
 /// | --- | --- | --- |
-/// | routes | given_http.cpp | HTTP: parse, check, queue a Job, answer it whole or as server-sent events |
+/// | routes | given_http.cpp | HTTP on Boost.Beast: read with deadlines, check, queue a Job, answer it whole or as server-sent events |
 /// | OpenAI format | given_http_openai.cpp | the response and chunk bodies; UTF-8 held back at a stream's edge |
 /// | the mailbox | given_http_mailbox.cpp | Jobs and cancellations in, tokens and ends out, between the threads |
 /// | metrics | given_http_metrics.cpp | the counters, gauges and histograms of `/metrics` |
@@ -13,12 +13,15 @@
 /// | the client | given_http_client.cpp | the HTTP client the tests and the load generator use |
 ///
 /// Two kinds of lock: the Mailbox's (what travels between the HTTP threads and the engine
-/// thread), each Job's own (its tokens, for the handler streaming it); Metrics keeps its own for
-/// its counters. Only the engine thread touches the Engine.
+/// thread), each Job's own (its tokens, for the connection answering it); Metrics keeps its own
+/// for its counters. Only the engine thread touches the Engine. No thread waits on a client: the
+/// HTTP threads (a few) run every connection's reads and writes as they become possible, and the
+/// engine thread tells a connection that its job changed through Job::on_change.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <deque>
 #include <map>
 #include <memory>
@@ -44,14 +47,18 @@ inline double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-/// One request on its way through the server: the handler waits on it, the engine thread fills it.
+/// One request on its way through the server: its connection answers it, the engine thread fills it.
 struct Job {
   int id = 0;                  ///< the request id the engine knows it by
   CompletionRequest request;   ///< as parsed
-  Clock::time_point arrived;   ///< when its handler queued it
+  Clock::time_point arrived;   ///< when its connection queued it
+
+  /// Called (under `mutex`) after every change below, by whichever thread made it: the
+  /// connection's, which posts itself a look at the job (it must not block). Set before the job
+  /// is queued.
+  std::function<void()> on_change;
 
   std::mutex mutex;               ///< guards what follows
-  std::condition_variable changed;  ///< notified at every change below
   std::vector<int> tokens;        ///< generated so far (EOS included if produced)
   std::vector<TokenEvent> logprobs;  ///< with request.logprobs >= 0: one per token, its log-probabilities
   bool finished = false;          ///< no more tokens will come
@@ -111,7 +118,7 @@ class Metrics {
   void tokens(const Job& job, size_t before, size_t n, Clock::time_point t);
   /// `job` ended at `t` with `total` tokens, for `reason` ("stop", "length", "cancelled").
   void ended(const Job& job, size_t total, Clock::time_point t, const std::string& reason, int cached, int preempted);
-  /// `job` ended in error; counted only if the engine had `accepted` it (else its handler counts
+  /// `job` ended in error; counted only if the engine had `accepted` it (else its connection counts
   /// a refusal).
   void failed(const Job& job, bool accepted);
   /// One engine step that ran a forward (naive: one forward).
@@ -181,7 +188,7 @@ class Mailbox {
   bool stopping() const;
   /// Jobs queued and not yet taken.
   size_t queued() const;
-  /// Marks `job` accepted by the engine: its handler may stream it.
+  /// Marks `job` accepted by the engine: its connection may stream it.
   static void accept(Job& job);
   /// Appends `fresh` to `job` at time `t` (counted in Metrics first); a non-empty `reason` ends it.
   /// `keep`: the tokens the job keeps after that (a stop sequence cut it short; npos: all).

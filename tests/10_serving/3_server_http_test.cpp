@@ -10,6 +10,7 @@
 
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
+#include "common/testing/slow_runner.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/10_serving/server.hpp"
@@ -183,22 +184,7 @@ GRADED_TEST(Lesson10Http, HundredConcurrentClientsOnASmallPool, 4) {
   EXPECT_EQ(http_get(kHost, port, "/health").first, 200);
 }
 
-/// The CPU forward, slowed down and never choosing EOS: a request runs to max_tokens, slowly
-/// enough for a client to hang up in the middle.
-class SlowForward final : public ModelRunner {
- public:
-  explicit SlowForward(const ModelWeights& m) : inner_(m) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(const StepInput& step) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    Matrix logits = inner_.forward(step);
-    logits.col(config().eos_token_id).setConstant(-1e9f);
-    return logits;
-  }
-
- private:
-  CpuRunner inner_;
-};
+using testing::SlowForward;
 
 GRADED_TEST(Lesson10Http, AClientThatHangsUpFreesItsSequence, 2) {
   const ModelWeights& m = testing::bundled_model();

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "common/testing/models.hpp"
+#include "common/testing/slow_runner.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
@@ -36,7 +38,6 @@ std::unique_ptr<Server> small_server(ServerOptions o = {}) {
   const ModelWeights& m = testing::bundled_model();
   auto engine = serving_engine(std::make_unique<CpuRunner>(m), std::make_unique<PagedKVManager>(m.config, 64, 16),
                                {.max_running = 4, .token_budget = 32});
-  o.http_threads = 8;
   auto s = std::make_unique<Server>(std::move(engine), ApiModel{"tiny-fortunes", m.config}, o);
   s->start();
   return s;
@@ -66,26 +67,34 @@ bool complete(const std::string& text) {
 /// fresh connection, and reads until the server closes or `seconds` pass without a byte. With
 /// `wait_before_body`, waits for the server's first answer (an interim 100, or a refusal) before
 /// sending the body, as a client that sent `Expect: 100-continue` does.
-Raw exchange(int port, const std::string& head, const std::string& body = "", double seconds = 5,
-             bool wait_before_body = false) {
-  Raw r;
+/// A connection to the server on loopback: its socket, or -1.
+int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return r;
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+/// Sends all of `bytes` on `fd`; false if the connection broke.
+bool send_all(int fd, const std::string& bytes) {
+  for (size_t sent = 0; sent < bytes.size();) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
   }
-  const auto send_all = [&](const std::string& bytes) {
-    for (size_t sent = 0; sent < bytes.size();) {
-      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  };
+  return true;
+}
+
+Raw exchange(int port, const std::string& head, const std::string& body = "", double seconds = 5,
+             bool wait_before_body = false) {
+  Raw r;
+  const int fd = connect_loopback(port);
+  if (fd < 0) return r;
+  const auto send = [&](const std::string& bytes) { return send_all(fd, bytes); };
   const auto read_some = [&](double wait) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(wait * 1000)) <= 0) return false;
@@ -95,9 +104,9 @@ Raw exchange(int port, const std::string& head, const std::string& body = "", do
     r.text.append(buf, static_cast<size_t>(n));
     return true;
   };
-  if (send_all(head)) {
+  if (send(head)) {
     if (wait_before_body) read_some(seconds);
-    if (!wait_before_body || r.text.rfind("HTTP/1.1 100", 0) == 0) send_all(body);
+    if (!wait_before_body || r.text.rfind("HTTP/1.1 100", 0) == 0) send(body);
     while (!complete(r.text) && read_some(seconds)) {
     }
   }
@@ -165,7 +174,8 @@ TEST(ServerHostile, FramingsAndTypesAreRefusedBeforeTheBodyIsRead) {
     EXPECT_EQ(r.status, c.status) << c.why << ": " << r.text.substr(0, 300);
     EXPECT_TRUE(is_error_body(r)) << c.why << ": expected OpenAI's error body, got " << r.text.substr(0, 300);
   }
-  // An oversized body is read to its end, kept nowhere, and refused; announced with Expect:
+  // An oversized body is refused on its Content-Length, and the client, still sending, hears it
+  // (the server reads and drops what comes before it closes); announced with Expect:
   // 100-continue, it is refused before it is sent.
   const Raw big = exchange(port, post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: 3000000\r\n"),
                            std::string(3000000, 'x'), 5);
@@ -183,6 +193,123 @@ TEST(ServerHostile, FramingsAndTypesAreRefusedBeforeTheBodyIsRead) {
   EXPECT_NE(model.text.find(R"("id":"tiny-fortunes")"), std::string::npos) << model.text;
   EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
   EXPECT_EQ(metric_value(server->metrics(), R"(course_requests_rejected_total{status="415"})"), 3.0);
+  // A field of the wrong type deep in the body: 400 naming it, never a 500.
+  const HttpReply format = http_post("127.0.0.1", port, "/v1/chat/completions",
+                                     R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}],
+                                         "response_format": {"type": 5}})");
+  EXPECT_EQ(format.status, 400) << format.body;
+  EXPECT_NE(format.body.find(R"("param":"response_format")"), std::string::npos) << format.body;
+}
+
+TEST(ServerHostile, ARefusedClientStillSendingItsBodyHearsTheRefusal) {
+  // Row 11 of the review: a refusal must reach a client that sends its body without waiting (a
+  // server that closes with unread bytes resets the connection, and the answer is lost with it).
+  auto server = small_server();
+  const int port = server->port();
+  const std::string body(400 << 10, 'x');
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"Content-Type: application/json\r\n", 411},
+      {"Content-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) + "\r\n", 415},
+      {"Content-Type: application/json\r\nContent-Length: 3000000\r\n", 413},
+      {"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n", 400},
+  };
+  for (int round = 0; round < 3; ++round)
+    for (const auto& [headers, status] : cases) {
+      const Raw r = exchange(port, post_head("/v1/completions", headers), body, 5);
+      EXPECT_EQ(r.status, status) << headers << ": " << r.text.substr(0, 300);
+    }
+}
+
+TEST(ServerHostile, PipelinedRequestsAreAllAnsweredInOrder) {
+  // Row 8: three requests written at once on one connection get three answers, in their order.
+  auto server = small_server();
+  const int fd = connect_loopback(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string head = post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
+                                                            std::to_string(kGood.size()) + "\r\n");
+  ASSERT_TRUE(send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + head + kGood +
+                               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::string text;
+  char buf[65536];
+  for (pollfd p{fd, POLLIN, 0}; ::poll(&p, 1, 10000) > 0;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  std::vector<std::string> bodies;
+  for (size_t at = 0; (at = text.find("HTTP/1.1 ", at)) != std::string::npos;) {
+    const std::string rest = text.substr(at);
+    ASSERT_TRUE(complete(rest)) << text;
+    EXPECT_EQ(rest.substr(9, 3), "200") << rest.substr(0, 200);
+    const size_t body_at = rest.find("\r\n\r\n") + 4;
+    std::string head_lower = rest.substr(0, body_at);
+    std::transform(head_lower.begin(), head_lower.end(), head_lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    const size_t length = std::stoul(head_lower.substr(head_lower.find("content-length:") + 15));
+    bodies.push_back(rest.substr(body_at, length));
+    at += body_at + length;
+  }
+  ASSERT_EQ(bodies.size(), 3u) << text;
+  EXPECT_NE(bodies[0].find(R"("status":"ok")"), std::string::npos) << bodies[0];
+  EXPECT_NE(bodies[1].find(R"("object":"text_completion")"), std::string::npos) << bodies[1];
+  EXPECT_NE(bodies[2].find(R"("object":"list")"), std::string::npos) << bodies[2];
+}
+
+TEST(ServerHostile, AThousandSlowClientsCostSocketsNotService) {
+  // Rows 3 and 2 of "what to build": 1,000 connections that send half a request and then nothing
+  // hold no thread (the server has two), so /health and a completion are answered at once; the
+  // header deadline closes them all.
+  ServerOptions o;
+  o.request_timeout_s = 2;
+  auto server = small_server(o);
+  const int port = server->port();
+  std::vector<int> slow;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    ASSERT_TRUE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "));
+    slow.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(http_get("127.0.0.1", port, "/health", 5).first, 200);
+  const double health_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const HttpReply done = http_post("127.0.0.1", port, "/v1/completions", kGood, nullptr, 5);
+  EXPECT_EQ(done.status, 200) << done.body;
+  std::printf("with 1,000 slow sockets open: /health in %.1f ms, a 2-token completion in %.1f ms\n", health_ms,
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - health_ms);
+  EXPECT_LT(health_ms, 1000.0);
+  // Past the deadline, the server has closed every one of them (a read sees the end).
+  int closed = 0;
+  for (const int fd : slow) {
+    pollfd p{fd, POLLIN, 0};
+    char c;
+    if (::poll(&p, 1, 5000) > 0 && ::recv(fd, &c, 1, 0) <= 0) ++closed;
+    ::close(fd);
+  }
+  EXPECT_EQ(closed, 1000) << "connections still open after the header deadline";
+}
+
+TEST(ServerHostile, AClientThatHangsUpBeforeAWholeAnswerCancelsIt) {
+  // Row 4: a client that asked for a whole (not streamed) answer and hung up before it came frees
+  // its sequence within a few steps, as a streaming one does.
+  const ModelWeights& m = testing::bundled_model();
+  auto engine = serving_engine(std::make_unique<testing::SlowForward>(m), std::make_unique<PagedKVManager>(m.config, 64, 16),
+                               {.max_running = 4, .token_budget = 32});
+  Server server(std::move(engine), ApiModel{"tiny-fortunes", m.config}, {.http_threads = 2});
+  const int port = server.start();
+  const std::string body = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 240})";
+  const int fd = connect_loopback(port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
+                                                              std::to_string(body.size()) + "\r\n") + body));
+  for (int i = 0; i < 2000 && metric_value(server.metrics(), "course_generation_tokens_total") < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::close(fd);
+  ASSERT_TRUE(server.wait_idle(20)) << "the server still holds the request of a client that hung up";
+  EXPECT_EQ(metric_value(server.metrics(), R"(course_requests_total{finish_reason="cancelled"})"), 1.0);
+  EXPECT_LT(metric_value(server.metrics(), "course_generation_tokens_total"), 120.0)
+      << "it ran on long after its client left";
+  EXPECT_EQ(metric_value(server.metrics(), "course_kv_reserved_tokens"), 0.0);
 }
 
 TEST(ServerHostile, AnApiKeyGuardsTheApiButNotHealth) {
