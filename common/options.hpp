@@ -21,18 +21,26 @@ namespace infer {
 /// that is not a number where one is expected throws infer::Error naming the program and option.
 class Options {
  public:
-  /// `valued`: options that take a value; `flags`: options that stand alone.
-  Options(int argc, char** argv, std::string program, std::set<std::string> valued, std::set<std::string> flags = {})
+  /// `valued`: options that take a value; `flags`: options that stand alone; `aliases`: other
+  /// names for some of them (vLLM's, say: {"--max-num-seqs", "--max-running"}), read as the option
+  /// they name. An option given under both its names is refused.
+  Options(int argc, char** argv, std::string program, std::set<std::string> valued, std::set<std::string> flags = {},
+          const std::map<std::string, std::string>& aliases = {})
       : program_(std::move(program)) {
+    std::map<std::string, std::string> spelled;  // option -> how it was written
     for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
+      const auto alias = aliases.find(argv[i]);
+      const std::string a = alias == aliases.end() ? argv[i] : alias->second;
+      if (spelled.count(a) && spelled[a] != argv[i])
+        throw Error(cat(program_, ": ", argv[i], " and ", spelled[a], " are the same option; give one"));
+      spelled[a] = argv[i];
       if (flags.count(a)) {
         values_[a] = "";
       } else if (valued.count(a)) {
         require(i + 1 < argc, program_, ": ", a, " needs a value");
         const std::string next = argv[i + 1];
         // `--prompt --max-new-tokens 8`: the value is missing, not "--max-new-tokens".
-        if (valued.count(next) || flags.count(next))
+        if (valued.count(next) || flags.count(next) || aliases.count(next))
           throw Error(cat(program_, ": ", a, " needs a value, but the next argument is the option '", next, "'"));
         values_[a] = argv[++i];
       } else {

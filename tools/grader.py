@@ -603,7 +603,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--student", required=True, help="a copy of exercises/")
     ap.add_argument("--extra-tests")
-    ap.add_argument("--lessons", nargs="*")
+    ap.add_argument("--lessons", nargs="*", action="extend", help="the lessons to grade (NN ...; may be repeated)")
     ap.add_argument("--source", default=ROOT)
     ap.add_argument("--build")
     ap.add_argument("--no-configure", action="store_true",

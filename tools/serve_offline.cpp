@@ -67,7 +67,11 @@ int main(int argc, char** argv) {
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
                                "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights",
                                "--speculative", "--num-speculative-tokens", "--draft"},
-                              {"-h", "--help", "--paged", "--prefix-cache"});
+                              {"-h", "--help", "--paged", "--prefix-cache"},
+                              // vLLM's names for the same options
+                              {{"--max-num-seqs", "--max-batch"},
+                               {"--num-gpu-blocks-override", "--num-blocks"},
+                               {"--enable-prefix-caching", "--prefix-cache"}});
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
@@ -82,7 +86,9 @@ int main(int argc, char** argv) {
                    "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
                    "  --speculative ngram|draft decodes speculatively inside the engine (lesson 06): prompt\n"
                    "  lookup or the draft model (--draft DIR, default MODEL-draft) guesses up to\n"
-                   "  --num-speculative-tokens K tokens (default 4) per decode.\n";
+                   "  --num-speculative-tokens K tokens (default 4) per decode.\n"
+                   "  vLLM's names work too: --max-num-seqs (--max-batch), --num-gpu-blocks-override\n"
+                   "  (--num-blocks), --enable-prefix-caching (--prefix-cache).\n";
       return 0;
     }
     const std::string model_dir = opts.text("--model", ""), prompts_path = opts.text("--prompts", "");

@@ -85,16 +85,16 @@ struct CompletionRequest {
 /// | field | type | rule | default |
 /// | --- | --- | --- | --- |
 /// | model | string | required; must equal model.name (else 404, code "model_not_found") | |
-/// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first (an empty string is just BOS); ids are JSON integers (1.0 is refused), taken as they are, each in [0, vocab), at least one | |
+/// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first (ByteTokenizer::encode: id 1, ByteTokenizer::kBos; an empty string is just BOS); ids are JSON integers (1.0 is refused), taken as they are, each in [0, vocab), at least one | |
 /// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "developer" (OpenAI's newer name for system), "user" or "assistant"; content a string, or a non-empty array of text parts {"type": "text", "text": string} joined by newlines (any other part, an image say, is refused); rendered by chat_prompt() | |
-/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
+/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts; a context error names whichever counted) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
 /// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
 /// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
 /// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary) | 0 |
 /// | seed | integer | >= 0 | 0 |
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
-/// | stream_options | object | {"include_usage": boolean} | |
+/// | stream_options | object | {"include_usage": boolean}; checked whether or not "stream" is true (ignored when it is not) | |
 /// | stop | string, or array of strings | at most 4, each non-empty (an empty array: none) | none |
 /// | logprobs (completions) | integer | in [0, 5]: the sampled token's log-probability and the N most likely tokens'; not with "stream": true | none |
 /// | logprobs (chat) | boolean | true: each token's log-probability; not with "stream": true | false |

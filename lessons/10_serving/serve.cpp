@@ -12,6 +12,8 @@
 // --speculative decodes speculatively inside the engine (lesson 06): prompt lookup, or the draft
 // model in DIR (by default the model's directory with -draft appended), guesses up to K tokens
 // (4) per decode.
+// vLLM's names work too: --max-num-seqs (--max-running), --max-num-batched-tokens (--token-budget),
+// --num-gpu-blocks-override (--kv-blocks), --no-enable-prefix-caching (--no-prefix-cache).
 // --api-key KEY (or the environment variable COURSE_API_KEY) makes every /v1/ route require the
 // header `Authorization: Bearer KEY`; --max-waiting N bounds the requests waiting for a place in
 // the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
@@ -39,7 +41,12 @@ int main(int argc, char** argv) {
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout"},
-                       {"--naive", "--no-prefix-cache"});
+                       {"--naive", "--no-prefix-cache"},
+                       // vLLM's names for the same options, so that what works there works here
+                       {{"--max-num-seqs", "--max-running"},
+                        {"--max-num-batched-tokens", "--token-budget"},
+                        {"--num-gpu-blocks-override", "--kv-blocks"},
+                        {"--no-enable-prefix-caching", "--no-prefix-cache"}});
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
     const ModelWeights model = load_model(dir);
     const ModelConfig& c = model.config;

@@ -133,7 +133,11 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   r.stream = get_bool(body, "stream").value_or(false);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw ApiError(400, cat("'stream_options' must be an object, got ", it->type_name()), "stream_options");
-    r.include_usage = get_bool(*it, "include_usage").value_or(false);
+    try {
+      r.include_usage = get_bool(*it, "include_usage").value_or(false);
+    } catch (const ApiError& e) {  // named by the top-level field, as every mistake inside one
+      throw ApiError(400, e.what(), "stream_options");
+    }
   }
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (!it->is_string() && !it->is_array())

@@ -292,6 +292,28 @@ GRADED_TEST(Lesson10Engine, APromptUnderWayIsFedBeforeNewcomers, 2) {
   expect_solo_tokens(m, reqs, results);
 }
 
+GRADED_TEST(Lesson10Engine, AStepFillsItsBudgetWhileWorkWaits, 1) {
+  // Four 22-token prompts arrive together; budget 64, room for all four. The first step feeds 64
+  // of their 88 tokens: a budget left unused while prompts wait is throughput thrown away (an
+  // engine that admits one newcomer a step gives the same tokens, within the budget, and feeds 22).
+  const ModelWeights& m = testing::bundled_model();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int> prompt = ByteTokenizer::encode(std::string(1, static_cast<char>('a' + i)) + ": is it luck or is it work?");
+    prompt.resize(22);  // they differ right after BOS: nothing to share
+    reqs.push_back({i, prompt, 4, {.temperature = 0.0f}, 0});
+  }
+  ASSERT_EQ(reqs[3].prompt.size(), 22u);
+  const auto engine = serving_engine(m, {.max_running = 8, .token_budget = 64});
+  for (const auto& r : reqs) engine->submit(r);
+  const auto results = run_bounded(*engine);
+  ASSERT_FALSE(engine->log().empty());
+  const EngineStepLog& first = engine->log().front();
+  EXPECT_EQ(first.decodes + first.prefill_tokens, 64)
+      << "the first step fed " << first.decodes + first.prefill_tokens << " tokens, with 88 waiting and a budget of 64";
+  expect_solo_tokens(m, reqs, results);
+}
+
 GRADED_TEST(Lesson10Engine, AnIdleEngineDoesNothing, 1) {
   const auto engine = serving_engine(testing::bundled_model(), {.max_running = 2, .token_budget = 4});
   EXPECT_TRUE(engine->idle());

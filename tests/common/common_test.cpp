@@ -382,7 +382,8 @@ Options parse(std::vector<std::string> words) {
   words.insert(words.begin(), "prog");
   std::vector<char*> argv;
   for (std::string& w : words) argv.push_back(w.data());
-  return Options(static_cast<int>(argv.size()), argv.data(), "prog", {"--n", "--x", "--prompt"}, {"--flag"});
+  return Options(static_cast<int>(argv.size()), argv.data(), "prog", {"--n", "--x", "--prompt"}, {"--flag"},
+                 {{"--max-num-seqs", "--n"}, {"--enable-flag", "--flag"}});
 }
 
 TEST(Options, IntegersAreRangeCheckedNeverWrapped) {
@@ -410,6 +411,14 @@ TEST(Options, AnOptionIsNotTheValueOfTheOneBefore) {
   EXPECT_TRUE(throws_error_mentioning([] { parse({"--n"}); }, "--n needs a value"));
   EXPECT_TRUE(throws_error_mentioning([] { parse({"--bogus"}); }, "unknown option '--bogus'"));
   EXPECT_EQ(parse({"--prompt", "-- a dash"}).text("--prompt", ""), "-- a dash") << "any other text is a value";
+}
+
+TEST(Options, AnAliasReadsAsTheOptionItNames) {
+  EXPECT_EQ(parse({"--max-num-seqs", "8"}).number("--n", 0), 8);
+  EXPECT_TRUE(parse({"--enable-flag"}).has("--flag"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "4", "--max-num-seqs", "8"}); },
+                                      "--max-num-seqs and --n are the same option"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--prompt", "--max-num-seqs", "8"}); }, "--prompt needs a value"));
 }
 
 TEST(Plumbing, SamplingParamsRejectNonsense) {

@@ -134,6 +134,20 @@ def main():
             failures.append(f"{name}: the course tree changed while grading")
             before = snapshot(COURSE)
 
+    # Several lessons, named after one --lessons or after several (./course grade --lessons 00 01
+    # passes them the first way): every lesson asked for is graded and reported.
+    if not only:
+        prepare(student, "good", ())
+        for how in (["--lessons", "00", "01"], ["--lessons", "00", "--lessons", "01"]):
+            proc = subprocess.run([sys.executable, GRADER, "--source", COURSE, "--build", build, "--student", student,
+                                   "--json", report_path, "--timeout", str(TIMEOUT), "--sandbox", "require", "--quiet"]
+                                  + how, capture_output=True, text=True)
+            with open(report_path) as f:
+                graded = [(l["lesson"][:2], l["earned"]) for l in json.load(f)["lessons"]]
+            if proc.returncode != 0 or graded != [("00", 5), ("01", 4)]:
+                failures.append(f"{' '.join(how)}: graded {graded} (exit {proc.returncode}), expected lessons 00 and 01 "
+                                f"with 5 and 4 points")
+
     # Grading that cannot be done says so with exit status 2, and still writes its report.
     missing = os.path.join(work, "no-such-student")
     proc = subprocess.run([sys.executable, GRADER, "--source", COURSE, "--build", build, "--student", missing,
