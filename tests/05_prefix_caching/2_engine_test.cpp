@@ -212,6 +212,27 @@ GRADED_TEST(Lesson05Engine, MatchesEndingOnABlockBoundaryAndOnePast, 2) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.results[i].tokens, off.results[i].tokens);
 }
 
+GRADED_TEST(Lesson05Engine, ABlockEndingOnTheLastSampledTokenIsNotCached, 2) {
+  // A's 13-token prompt and its 3 new tokens are 16 tokens, two blocks of 8 exactly; but the last
+  // token was sampled, never fed, so position 15 holds no K/V and only the first block is whole.
+  // B continues A's text (17 tokens): it may reuse one block, and computes the other 9 positions.
+  const std::vector<int> p = ByteTokenizer::encode("The secret of");
+  ASSERT_EQ(p.size(), 14u);
+  const std::vector<int> prompt(p.begin(), p.begin() + 13);
+  const GenerationRequest a{1, prompt, 3, {.temperature = 0.0f}, 0};
+  const Served alone = serve({a}, 1, 16, 8, false);
+  ASSERT_EQ(alone.results[0].tokens.size(), 3u) << "A must use its 3 tokens (no EOS) to end on the boundary";
+  std::vector<int> text = prompt;
+  text.insert(text.end(), alone.results[0].tokens.begin(), alone.results[0].tokens.end());
+  text.push_back(ByteTokenizer::encode("!", false)[0]);
+  const GenerationRequest b{2, text, 3, {.temperature = 0.0f}, 10};
+  const Served r = serve({a, b}, 1, 16, 8, true);
+  ASSERT_EQ(r.prefills.size(), 2u);
+  EXPECT_EQ(r.prefills[1], 9) << "B reused A's second block, whose last row (A's last token) was never written";
+  const Served off = serve({a, b}, 1, 16, 8, false);
+  EXPECT_EQ(r.results[1].tokens, off.results[1].tokens);
+}
+
 GRADED_TEST(Lesson05Engine, APreemptedRequestThatHitsTheCacheKeepsItsTokens, 2) {
   // A pool so small that sequences are preempted, with a shared prefix: every request, resumed
   // or not, must produce what it produces with no cache and a large pool.

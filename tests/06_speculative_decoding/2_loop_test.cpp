@@ -63,6 +63,53 @@ GRADED_TEST(Lesson06Loop, GreedyWithTheDraftGivesTheTargetsTokensForEveryK, 3) {
   }
 }
 
+/// The draft, watched: at each proposal, whether its cache lacks a token the target kept in a
+/// round that did not keep every guess (the loop rolled it back too far, and it computes that
+/// token again).
+class WatchedDraft final : public Proposer {
+ public:
+  explicit WatchedDraft(const ModelWeights& draft, int max_tokens) : inner_(draft, kGreedy, max_tokens) {}
+  Proposal propose(std::span<const int> context, int k) override {
+    if (last_context_ > 0) {
+      const int kept = static_cast<int>(context.size()) - last_context_ - 1;  // guesses kept last round
+      const auto& cached = inner_.cached_tokens();
+      size_t have = 0;  // what the cache holds of the context but its last token
+      while (have < cached.size() && have + 1 < context.size() && cached[have] == context[have]) ++have;
+      if (have + 1 < context.size() && kept < last_proposed_) ++recomputed_;
+    }
+    Proposal p = inner_.propose(context, k);
+    last_context_ = static_cast<int>(context.size());
+    last_proposed_ = static_cast<int>(p.tokens.size());
+    return p;
+  }
+  void rollback(int length) override { inner_.rollback(length); }
+  /// Proposals that found a kept token missing from the cache.
+  int recomputed() const { return recomputed_; }
+
+ private:
+  DraftProposer inner_;
+  int last_context_ = 0, last_proposed_ = 0, recomputed_ = 0;
+};
+
+GRADED_TEST(Lesson06Loop, TheDraftNeverComputesAgainWhatTheTargetKept, 1) {
+  // After a round that rejected a guess, the draft's cache must still hold the context and the kept guesses (the first guesses were fed to
+  // it while proposing), so the next proposal has nothing to catch up. Rolled back one position
+  // too far, the tokens come out the same, with a draft forward more per round.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("The ");
+  const int n = 80;
+  for (const int k : {2, 4}) {
+    TargetModel target(m);
+    WatchedDraft draft(testing::bundled_draft(), m.config.max_position_embeddings);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    SpecStats st;
+    EXPECT_EQ(generate_speculative(target, draft, prompt, n, k, kGreedy, cache, &st), greedy_reference(prompt, n));
+    EXPECT_LT(st.accepted, st.proposed) << "k = " << k << ": the test needs rounds that reject a guess";
+    EXPECT_EQ(draft.recomputed(), 0) << "k = " << k << ": after a rejection the draft had to compute again tokens "
+                                     << "it had computed and the target kept (rolled back too far?)";
+  }
+}
+
 GRADED_TEST(Lesson06Loop, GreedyWithPromptLookupGivesTheTargetsTokensForEveryK, 2) {
   // The bundled model's greedy text loops, which is what prompt lookup feeds on.
   const ModelWeights& m = testing::bundled_model();
