@@ -6,7 +6,7 @@
                     [--json FILE] [--csv FILE] [--junit FILE]
                     [--sandbox require|auto|off] [--timeout S] [--jobs N]
                     [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure]
-                    [--stop-at-first-loss]
+                    [--stop-at-first-loss] [--first SUITE.CASE ...]
 
 What it promises, and how:
 
@@ -567,6 +567,9 @@ def grade(args):
         with open(record, "w") as f:
             f.write(digest + "\n")
 
+    # The cases asked for first run first (in the order asked); the others keep their order.
+    first = {name: i for i, name in enumerate(args.first)}
+    runs.sort(key=lambda run: first.get(run[0], len(first)))
     lost = threading.Event()  # --stop-at-first-loss: set once a case is lost
 
     def one(item):
@@ -623,6 +626,9 @@ def main():
     ap.add_argument("--stop-at-first-loss", action="store_true",
                     help="run no more cases once one is lost: enough to prove a submission loses points "
                          "(tools/known_wrong.py), not a grade")
+    ap.add_argument("--first", action="append", default=[], metavar="SUITE.CASE",
+                    help="run this case before the others (repeatable): with --stop-at-first-loss, the case "
+                         "expected to catch a known-wrong implementation, so that it is often the only one run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     args.source = os.path.abspath(args.source)

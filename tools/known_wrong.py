@@ -2,6 +2,7 @@
 """Proves that each lesson's catalogue of known-wrong implementations loses points.
 
     tools/known_wrong.py [--lessons NN ...] [--build DIR] [--workers N] [--all-cases] [--list]
+                         [--record-caught-by]
 
 tests/NN_topic/known_wrong/*.patch are small, readable changes to the reference solution
 (solutions/NN_topic/), each one a mistake students make; the lines before the diff say which.
@@ -9,7 +10,9 @@ For each, this applies the patch to a copy of the solutions, grades that lesson 
 tools/grader.py, and expects fewer points than the total. The grading of an entry stops at its
 first lost case (that proves it loses points, in about a third of the time of all its cases; CI
 runs it so); --all-cases runs every case and shows each entry's points and every case that caught
-it. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
+it. Each patch names the case that catches it ("Caught by: Suite.Case" above the diff), which runs
+first, so an entry is usually graded by one case; --record-caught-by rewrites those lines after
+the graded tests change. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
 (the reference changed under it: update the patch).
 
 Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/known_wrong/NAME.patch`,
@@ -28,8 +31,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def describe(path):
-    """The lines above the diff: what mistake the patch stands for."""
+CAUGHT_BY = "Caught by: "
+
+
+def header(path):
+    """The lines above the diff, stripped: what mistake the patch stands for, and its Caught-by line."""
     lines = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -37,7 +43,33 @@ def describe(path):
                 break
             if line.strip():
                 lines.append(line.strip())
-    return " ".join(lines)
+    return lines
+
+
+def describe(path):
+    """What mistake the patch stands for (the lines above the diff, but its Caught-by line)."""
+    return " ".join(l for l in header(path) if not l.startswith(CAUGHT_BY))
+
+
+def caught_by(path):
+    """The graded cases the catalogue says catch the patch (its "Caught by: A, B" line), run first."""
+    for line in header(path):
+        if line.startswith(CAUGHT_BY):
+            return [c.strip() for c in line[len(CAUGHT_BY):].split(",") if c.strip()]
+    return []
+
+
+def record_caught_by(path, case):
+    """Writes (or rewrites) the patch's Caught-by line, just above its diff."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    lines = [l for l in lines if not l.startswith(CAUGHT_BY)]
+    at = next(i for i, l in enumerate(lines) if l.startswith(("diff --git", "--- ")))
+    while at > 0 and not lines[at - 1].strip():
+        at -= 1
+    lines[at:at] = [f"{CAUGHT_BY}{case}\n"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
 
 
 def main():
@@ -53,6 +85,9 @@ def main():
     ap.add_argument("--all-cases", action="store_true",
                     help="run every graded case of each entry (its points, every case that catches it), "
                          "not only up to the first lost one")
+    ap.add_argument("--record-caught-by", action="store_true",
+                    help="write each entry's first catching case into its Caught-by line (after the "
+                         "graded tests changed); CI then runs that case first")
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
     ap.add_argument("--cmake-arg", action="append", default=[],
@@ -147,6 +182,8 @@ def main():
                 cmd.append("--no-configure")
             if not args.all_cases:
                 cmd.append("--stop-at-first-loss")
+            expected = [] if args.record_caught_by else caught_by(patch)
+            cmd += [f"--first={c}" for c in expected]
             cmd += [f"--cmake-arg={a}" for a in args.cmake_arg]
             graded = subprocess.run(cmd, capture_output=True, text=True)
             configured = True
@@ -167,7 +204,21 @@ def main():
                 tally = counts.setdefault(lesson, [0, 0])
                 tally[0] += lost
                 tally[1] += 1
-            if lost:
+            # The catalogue says which case catches the entry; that case must still catch it (it
+            # ran first: an entry caught only later costs CI every case before).
+            first_caught = next((t["name"] for l in r["lessons"] for t in l["tests"]
+                                 if t["status"] not in ("passed", "no gpu", "not run", "skipped")), None)
+            stale = expected and not any(t["name"] in expected and t["status"] not in ("passed", "not run")
+                                         for l in r["lessons"] for t in l["tests"])
+            if args.record_caught_by and lost and first_caught:
+                record_caught_by(patch, first_caught)
+            if lost and stale:
+                record(i, lesson, name, points, f"caught, but not by {', '.join(expected)}",
+                       f"{points}, but not by its Caught-by case",
+                       f"{lesson}/{name} is no longer caught by {', '.join(expected)} (its Caught-by line) but by "
+                       f"{', '.join(caught) or 'a case that did not run'}: run tools/known_wrong.py --lessons "
+                       f"{lesson[:2]} --record-caught-by")
+            elif lost:
                 shown = (", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
                          or "a case that did not run")
                 record(i, lesson, name, points, f"caught by {shown}", f"{points} ({seconds:.0f} s)")

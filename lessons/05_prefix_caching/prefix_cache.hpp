@@ -68,14 +68,17 @@ class RadixCache {
   /// Caches the first blocks.size() * block_size of `tokens`, whose K/V are in `blocks` (in
   /// order; tokens must hold at least that many). The part already cached stays as it is, with its
   /// own blocks; each block of the new part gets one more holder (the cache). Every node on the
-  /// path becomes the most recently used; then the cache evicts down to its capacity. Returns
+  /// path becomes the most recently used; then the cache evicts down to its capacity. Where the
+  /// tokens leave a node's run partway, that node is split there as match() splits it: the first
+  /// part becomes a new node above, and the node's id stays with the rest of its run. Returns
   /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short.
   int insert(std::span<const int> tokens, std::span<const int> blocks);
 
   /// Raises the lock count of `node` and of every ancestor: a running request uses them.
-  /// Throws for a node that does not exist.
+  /// Throws for a node that does not exist (an evicted node no longer does).
   void lock(NodeId node);
-  /// Lowers what lock() raised. Throws for a node that does not exist or is not locked.
+  /// Lowers what lock() raised. Throws for a node that does not exist (evicted, say) or is not
+  /// locked.
   void unlock(NodeId node);
 
   /// Evicts least recently used unlocked leaves, one whole node at a time (a parent left without
@@ -161,7 +164,8 @@ struct HitRates {
 };
 
 /// Runs the requests in order through a RadixCache of `capacity_blocks` blocks of `block_size`
-/// (capacity_blocks = 0: unbounded): each request matches its prompt, takes blocks for the rest
+/// (capacity_blocks = 0: unbounded): each request matches its whole prompt (open_for() matches all
+/// but the last token; here no logits are needed), takes blocks for the rest
 /// of it from a pool large enough for the cache plus one request, and is inserted whole (its
 /// full blocks) before the next one arrives, then lets go of its own holds. No request is locked
 /// across another: they run one at a time.
@@ -218,8 +222,9 @@ std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> reques
 ///   evicted under it. When the free blocks cannot hold the rest, cached blocks nobody uses are
 ///   evicted first (one evict_to() down by the shortfall: an unlocked node's blocks are held by
 ///   the tree alone, so evicting them frees them); if that is still not enough it returns
-///   nullptr (the engine tries again later), having locked and taken nothing. It adds to
-///   matched_tokens() and requested_tokens(). Throws infer::Error, with a message that names the
+///   nullptr (the engine tries again later), having locked, taken and counted nothing. A store
+///   it opens adds its matched positions to matched_tokens() and tokens.size() to
+///   requested_tokens(). Throws infer::Error, with a message that names the
 ///   "positions", for an empty `tokens` or more than a sequence can hold.
 /// - release(store, tokens): a finished sequence. Its full blocks go into the tree under the
 ///   tokens they hold (tokens holds at least store->length() ids), its lock is let go, and the

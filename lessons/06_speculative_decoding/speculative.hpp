@@ -189,7 +189,9 @@ class DraftProposer final : public Proposer {
   const KVStore& cache() const { return cache_; }
   /// The tokens whose K/V the cache holds, in order.
   const std::vector<int>& cached_tokens() const { return cached_; }
-  /// Draft forward calls so far (each over one or more tokens).
+  /// Draft forward calls so far (each over one or more tokens): one for a catch_up() that runs
+  /// something; then propose(k >= 1) one per token it feeds (the context's last token and every
+  /// guess but the last: k, fewer when the room runs out), propose_tree() one per level (depth).
   long forwards() const { return forwards_; }
 
  private:
@@ -260,7 +262,9 @@ struct SpecStats {
 ///   is truncated to the context minus its new last token, and the proposer rolls back to the
 ///   same length.
 /// - Stops after max_new_tokens tokens, or right after EOS (kept); guesses after an EOS are
-///   dropped.
+///   dropped from the output. The last round ends like the others: the target's cache holds its
+///   context and every guess it kept (those past the EOS too), and the proposer is rolled back
+///   to the same length.
 ///
 /// At temperature 0 the output equals generate_cached()'s, token for token.
 /// @throws infer::Error, with the words in quotes in its message, for an "empty" prompt (or bad

@@ -9,8 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <limits>
 #include <csignal>
+#include <cstdio>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -476,8 +477,12 @@ void Server::Impl::accept() {
       timer->async_wait([this, timer](beast::error_code) { accept(); });
       return;
     }
-    socket.set_option(tcp::no_delay(true));  // one event per token: do not let Nagle hold them back
-    std::make_shared<Connection>(std::move(socket), *this)->start();
+    // One event per token: do not let Nagle hold them back. (A socket the option cannot be set on
+    // is broken already: it is dropped, and the server goes on accepting.)
+    if (socket.set_option(tcp::no_delay(true), ec); !ec)
+      std::make_shared<Connection>(std::move(socket), *this)->start();
+    else
+      std::fprintf(stderr, "serve: dropped a connection that could not be set up: %s\n", ec.message().c_str());
     accept();
   });
 }
@@ -531,7 +536,18 @@ int Server::start() {
     else server::run_naive(*s.weights, s.mailbox, s.metrics);
   });
   s.accept();
-  for (int i = 0; i < s.options.http_threads; ++i) s.http_threads.emplace_back([&s] { s.io.run(); });
+  for (int i = 0; i < s.options.http_threads; ++i)
+    s.http_threads.emplace_back([&s] {
+      // A handler that throws costs its connection, never the server: log it and serve on.
+      for (;;) {
+        try {
+          s.io.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "serve: a connection's handler failed: %s\n", e.what());
+        }
+      }
+    });
   return s.bound_port;
 }
 
