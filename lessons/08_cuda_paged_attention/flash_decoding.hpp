@@ -58,9 +58,11 @@ struct AttentionPartial {
 /// values). Grouped-query: query head h reads K/V head h / (heads / kv_heads).
 /// @throws infer::Error, whatever the order of the checks, with a message containing the word given
 ///         here: "heads" when heads or kv_heads is below 1 or heads is not a multiple of kv_heads;
-///         "head_dim" when head_dim is below 1; "q" when q does not hold heads * head_dim values;
-///         "k" or "v" when it is not kv_heads * head_dim wide; "rows" when k and v differ in rows;
-///         "range" when the range is not inside [0, k.rows()] with begin <= end.
+///         "head_dim" when head_dim is below 1; "query" when q does not hold heads * head_dim
+///         values; "key width" when k is not kv_heads * head_dim wide, "value width" when v is
+///         not; "rows" when k and v differ in rows; "range" when the range is not inside
+///         [0, k.rows()] with begin <= end. Each word appears in its own message only (a single
+///         letter such as "k" would be in every message: a test could not tell them apart).
 AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatrixRef v, PositionRange range,
                                    int heads, int kv_heads, int head_dim);
 

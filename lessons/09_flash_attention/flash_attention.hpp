@@ -64,8 +64,9 @@ Vector online_softmax(const Vector& x);
 /// output; `./course bench 09` times it.)
 /// @throws infer::Error for tile_q or tile_k below 1 (the message names "tile_q" or "tile_k"), and
 ///         for the shapes causal_attention refuses: heads not a positive multiple of kv_heads
-///         ("kv_heads"), q not heads * head_dim wide ("q"), k or v not kv_heads * head_dim wide,
-///         k and v of different rows or fewer keys than queries ("rows").
+///         ("kv_heads"), q not heads * head_dim wide ("query width"), k not kv_heads * head_dim
+///         wide ("key width"), v not as wide as k ("value width"), k and v of different rows or
+///         fewer keys than queries ("rows"). Each word appears in its own message only.
 Matrix tiled_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, int heads, int kv_heads, int head_dim,
                        int tile_q, int tile_k);
 

@@ -20,14 +20,15 @@ PositionRange split_range(int length, int num_splits, int split) {
 
 AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatrixRef v, PositionRange range, int heads,
                                    int kv_heads, int head_dim) {
-  require(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "attention_partial: ", heads, " query heads over ",
-          kv_heads, " K/V heads (expected both >= 1, heads a multiple of kv_heads)");
+  require(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "attention_partial: heads ", heads, " and kv_heads ",
+          kv_heads, " (expected both >= 1, heads a multiple of kv_heads)");
   require(head_dim >= 1, "attention_partial: head_dim must be >= 1, got ", head_dim);
-  require(q.size() == static_cast<long>(heads) * head_dim, "attention_partial: q holds ", q.size(), " values, expected ",
-          heads, " x ", head_dim);
-  require(k.cols() == static_cast<long>(kv_heads) * head_dim, "attention_partial: k has ", k.cols(),
-          " columns, expected kv_heads x head_dim = ", kv_heads * head_dim);
-  require(v.cols() == k.cols(), "attention_partial: v has ", v.cols(), " columns, expected ", k.cols());
+  require(q.size() == static_cast<long>(heads) * head_dim, "attention_partial: the query holds ", q.size(),
+          " numbers, expected ", heads * head_dim, " (a vector per query head)");
+  require(k.cols() == static_cast<long>(kv_heads) * head_dim, "attention_partial: key width ", k.cols(),
+          ", expected ", kv_heads * head_dim, " (a vector per K/V head)");
+  require(v.cols() == k.cols(), "attention_partial: value width ", v.cols(), ", expected ", k.cols(),
+          " (as wide as the keys)");
   require(v.rows() == k.rows(), "attention_partial: k has ", k.rows(), " rows and v ", v.rows(), " (expected equal)");
   require(range.begin >= 0 && range.begin <= range.end && range.end <= k.rows(), "attention_partial: range [",
           range.begin, ", ", range.end, ") is not inside [0, ", k.rows(), "]");

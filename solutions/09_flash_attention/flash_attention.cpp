@@ -43,12 +43,14 @@ Matrix tiled_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, int
   require(tile_q >= 1 && tile_k >= 1, "tiled_attention: tile_q and tile_k must be >= 1, got ", tile_q, " and ", tile_k);
   require(heads > 0 && kv_heads > 0 && head_dim > 0 && heads % kv_heads == 0, "tiled_attention: heads (", heads,
           ") must be a positive multiple of kv_heads (", kv_heads, "), head_dim ", head_dim, " positive");
-  require(q.cols() == static_cast<long>(heads) * head_dim, "tiled_attention: q has ", q.cols(), " columns, expected ",
-          heads * head_dim);
-  require(k.cols() == static_cast<long>(kv_heads) * head_dim && v.cols() == k.cols(), "tiled_attention: k and v need ",
-          kv_heads * head_dim, " columns, got ", k.cols(), " and ", v.cols());
-  require(k.rows() == v.rows() && k.rows() >= q.rows(), "tiled_attention: k and v need the same rows, at least q's ",
-          q.rows(), "; got ", k.rows(), " and ", v.rows());
+  require(q.cols() == static_cast<long>(heads) * head_dim, "tiled_attention: query width ", q.cols(), ", expected ",
+          heads * head_dim, " (a vector per query head)");
+  require(k.cols() == static_cast<long>(kv_heads) * head_dim, "tiled_attention: key width ", k.cols(), ", expected ",
+          kv_heads * head_dim, " (a vector per K/V head)");
+  require(v.cols() == k.cols(), "tiled_attention: value width ", v.cols(), ", expected ", k.cols(),
+          " (as wide as the keys)");
+  require(k.rows() == v.rows() && k.rows() >= q.rows(), "tiled_attention: k and v need the same rows, at least ",
+          q.rows(), " (one per query); got ", k.rows(), " and ", v.rows());
   const int T = static_cast<int>(q.rows()), S = static_cast<int>(k.rows()), group = heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   Matrix out(T, static_cast<long>(heads) * head_dim);

@@ -1,7 +1,9 @@
 // Lesson 05, part A: the radix tree by hand. Blocks of 4 tokens; block ids come from a small
 // allocator, so every test can also check who holds which block.
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "common/rng.hpp"
@@ -50,6 +52,67 @@ void serve(BlockAllocator& a, RadixCache& c, const std::vector<int>& t) {
   while (blocks.size() < t.size() / B) blocks.push_back(a.allocate());
   c.insert(t, blocks);
   drop(a, blocks);
+}
+
+/// The tree's shape, checked through its public view after an operation: every node reachable
+/// from the root exactly once, each child filed under its run's first block and pointing back at
+/// its parent, runs and blocks in whole blocks, each lock count exactly the locks held on the
+/// node or below it (`locks`: one entry per lock() not yet unlocked), no locked node evicted, and
+/// cached_blocks(), evictable_blocks() and num_nodes() what the nodes add up to.
+::testing::AssertionResult well_formed(const RadixCache& c, const std::vector<RadixCache::NodeId>& locks) {
+  using NodeId = RadixCache::NodeId;
+  const auto alive = [&](NodeId id) {
+    try {
+      c.node(id);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  std::map<NodeId, int> want_lock;
+  for (NodeId n : locks) {
+    if (!alive(n)) return ::testing::AssertionFailure() << "node " << n << " is locked, yet it was evicted";
+    for (NodeId x = n; x != -1 && alive(x); x = c.node(x).parent) ++want_lock[x];
+  }
+  std::set<NodeId> seen;
+  std::vector<NodeId> todo{0};
+  int cached = 0, evictable = 0;
+  while (!todo.empty()) {
+    const NodeId id = todo.back();
+    todo.pop_back();
+    if (!seen.insert(id).second) return ::testing::AssertionFailure() << "node " << id << " is reached twice from the root";
+    const RadixCache::Node& n = c.node(id);
+    const size_t runs = n.tokens.size();
+    if (id == 0 && (n.parent != -1 || runs != 0 || !n.blocks.empty()))
+      return ::testing::AssertionFailure() << "the root must have no parent, tokens or blocks";
+    if (id != 0 && (runs < static_cast<size_t>(B) || runs % B != 0 || n.blocks.size() * B != runs))
+      return ::testing::AssertionFailure() << "node " << id << " has " << runs << " tokens and " << n.blocks.size()
+                                           << " blocks of " << B << ": runs are whole blocks, at least one";
+    if (id != 0 && n.lock != want_lock[id])
+      return ::testing::AssertionFailure() << "node " << id << " has lock count " << n.lock << ", but " << want_lock[id]
+                                           << " lock(s) are held on it or below it (a split must carry them up)";
+    cached += static_cast<int>(n.blocks.size());
+    if (id != 0 && n.lock == 0) evictable += static_cast<int>(n.blocks.size());
+    for (const auto& [key, child] : n.children) {
+      if (!alive(child)) return ::testing::AssertionFailure() << "node " << id << " lists evicted child " << child;
+      const RadixCache::Node& ch = c.node(child);
+      if (ch.parent != id)
+        return ::testing::AssertionFailure() << "node " << child << " is a child of " << id << " but names parent "
+                                             << ch.parent;
+      if (ch.tokens.size() < static_cast<size_t>(B) || !std::equal(key.begin(), key.end(), ch.tokens.begin()) ||
+          key.size() != static_cast<size_t>(B))
+        return ::testing::AssertionFailure() << "node " << child << " is filed under a key that is not its run's first block";
+      todo.push_back(child);
+    }
+  }
+  if (static_cast<int>(seen.size()) != c.num_nodes())
+    return ::testing::AssertionFailure() << c.num_nodes() << " nodes alive, " << seen.size() << " reachable from the root";
+  if (cached != c.cached_blocks())
+    return ::testing::AssertionFailure() << "cached_blocks() says " << c.cached_blocks() << ", the nodes hold " << cached;
+  if (evictable != c.evictable_blocks())
+    return ::testing::AssertionFailure() << "evictable_blocks() says " << c.evictable_blocks()
+                                         << ", the unlocked nodes hold " << evictable;
+  return ::testing::AssertionSuccess();
 }
 
 GRADED_TEST(Lesson05Tree, AnEmptyTreeMatchesNothing, 1) {
@@ -225,6 +288,58 @@ GRADED_TEST(Lesson05Evict, CapacityAndOwnershipHoldAfterEveryOperation, 3) {
   }
   c.evict_to(0);
   EXPECT_EQ(a.num_free(), a.num_blocks());
+}
+
+GRADED_TEST(Lesson05Evict, TheTreeStaysWellFormedAfterEveryOperation, 2) {
+  // Random requests over a small alphabet, so runs share prefixes and split often, locked ones
+  // included; after each operation the whole tree is checked (well_formed above). One kind of
+  // operation is open_for()'s: a request locks its match, then everything evictable goes, so its
+  // own match is all that stays.
+  BlockAllocator a(400);
+  RadixCache c(a, B, 24);
+  Rng rng(11);
+  std::vector<RadixCache::NodeId> locked;
+  std::vector<std::vector<int>> seen;  // requests so far: most new ones continue a part of one
+  for (int op = 0; op < 800; ++op) {
+    std::vector<int> t;
+    if (!seen.empty() && rng.uniform() < 0.7) {  // so that runs, locked ones too, split inside
+      const std::vector<int>& old = seen[rng.below(seen.size())];
+      t.assign(old.begin(), old.begin() + static_cast<long>(rng.below(old.size() + 1)));
+    }
+    const size_t n = B * (1 + rng.below(6)) + rng.below(B);
+    while (t.size() < n) t.push_back(static_cast<int>(rng.below(3)));
+    seen.push_back(t);
+    const double u = rng.uniform();
+    const char* what = "";
+    if (u < 0.45) {
+      what = "a request served";
+      serve(a, c, t);
+    } else if (u < 0.65) {
+      what = "a match locked";
+      locked.push_back(c.match(t).node);
+      c.lock(locked.back());
+    } else if (u < 0.8) {
+      what = "a lock let go";
+      if (!locked.empty()) {
+        c.unlock(locked.back());
+        locked.pop_back();
+      }
+    } else if (u < 0.9) {
+      what = "a request's match locked, then everything else evicted";
+      const RadixCache::Match m = c.match(t);
+      c.lock(m.node);
+      locked.push_back(m.node);
+      c.evict_to(-1);
+      ASSERT_TRUE(well_formed(c, locked)) << "operation " << op << ": " << what;
+      EXPECT_EQ(c.match(t).blocks, m.blocks) << "operation " << op << ": a locked match must survive the eviction";
+      c.unlock(m.node);
+      locked.pop_back();
+    } else {
+      what = "an eviction down to a random size";
+      c.evict_to(static_cast<int>(rng.below(static_cast<uint64_t>(c.cached_blocks()) + 1)));
+    }
+    ASSERT_TRUE(well_formed(c, locked)) << "operation " << op << ": " << what;
+  }
 }
 
 GRADED_TEST(Lesson05Evict, AnEvictedBlockReusedElsewhereIsNeverMatched, 2) {

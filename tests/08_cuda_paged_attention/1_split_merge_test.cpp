@@ -210,10 +210,10 @@ GRADED_TEST(Lesson08Cpu, BadShapesAreRefused, 1) {
   const Vector no_q(0);  // heads x head_dim = 0 values: only head_dim is wrong
   EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(no_q, k0, k0, {0, 9}, 4, 1, 0); }, "head_dim"));
   const Vector short_q = random_matrix(4 * 16, 1, 49).col(0);
-  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(short_q, k, v, {0, 9}, 8, 2, 16); }, "q"));
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(short_q, k, v, {0, 9}, 8, 2, 16); }, "query"));
   const Matrix narrow = random_matrix(9, 16, 44);
-  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, narrow, v, {0, 9}, 8, 2, 16); }, "k"));
-  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, narrow, {0, 9}, 8, 2, 16); }, "v"));
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, narrow, v, {0, 9}, 8, 2, 16); }, "key width"));
+  EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, narrow, {0, 9}, 8, 2, 16); }, "value width"));
   const Matrix few = random_matrix(5, 2 * 16, 50);
   EXPECT_TRUE(throws_error_mentioning([&] { attention_partial(q, k, few, {0, 5}, 8, 2, 16); }, "rows"));
   EXPECT_TRUE(throws_error_mentioning([] { merge_partials({}); }, "no partials"));

@@ -167,7 +167,10 @@ GRADED_TEST(Lesson09Tiled, BadArgumentsAreRefused, 1) {
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, v, 2, 1, 16, 0, 4); }, "tile_q"));
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, v, 2, 1, 16, 4, 0); }, "tile_k"));
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, v, 3, 2, 16, 4, 4); }, "kv_heads"));
-  EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, v, 4, 1, 16, 4, 4); }, "q"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, v, 4, 1, 16, 4, 4); }, "query width"));
+  const Matrix narrow = random_matrix(6, 8, 66);
+  EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, narrow, v, 2, 1, 16, 4, 4); }, "key width"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, narrow, 2, 1, 16, 4, 4); }, "value width"));
   const Matrix short_k = random_matrix(3, 16, 64), short_v = random_matrix(3, 16, 65);
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, short_k, short_v, 2, 1, 16, 4, 4); }, "rows"));
 }
