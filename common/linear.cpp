@@ -21,6 +21,15 @@ constexpr int kTileW = 4;
 /// processor Eigen vectorizes for.
 constexpr int kTileX = 4;
 
+/// Keeps `p` in a register from here on. Without it GCC folds the loads into the multiply-adds,
+/// loading each packet of W and x once per use instead of once: 2.5 loads per multiply-add instead
+/// of 0.5, and a product over 4 rows of x bound by loads at half the speed of memory.
+inline void in_register([[maybe_unused]] Packet& p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
+  __asm__("" : "+x"(p));
+#endif
+}
+
 /// y[j][i] = dot(W row i, x row j) for R rows of W (w, stride ldw) and B rows of x (x, stride ldx),
 /// each of length k. Each step loads R packets of W and B of x and does R x B multiply-adds, so
 /// every number loaded is used B (or R) times from a register.
@@ -33,9 +42,13 @@ void tile(const float* w, long ldw, const float* x, long ldx, long k, float* y, 
   long c = 0;
   for (; c + kLanes <= k; c += kLanes) {
     Packet wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = ploadu<Packet>(w + i * ldw + c);
+    for (int i = 0; i < R; ++i) {
+      wv[i] = ploadu<Packet>(w + i * ldw + c);
+      in_register(wv[i]);
+    }
     for (int j = 0; j < B; ++j) {
-      const Packet xv = ploadu<Packet>(x + j * ldx + c);
+      Packet xv = ploadu<Packet>(x + j * ldx + c);
+      in_register(xv);
       for (int i = 0; i < R; ++i) acc[i][j] = pmadd(wv[i], xv, acc[i][j]);
     }
   }

@@ -26,6 +26,7 @@
 // Writes DIR/prefix_ttft.csv, prefix_prefill.csv, prefix_capacity.csv and prefix_chat.csv for plot.py.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson05_bench", {"--out", "--reps"}, {"--quick"});
     const std::string out_dir = opts.text("--out", ".");
+    std::filesystem::create_directories(out_dir);
     const bool quick = opts.has("--quick");
     const int reps = static_cast<int>(opts.number("--reps", quick ? 5 : 25, 1));
     const ModelWeights model = load_model(bundled_model_dir("tiny-fortunes"));

@@ -7,30 +7,33 @@
 // for. The models' README quotes 70% on held-out quotes.
 //
 // Part 2, costs. Median wall time of a target forward over m = 1..9 new tokens at a context of
-// 100 positions (t_v(m): what verifying m - 1 guesses costs), and of a draft forward over one.
-// The same for a random model of 91M parameters (364 MB of float32 weights, far more than the
-// processor's caches hold), where a one-token step waits for memory.
+// 100 positions, through the engine's forward seam as verification runs it (t_v(m): what verifying
+// m - 1 guesses costs), and of a draft forward (lesson 02's forward_cached(), as the draft runs).
+// The same for the random 75.9M-parameter model that `./course make-model` writes (304 MB of
+// float32 weights, far more than the processor's caches hold), where a one-token step waits for
+// memory.
 //
 // Plain and speculative decoding use the same hardware: the engine's linear() spreads each product
 // over the cores (OpenMP) in both; Eigen's own products run on one thread.
 //
-// Part 3, greedy decoding of N tokens after four prompts, plain (lesson 02's generate_cached),
-// then speculative with the draft and with prompt lookup for k = 1..8: acceptance, tokens per
-// round, wall time and speedup over plain, each the median of R runs. Next to the measured
-// speedup, two predictions: the source's formula with a and c measured,
+// Part 3, greedy decoding of N tokens after four prompts, plain (generate_speculative() with k = 0:
+// one token per target forward, through the same loop and forward as speculation), then
+// speculative with the draft and with prompt lookup for k = 1..8: acceptance, tokens per round,
+// wall time and speedup over plain, each the median of R runs. Next to the measured
+// speedup, two predictions: Leviathan et al.'s formula with a and c measured,
 //     speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1)),
 // which assumes that verifying k + 1 tokens costs one target step; and the same with that cost
 // measured: speedup = E(k) t_1 / (k t_d + t_v(k + 1)), E(k) = (1 - a^(k+1)) / (1 - a).
 //
 // Part 4, prompt lookup on ordinary text (sampled at temperature 0.8) against repetitive text
-// (the model's own greedy loops), measured, and predicted for a target with the 91M model's
+// (the model's own greedy loops), measured, and predicted for a target with the 75.9M model's
 // costs: tokens per round x t_1 / t_v(5) (lookup itself costs next to nothing).
 //
 // Part 5, chain against tree (greedy, the draft): tokens per round and wall time for the chain
 // of k = 3 and for trees of 2 x 3, 3 x 2 and 2 x 4 (branches x levels).
 //
-// Part 6, the big model decoded greedily, plainly and with prompt lookup at k = 2, 4 and 8 (two
-// prompts, one run each): speculation where a step waits for memory.
+// Part 6, the 75.9M model decoded greedily, 400 tokens after "The ", plainly and with prompt lookup
+// at k = 2, 4 and 8 (one run each): speculation where a step waits for memory.
 // Writes DIR/spec_tree.csv, DIR/spec_costs.csv, spec_costs_big.csv, spec_speedup.csv, spec_lookup.csv
 // and spec_big.csv for plot.py.
 #include <algorithm>
@@ -84,13 +87,16 @@ Run timed(const std::vector<std::vector<int>>& prompts, int reps, One one) {
   return r;
 }
 
-/// Plain cached decoding of every prompt, the baseline.
+/// Plain decoding of every prompt, the baseline: one token per target forward, through the same
+/// loop and the same forward as speculation (generate_speculative() with k = 0), so that a speedup
+/// measures the guesses and nothing else.
 Run plain(const ModelWeights& m, const std::vector<std::vector<int>>& prompts, int n, const SamplingParams& params,
           int reps) {
-  return timed(prompts, reps, [&](const std::vector<int>& p, SpecStats&) {
-    Sampler sampler(params);
+  return timed(prompts, reps, [&](const std::vector<int>& p, SpecStats& st) {
+    TargetModel target(m);
+    NgramProposer unused(3, 1);  // k = 0: never asked
     KVCache cache(m.config, static_cast<int>(p.size()) + n);
-    return generate_cached(m, p, n, sampler, cache);
+    return generate_speculative(target, unused, p, n, 0, params, cache, &st);
   });
 }
 
@@ -106,17 +112,24 @@ Run speculative(const ModelWeights& m, const std::vector<std::vector<int>>& prom
   });
 }
 
-/// Median ms of a forward over `m` new tokens after `context` cached positions.
-double forward_ms(const ModelWeights& model, int context, int m, int reps) {
+/// Median ms of a forward over `m` new tokens after `context` cached positions: through the
+/// target's path (TargetModel: the engine's forward seam, what verification runs) or, for the
+/// draft, lesson 02's forward_cached() (what DraftProposer runs).
+double forward_ms(const ModelWeights& model, int context, int m, int reps, bool as_target = true) {
   std::vector<int> tokens(static_cast<size_t>(context + m));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 3 + static_cast<int>((i * 37) % 250);
   KVCache cache(model.config, context + m);
-  forward_cached(model, std::span(tokens).first(static_cast<size_t>(context)), cache);
+  TargetModel target(model);
+  const auto run = [&](std::span<const int> t) {
+    if (as_target) target.forward(t, cache);
+    else forward_cached(model, t, cache);
+  };
+  run(std::span(tokens).first(static_cast<size_t>(context)));
   std::vector<double> ms;
   for (int r = 0; r < reps * 20; ++r) {
     cache.truncate(context);
     Stopwatch clock;
-    forward_cached(model, std::span(tokens).subspan(static_cast<size_t>(context), static_cast<size_t>(m)), cache);
+    run(std::span(tokens).subspan(static_cast<size_t>(context), static_cast<size_t>(m)));
     ms.push_back(clock.millis());
   }
   return median(ms);
@@ -164,30 +177,32 @@ int main(int argc, char** argv) {
                 "draft");
     for (int m = 1; m <= 9; ++m) {
       t_v[m] = forward_ms(target, ctx, m, reps);
-      const double d = forward_ms(draft, ctx, m, reps);
+      const double d = forward_ms(draft, ctx, m, reps, /*as_target=*/false);
       std::printf("%10d %9.3f ms %9.3f ms\n", m, t_v[m], d);
       costs << m << "," << t_v[m] << "," << d << "\n";
     }
-    const double t_1 = t_v[1], t_d = forward_ms(draft, ctx, 1, reps), c = t_d / t_1;
+    const double t_1 = t_v[1], t_d = forward_ms(draft, ctx, 1, reps, /*as_target=*/false), c = t_d / t_1;
     std::printf("  c = draft step / target step = %.3f; verifying 5 tokens costs %.2f target steps, 9 tokens %.2f\n", c,
                 t_v[5] / t_1, t_v[9] / t_1);
-    // A target too big for the caches: a random model of the shape below.
-    ModelConfig big_config = target.config;
-    big_config.hidden_size = 1024, big_config.intermediate_size = 2816, big_config.num_hidden_layers = 8;
-    big_config.num_attention_heads = 16, big_config.num_key_value_heads = 4, big_config.head_dim = 64;
-    const ModelWeights big = random_model(big_config, 6);
+    // A target too big for the caches: the model `./course make-model` writes by default (the
+    // same shape and seed).
+    ModelConfig big_config;
+    big_config.hidden_size = 768, big_config.num_hidden_layers = 12, big_config.num_attention_heads = 12;
+    big_config.num_key_value_heads = 4, big_config.intermediate_size = 2048, big_config.vocab_size = 259;
+    big_config.max_position_embeddings = 1024, big_config.head_dim = 64;
+    const ModelWeights big = random_model(big_config, 1);
     std::vector<double> big_v(10);
     for (int m = 1; m <= 9; ++m) {
       big_v[m] = forward_ms(big, ctx, m, 1);
       costs_big << m << "," << big_v[m] << "\n";
     }
-    std::printf("  a random model of %.0fM parameters (hidden 1024, 8 layers): one step %.2f ms; a forward over 5 tokens\n"
+    std::printf("  the random model of %.1fM parameters that ./course make-model writes: one step %.2f ms; a forward over 5 tokens\n"
                 "  costs %.2f steps, over 9 tokens %.2f\n\n",
                 static_cast<double>(big.parameter_count()) / 1e6, big_v[1], big_v[5] / big_v[1], big_v[9] / big_v[1]);
 
     // ------------------------------------------------------- part 3: greedy, k = 1..8 --
     const Run base = plain(target, prompts, n, greedy, reps);
-    std::printf("greedy, %zu prompts x %d tokens: plain cached decoding %.1f ms (%.0f tokens/s)\n", prompts.size(), n,
+    std::printf("greedy, %zu prompts x %d tokens: plain decoding %.1f ms (%.0f tokens/s)\n", prompts.size(), n,
                 base.ms, 1e3 * static_cast<double>(prompts.size() * n) / base.ms);
     // a: the chance that a guess is kept, measured at k = 1 (one guess per round).
     const Run k1 = speculative(target, prompts, n, 1, greedy, reps,
@@ -229,7 +244,7 @@ int main(int argc, char** argv) {
       const Run l = speculative(target, prompts, n, 4, params, reps, [] { return std::make_unique<NgramProposer>(3, 1); });
       const char* name = repetitive ? "repetitive" : "ordinary";
       std::printf("  %-10s acceptance %5.1f%%, %.2f tokens per round, %.1f ms against %.1f ms plain: %.2fx;\n"
-                  "             with the 91M target's costs it would be %.2fx\n",
+                  "             with the 75.9M target's costs it would be %.2fx\n",
                   name, 100 * l.total.acceptance(), l.total.tokens_per_round(), l.ms, p.ms, p.ms / l.ms,
                   l.total.tokens_per_round() * big_v[1] / big_v[5]);
       lk << name << "," << l.total.acceptance() << "," << l.total.tokens_per_round() << "," << p.ms << "," << l.ms << ","
@@ -267,15 +282,16 @@ int main(int argc, char** argv) {
     // verifying k + 1 tokens costs little more than one step (part 2 measured how much more).
     // Prompt lookup needs no draft; a random model's greedy text repeats itself, which is what
     // lookup feeds on.
-    const std::vector<std::vector<int>> two(prompts.begin(), prompts.begin() + 2);
-    const Run big_plain = plain(big, two, n, greedy, 1);
-    std::printf("\nthe %.0fM target, greedy, %zu prompts x %d tokens: plain cached decoding %.0f ms (%.1f tokens/s)\n",
-                static_cast<double>(big.parameter_count()) / 1e6, two.size(), n, big_plain.ms,
-                1e3 * static_cast<double>(two.size() * n) / big_plain.ms);
+    const std::vector<std::vector<int>> one(prompts.begin(), prompts.begin() + 1);
+    const int long_n = 400;  // a random model's greedy text settles into its loops after a while
+    const Run big_plain = plain(big, one, long_n, greedy, 1);
+    std::printf("\nthe %.1fM target, greedy, \"%s\" + %d tokens: plain decoding %.0f ms (%.1f tokens/s)\n",
+                static_cast<double>(big.parameter_count()) / 1e6, kPrompts[0].c_str(), long_n, big_plain.ms,
+                1e3 * long_n / big_plain.ms);
     std::ofstream bg(out_dir + "/spec_big.csv");
     bg << "k,acceptance,tokens_per_round,plain_ms,lookup_ms,speedup\n";
     for (const int k : {2, 4, 8}) {
-      const Run l = speculative(big, two, n, k, greedy, 1, [] { return std::make_unique<NgramProposer>(3, 1); });
+      const Run l = speculative(big, one, long_n, k, greedy, 1, [] { return std::make_unique<NgramProposer>(3, 1); });
       std::printf("  prompt lookup, k = %d: %5.1f%% of guesses kept, %.2f tokens per round, %.0f ms: %.2fx\n", k,
                   100 * l.total.acceptance(), l.total.tokens_per_round(), l.ms, big_plain.ms / l.ms);
       bg << k << "," << l.total.acceptance() << "," << l.total.tokens_per_round() << "," << big_plain.ms << "," << l.ms

@@ -35,7 +35,7 @@ a.plot(m, [float(r["target_ms"]) / t1 for r in costs], "o-", label="target forwa
 a.plot(m, [float(r["draft_ms"]) / t1 for r in costs], "s-", label="draft forward over m tokens")
 b1 = float(big[0]["big_ms"])
 a.plot([int(r["new_tokens"]) for r in big], [float(r["big_ms"]) / b1 for r in big], "^-",
-       label="a 91M-parameter target (its own steps)")
+       label="the 75.9M-parameter model (its own steps)")
 a.axhline(1, ls=":", color="gray", lw=0.8, label="one target step (the formula's assumption)")
 a.set_xlabel("new tokens in the forward (m)")
 a.set_ylabel("time, in target steps")
@@ -50,7 +50,7 @@ b.plot(k, [float(r["cost_model_speedup"]) for r in speed], ":", marker="x", labe
 b.plot(k, [float(r["lookup_speedup"]) for r in speed], "s-", label="prompt lookup: measured")
 b.axhline(1, color="gray", lw=0.8)
 b.set_xlabel("guesses per round (k)")
-b.set_ylabel("speedup over plain cached decoding")
+b.set_ylabel("speedup over plain decoding")
 b.set_title("Greedy decoding: speedup against k")
 b.legend(fontsize=8)
 
@@ -92,7 +92,7 @@ for bar, r in zip(bars, decoded):
                (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
 f.axhline(1, color="gray", lw=0.8)
 f.set_ylabel("speedup over plain decoding")
-f.set_title("Prompt lookup on the 91M target (greedy)")
+f.set_title("Prompt lookup on the 75.9M model (greedy)")
 f.set_ylim(0, 1.3 * max(float(r["speedup"]) for r in decoded))
 
 fig.tight_layout()

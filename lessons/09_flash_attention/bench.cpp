@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -81,6 +82,7 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson09_bench", {"--out", "--reps"}, {"--quick"});
     const std::string out_dir = opts.text("--out", ".");
+    std::filesystem::create_directories(out_dir);
     const bool quick = opts.has("--quick");
     const int reps = static_cast<int>(opts.number("--reps", quick ? 3 : 7, 1));
     Eigen::setNbThreads(1);

@@ -19,6 +19,7 @@
 // at every product, and the latencies measure that). Writes DIR/serving.csv.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_bench", {"--out", "--threads"}, {"--quick"});
     const std::string out_dir = opts.text("--out", ".");
+    std::filesystem::create_directories(out_dir);
     const int threads = static_cast<int>(opts.number("--threads", 1, 1));
     omp_set_num_threads(threads);
     const ModelWeights model = load_model(bundled_model_dir("tiny-fortunes"));

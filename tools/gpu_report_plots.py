@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Draws lessons 07 and 08's GPU figures from the GPU report, for the walkthrough.
+
+    tools/gpu_report_plots.py [docs/gpu-report.md] [OUT_DIR]
+    (writes OUT_DIR/lesson07_gpu.png and lesson08_gpu.png; OUT_DIR defaults to docs/images)
+
+The lesson texts quote their GPU figures from docs/gpu-report.md and from nowhere else; these plots
+draw the same figures, with the GPU and the commit that produced them in each title. The report
+keeps the latest `./course gpu-check` first and earlier runs below it: each lesson's figures are
+taken from the first run that has its bench. Run it again after committing a new report.
+"""
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "docs", "gpu-report.md")
+out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "docs", "images")
+
+
+def runs(text):
+    """The report's runs, each {gpu, commit, copy: {bench: GB/s}, kernels: {bench: rows}, lines: {bench: [...]}}."""
+    found, cur, bench, header = [], None, None, None
+    for line in text.splitlines():
+        in_table = line.startswith("| ")
+        if not in_table:
+            header = None  # the next table's first line is its header
+        if line.startswith("- GPU: "):
+            cur = {"gpu": line[7:].split(",")[0], "commit": "", "copy": {}, "kernels": {}, "lines": {}}
+            found.append(cur)
+        elif cur is None:
+            continue
+        elif line.startswith("- commit: "):
+            cur["commit"] = line[10:].strip()[:7]
+        elif re.match(r"^#+ (lesson\d\d_cuda_bench)\s*$", line):
+            bench = line.split()[-1]
+            cur["kernels"][bench], cur["lines"][bench] = [], []
+        elif line.startswith("## "):
+            bench = None
+        elif bench and line.startswith("Measured device-to-device copy:"):
+            cur["copy"][bench] = float(re.search(r"([\d.]+) GB/s", line).group(1))
+        elif bench and in_table:
+            if header is None:
+                header = line
+            elif header.startswith("| kernel") and not line.startswith("| ---"):
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                cur["kernels"][bench].append({"name": cells[0], "shape": cells[1], "ms": float(cells[2]),
+                                              "gbps": float(cells[3])})
+        elif bench and line.startswith("- decode"):
+            cur["lines"][bench].append(line[2:])
+    return found
+
+
+def first_with(all_runs, bench):
+    for r in all_runs:
+        if r["kernels"].get(bench):
+            return r
+    sys.exit(f"{src}: no run has {bench}'s figures")
+
+
+all_runs = runs(open(src, encoding="utf-8").read())
+os.makedirs(out, exist_ok=True)
+
+# Lesson 07: the GEMV ladder against the copy bandwidth, and decode against its roofline.
+r = first_with(all_runs, "lesson07_cuda_bench")
+copy = r["copy"]["lesson07_cuda_bench"]
+fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+big = [k for k in r["kernels"]["lesson07_cuda_bench"] if k["shape"].startswith("16384 x 16384")]
+a.barh([k["name"] + ("" if "batch" not in k["shape"] else " (batch 8)") for k in big], [k["gbps"] for k in big],
+       color=["tab:gray" if "cuBLAS" in k["name"] else "tab:blue" for k in big])
+a.axvline(copy, color="black", linestyle="--", label=f"device copy, {copy:.0f} GB/s")
+a.set_xlabel("GB/s of weights read (16,384 x 16,384)")
+a.set_title("The GEMV ladder")
+a.invert_yaxis()
+a.legend(fontsize=8)
+decode = []
+for line in r["lines"]["lesson07_cuda_bench"]:
+    m = re.match(r"decode, 1\.1B shape, bf16(?:, batch (\d+))?: (\d+) tokens/s \((\d+)% of its memory roofline\)", line)
+    if m:
+        decode.append((int(m.group(1) or 1), int(m.group(2)), int(m.group(3))))
+if decode:
+    batches = [d[0] for d in decode]
+    b.plot(batches, [d[1] for d in decode], "o-", label="measured")
+    # The roofline: the weights read once per step, whatever the batch; the batch-1 figure gives
+    # it (the report's percentages of the larger batches are rounded to whole ones).
+    roof = decode[0][1] * 100 / decode[0][2] / decode[0][0]
+    b.plot(batches, [bb * roof for bb in batches], "k--", label="memory roofline (weights read once per step)")
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    b.set_xlabel("sequences decoded at once")
+    b.set_ylabel("tokens/s")
+    b.set_title("Decode, a 1.1B shape in bf16")
+    b.legend(fontsize=8)
+fig.suptitle(f"Lesson 07 on an {r['gpu']} (commit {r['commit']}, docs/gpu-report.md)")
+fig.tight_layout()
+fig.savefig(os.path.join(out, "lesson07_gpu.png"), dpi=100)
+
+# Lesson 08: paged against contiguous decode attention, and split-K against the context.
+r = first_with(all_runs, "lesson08_cuda_bench")
+copy = r["copy"]["lesson08_cuda_bench"]
+rows = r["kernels"]["lesson08_cuda_bench"]
+fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+batch = [k for k in rows if not k["shape"].startswith("batch 1 ")]
+a.barh([k["name"] for k in batch], [k["gbps"] for k in batch], color="tab:blue")
+a.axvline(copy, color="black", linestyle="--", label=f"device copy, {copy:.0f} GB/s")
+a.set_xlabel("GB/s of K/V read (batch 32 x 2,048 positions)")
+a.set_title("Decode attention: contiguous (lesson 07) and paged")
+a.invert_yaxis()
+a.legend(fontsize=8)
+one = {k["shape"]: k["ms"] for k in rows if k["name"] == "paged, one pass" and k["shape"].startswith("batch 1 ")}
+split = {k["shape"]: k["ms"] for k in rows if k["name"].startswith("paged, split") and k["shape"].startswith("batch 1 ")}
+shapes = [s for s in one if s in split]
+positions = [int(re.search(r"x (\d+) positions", s).group(1)) for s in shapes]
+b.plot(positions, [one[s] for s in shapes], "o-", label="one block per K/V head")
+b.plot(positions, [split[s] for s in shapes], "s-", label="split-K (flash decoding)")
+b.set_xscale("log", base=2)
+b.set_yscale("log")
+b.set_xlabel("context (positions), batch 1")
+b.set_ylabel("ms per call")
+b.set_title("Split-K at batch 1")
+b.legend(fontsize=8)
+fig.suptitle(f"Lesson 08 on an {r['gpu']} (commit {r['commit']}, docs/gpu-report.md)")
+fig.tight_layout()
+fig.savefig(os.path.join(out, "lesson08_gpu.png"), dpi=100)
+print(f"wrote {os.path.join(out, 'lesson07_gpu.png')} and lesson08_gpu.png")
