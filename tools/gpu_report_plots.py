@@ -63,21 +63,41 @@ def first_with(all_runs, bench):
     sys.exit(f"{src}: no run has {bench}'s figures")
 
 
+def bandwidth_bars(ax, names, gbps, colors, copy, xlabel, title):
+    """A kernel per bar, against the device's copy bandwidth."""
+    ax.barh(names, gbps, color=colors)
+    ax.axvline(copy, color="black", linestyle="--", label=f"device copy, {copy:.0f} GB/s")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)
+
+
+def log_axes(ax, xlabel, ylabel, title):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def save(fig, r, lesson):
+    fig.suptitle(f"Lesson {lesson} on an {r['gpu']} (commit {r['commit']}, docs/gpu-report.md)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, f"lesson{lesson}_gpu.png"), dpi=100)
+
+
 all_runs = runs(open(src, encoding="utf-8").read())
 os.makedirs(out, exist_ok=True)
 
 # Lesson 07: the GEMV ladder against the copy bandwidth, and decode against its roofline.
 r = first_with(all_runs, "lesson07_cuda_bench")
-copy = r["copy"]["lesson07_cuda_bench"]
 fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
 big = [k for k in r["kernels"]["lesson07_cuda_bench"] if k["shape"].startswith("16384 x 16384")]
-a.barh([k["name"] + ("" if "batch" not in k["shape"] else " (batch 8)") for k in big], [k["gbps"] for k in big],
-       color=["tab:gray" if "cuBLAS" in k["name"] else "tab:blue" for k in big])
-a.axvline(copy, color="black", linestyle="--", label=f"device copy, {copy:.0f} GB/s")
-a.set_xlabel("GB/s of weights read (16,384 x 16,384)")
-a.set_title("The GEMV ladder")
-a.invert_yaxis()
-a.legend(fontsize=8)
+bandwidth_bars(a, [k["name"] + ("" if "batch" not in k["shape"] else " (batch 8)") for k in big],
+               [k["gbps"] for k in big], ["tab:gray" if "cuBLAS" in k["name"] else "tab:blue" for k in big],
+               r["copy"]["lesson07_cuda_bench"], "GB/s of weights read (16,384 x 16,384)", "The GEMV ladder")
 decode = []
 for line in r["lines"]["lesson07_cuda_bench"]:
     m = re.match(r"decode, 1\.1B shape, bf16(?:, batch (\d+))?: (\d+) tokens/s \((\d+)% of its memory roofline\)", line)
@@ -90,41 +110,22 @@ if decode:
     # it (the report's percentages of the larger batches are rounded to whole ones).
     roof = decode[0][1] * 100 / decode[0][2] / decode[0][0]
     b.plot(batches, [bb * roof for bb in batches], "k--", label="memory roofline (weights read once per step)")
-    b.set_xscale("log", base=2)
-    b.set_yscale("log")
-    b.set_xlabel("sequences decoded at once")
-    b.set_ylabel("tokens/s")
-    b.set_title("Decode, a 1.1B shape in bf16")
-    b.legend(fontsize=8)
-fig.suptitle(f"Lesson 07 on an {r['gpu']} (commit {r['commit']}, docs/gpu-report.md)")
-fig.tight_layout()
-fig.savefig(os.path.join(out, "lesson07_gpu.png"), dpi=100)
+    log_axes(b, "sequences decoded at once", "tokens/s", "Decode, a 1.1B shape in bf16")
+save(fig, r, "07")
 
 # Lesson 08: paged against contiguous decode attention, and split-K against the context.
 r = first_with(all_runs, "lesson08_cuda_bench")
-copy = r["copy"]["lesson08_cuda_bench"]
 rows = r["kernels"]["lesson08_cuda_bench"]
 fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
 batch = [k for k in rows if not k["shape"].startswith("batch 1 ")]
-a.barh([k["name"] for k in batch], [k["gbps"] for k in batch], color="tab:blue")
-a.axvline(copy, color="black", linestyle="--", label=f"device copy, {copy:.0f} GB/s")
-a.set_xlabel("GB/s of K/V read (batch 32 x 2,048 positions)")
-a.set_title("Decode attention: contiguous (lesson 07) and paged")
-a.invert_yaxis()
-a.legend(fontsize=8)
+bandwidth_bars(a, [k["name"] for k in batch], [k["gbps"] for k in batch], "tab:blue", r["copy"]["lesson08_cuda_bench"],
+               "GB/s of K/V read (batch 32 x 2,048 positions)", "Decode attention: contiguous (lesson 07) and paged")
 one = {k["shape"]: k["ms"] for k in rows if k["name"] == "paged, one pass" and k["shape"].startswith("batch 1 ")}
 split = {k["shape"]: k["ms"] for k in rows if k["name"].startswith("paged, split") and k["shape"].startswith("batch 1 ")}
 shapes = [s for s in one if s in split]
 positions = [int(re.search(r"x (\d+) positions", s).group(1)) for s in shapes]
 b.plot(positions, [one[s] for s in shapes], "o-", label="one block per K/V head")
 b.plot(positions, [split[s] for s in shapes], "s-", label="split-K (flash decoding)")
-b.set_xscale("log", base=2)
-b.set_yscale("log")
-b.set_xlabel("context (positions), batch 1")
-b.set_ylabel("ms per call")
-b.set_title("Split-K at batch 1")
-b.legend(fontsize=8)
-fig.suptitle(f"Lesson 08 on an {r['gpu']} (commit {r['commit']}, docs/gpu-report.md)")
-fig.tight_layout()
-fig.savefig(os.path.join(out, "lesson08_gpu.png"), dpi=100)
+log_axes(b, "context (positions), batch 1", "ms per call", "Split-K at batch 1")
+save(fig, r, "08")
 print(f"wrote {os.path.join(out, 'lesson07_gpu.png')} and lesson08_gpu.png")

@@ -195,9 +195,11 @@ def main():
                 continue
             with open(report) as f:
                 r = json.load(f)
-            caught = [t["name"].split(".", 1)[1] + ("" if t["status"] != "not built" else " (did not build)")
-                      for l in r["lessons"] for t in l["tests"] if t["status"] not in ("passed", "no gpu")
-                      and (args.all_cases or t["status"] != "not run")]
+            # The cases that lost it points, in the report's order ("not run": stopped before them).
+            lost_cases = [t for l in r["lessons"] for t in l["tests"]
+                          if t["status"] not in ("passed", "no gpu", "skipped", "not run")]
+            caught = [t["name"].split(".", 1)[1] + (" (did not build)" if t["status"] == "not built" else "")
+                      for t in lost_cases]
             # Stopped at the first lost case, the points earned say nothing more than "fewer".
             points = f"{r['earned']}/{r['total']}" if args.all_cases else f"< {r['total']}"
             lost = r["earned"] < r["total"]
@@ -207,13 +209,10 @@ def main():
                 tally[1] += 1
             # The catalogue says which case catches the entry; that case must still catch it (it
             # ran first: an entry caught only later costs CI every case before).
-            first_caught = next((t["name"] for l in r["lessons"] for t in l["tests"]
-                                 if t["status"] not in ("passed", "no gpu", "not run", "skipped")), None)
-            stale = expected and not any(t["name"] in expected and t["status"] not in ("passed", "not run")
-                                         for l in r["lessons"] for t in l["tests"])
-            if args.record_caught_by and lost and first_caught:
+            stale = expected and not any(t["name"] in expected for t in lost_cases)
+            if args.record_caught_by and lost_cases:
                 with lock:  # written once every entry is graded: the grader sees the tree change
-                    to_record[patch] = first_caught
+                    to_record[patch] = lost_cases[0]["name"]
             if lost and stale:
                 record(i, lesson, name, points, f"caught, but not by {', '.join(expected)}",
                        f"{points}, but not by its Caught-by case",

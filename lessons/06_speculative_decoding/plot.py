@@ -24,6 +24,19 @@ def read(name):
         return list(csv.DictReader(f))
 
 
+def labelled_bars(ax, names, heights, labels, color, title, ylabel, headroom, baseline=True):
+    """A bar per name, each with its label above it."""
+    bars = ax.bar(names, heights, color=color)
+    for bar, label in zip(bars, labels):
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8)
+    if baseline:
+        ax.axhline(1, color="gray", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(0, headroom * max(heights))
+
+
 costs, speed, lookup = read("spec_costs.csv"), read("spec_speedup.csv"), read("spec_lookup.csv")
 big, tree, decoded = read("spec_costs_big.csv"), read("spec_tree.csv"), read("spec_big.csv")
 fig, ((a, b, e), (c, d, f)) = plt.subplots(2, 3, figsize=(17, 8.4))
@@ -64,36 +77,20 @@ c.set_title("Tokens per round")
 c.legend(fontsize=8)
 
 # 4. Prompt lookup: ordinary against repetitive text.
-names = [r["text"] for r in lookup]
-bars = d.bar(names, [float(r["speedup"]) for r in lookup], color=["#999999", "#2ca02c"][: len(names)])
-for bar, r in zip(bars, lookup):
-    d.annotate(f"{float(r['speedup']):.2f}x\n{100 * float(r['acceptance']):.0f}% kept",
-               (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-d.axhline(1, color="gray", lw=0.8)
-d.set_ylabel("speedup over plain decoding (k = 4)")
-d.set_title("Prompt lookup needs text that repeats")
-d.set_ylim(0, 1.3 * max(float(r["speedup"]) for r in lookup))
+labelled_bars(d, [r["text"] for r in lookup], [float(r["speedup"]) for r in lookup],
+              [f"{float(r['speedup']):.2f}x\n{100 * float(r['acceptance']):.0f}% kept" for r in lookup],
+              ["#999999", "#2ca02c"][: len(lookup)], "Prompt lookup needs text that repeats",
+              "speedup over plain decoding (k = 4)", 1.3)
 
 # 5. Chain against tree: tokens per round, and what they cost.
-names = [r["shape"] for r in tree]
-bars = e.bar(names, [float(r["tokens_per_round"]) for r in tree], color="#1f77b4")
-for bar, r in zip(bars, tree):
-    e.annotate(f"{int(r['guesses_per_round'])} guesses\n{float(r['speedup']):.2f}x",
-               (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-e.set_ylabel("tokens per target forward")
-e.set_title("Chain against tree (greedy, the draft)")
-e.set_ylim(0, 1.35 * max(float(r["tokens_per_round"]) for r in tree))
+labelled_bars(e, [r["shape"] for r in tree], [float(r["tokens_per_round"]) for r in tree],
+              [f"{int(r['guesses_per_round'])} guesses\n{float(r['speedup']):.2f}x" for r in tree], "#1f77b4",
+              "Chain against tree (greedy, the draft)", "tokens per target forward", 1.35, baseline=False)
 
-# 6. The big target: a step waits for memory, so a round of k + 1 tokens costs about one step.
-ks = [int(r["k"]) for r in decoded]
-bars = f.bar([f"k = {kk}" for kk in ks], [float(r["speedup"]) for r in decoded], color="#ff7f0e")
-for bar, r in zip(bars, decoded):
-    f.annotate(f"{float(r['speedup']):.2f}x\n{float(r['tokens_per_round']):.2f} tok/round",
-               (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-f.axhline(1, color="gray", lw=0.8)
-f.set_ylabel("speedup over plain decoding")
-f.set_title("Prompt lookup on the 75.9M model (greedy)")
-f.set_ylim(0, 1.3 * max(float(r["speedup"]) for r in decoded))
+# 6. The big target: a step waits for memory, so a round of k + 1 tokens costs little more than one step.
+labelled_bars(f, [f"k = {int(r['k'])}" for r in decoded], [float(r["speedup"]) for r in decoded],
+              [f"{float(r['speedup']):.2f}x\n{float(r['tokens_per_round']):.2f} tok/round" for r in decoded],
+              "#ff7f0e", "Prompt lookup on the 75.9M model (greedy)", "speedup over plain decoding", 1.3)
 
 fig.tight_layout()
 fig.savefig(os.path.join(out, "speculative.png"), dpi=110)
