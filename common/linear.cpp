@@ -30,11 +30,13 @@ inline void in_register([[maybe_unused]] Packet& p) {
 #endif
 }
 
-/// y[j][i] = dot(W row i, x row j) for R rows of W (w, stride ldw) and B rows of x (x, stride ldx),
-/// each of length k. Each step loads R packets of W and B of x and does R x B multiply-adds, so
-/// every number loaded is used B (or R) times from a register.
+/// y[j][i] (+)= dot(W row i, x row j) for R rows of W (w, stride ldw) and B rows of x (x, stride
+/// ldx), each of length k. Each step loads R packets of W and B of x and does R x B multiply-adds,
+/// so every number loaded is used B (or R) times from a register. While it reads its R rows, it
+/// asks for the same columns of the R rows after them (the next tile): rows of a few hundred
+/// floats are too short for the processor's own prefetcher to get ahead of the loads.
 template <int R, int B>
-void tile(const float* w, long ldw, const float* x, long ldx, long k, float* y, long ldy) {
+void tile(const float* w, long ldw, const float* x, long ldx, long k, float* y, long ldy, bool accumulate) {
   using namespace Eigen::internal;
   Packet acc[R][B];
   for (int i = 0; i < R; ++i)
@@ -43,6 +45,7 @@ void tile(const float* w, long ldw, const float* x, long ldx, long k, float* y, 
   for (; c + kLanes <= k; c += kLanes) {
     Packet wv[R];
     for (int i = 0; i < R; ++i) {
+      __builtin_prefetch(w + (i + R) * ldw + c);  // a hint: never faults, even past W's end
       wv[i] = ploadu<Packet>(w + i * ldw + c);
       in_register(wv[i]);
     }
@@ -56,31 +59,70 @@ void tile(const float* w, long ldw, const float* x, long ldx, long k, float* y, 
     for (int j = 0; j < B; ++j) {
       float s = predux(acc[i][j]);
       for (long t = c; t < k; ++t) s += w[i * ldw + t] * x[j * ldx + t];
-      y[j * ldy + i] = s;
+      y[j * ldy + i] = accumulate ? y[j * ldy + i] + s : s;
     }
 }
 
 /// R rows of W against every row of x, kTileX rows of x at a time (the last group may be smaller).
 template <int R>
-void rows_of_w(const float* w, long ldw, const float* x, long ldx, long n, long k, float* y, long ldy) {
+void rows_of_w(const float* w, long ldw, const float* x, long ldx, long n, long k, float* y, long ldy, bool acc) {
   long j = 0;
-  for (; j + kTileX <= n; j += kTileX) tile<R, kTileX>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy);
+  for (; j + kTileX <= n; j += kTileX) tile<R, kTileX>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy, acc);
   switch (n - j) {
     case 0: break;
-    case 1: tile<R, 1>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy); break;
-    case 2: tile<R, 2>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy); break;
-    case 3: tile<R, 3>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy); break;
+    case 1: tile<R, 1>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy, acc); break;
+    case 2: tile<R, 2>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy, acc); break;
+    case 3: tile<R, 3>(w, ldw, x + j * ldx, ldx, k, y + j * ldy, ldy, acc); break;
   }
   static_assert(kTileX == 4, "the switch above covers remainders up to kTileX - 1");
 }
 
+/// Rows [first, first + count) of W against every row of x, into columns first.. of y, kTileW rows
+/// of W at a time.
+void w_rows(const float* xd, long ldx, const float* wd, long ldw, float* yd, long ldy, long n, long k, long first,
+            long count, bool acc) {
+  for (long r = first; r < first + count; r += kTileW) {
+    const float* wr = wd + r * ldw;
+    float* yr = yd + r;
+    switch (std::min<long>(kTileW, first + count - r)) {
+      case 4: rows_of_w<4>(wr, ldw, xd, ldx, n, k, yr, ldy, acc); break;
+      case 3: rows_of_w<3>(wr, ldw, xd, ldx, n, k, yr, ldy, acc); break;
+      case 2: rows_of_w<2>(wr, ldw, xd, ldx, n, k, yr, ldy, acc); break;
+      default: rows_of_w<1>(wr, ldw, xd, ldx, n, k, yr, ldy, acc); break;
+    }
+  }
+  static_assert(kTileW == 4, "the switch above covers tiles of 1 to kTileW rows");
+}
+
+void check_shapes(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, const char* who) {
+  require(x.cols() == w.cols(), who, ": x has ", x.cols(), " columns but W [", w.rows(), ", ", w.cols(), "] expects ",
+          w.cols());
+  require(y.rows() == x.rows() && y.cols() == w.rows(), who, ": y is ", y.rows(), " x ", y.cols(), ", expected ",
+          x.rows(), " x ", w.rows());
+}
+
 }  // namespace
 
+void linear_rows_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, long first, long count, bool accumulate) {
+  check_shapes(x, w, y, "linear_rows_into");
+  require(first >= 0 && count >= 0 && first + count <= w.rows(), "linear_rows_into: rows [", first, ", ",
+          first + count, ") of W, which has ", w.rows());
+  const long n = x.rows(), k = w.cols();
+  if (n == 0 || count == 0) return;
+  if (n > kLinearTileRows) {
+    auto part = y.middleCols(first, count);
+    if (accumulate)
+      part.noalias() += x * w.middleRows(first, count).transpose();
+    else
+      part.noalias() = x * w.middleRows(first, count).transpose();
+    return;
+  }
+  w_rows(x.data(), x.outerStride(), w.data(), w.outerStride(), y.data(), y.outerStride(), n, k, first, count,
+         accumulate);
+}
+
 void linear_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y) {
-  require(x.cols() == w.cols(), "linear: x has ", x.cols(), " columns but W [", w.rows(), ", ", w.cols(), "] expects ",
-          w.cols());
-  require(y.rows() == x.rows() && y.cols() == w.rows(), "linear: y is ", y.rows(), " x ", y.cols(), ", expected ",
-          x.rows(), " x ", w.rows());
+  check_shapes(x, w, y, "linear");
   const long n = x.rows(), out = w.rows(), k = w.cols();
   if (n == 0 || out == 0) return;
   if (n > kLinearTileRows) {
@@ -95,18 +137,15 @@ void linear_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y) {
   const long ldx = x.outerStride(), ldw = w.outerStride(), ldy = y.outerStride();
   const long tiles = (out + kTileW - 1) / kTileW;
 #pragma omp parallel for schedule(static) if (out * k * std::min(n, 4L) >= (1L << 16))
-  for (long t = 0; t < tiles; ++t) {
-    const long r = t * kTileW;
-    const float* wr = wd + r * ldw;
-    float* yr = yd + r;
-    switch (std::min<long>(kTileW, out - r)) {
-      case 4: rows_of_w<4>(wr, ldw, xd, ldx, n, k, yr, ldy); break;
-      case 3: rows_of_w<3>(wr, ldw, xd, ldx, n, k, yr, ldy); break;
-      case 2: rows_of_w<2>(wr, ldw, xd, ldx, n, k, yr, ldy); break;
-      default: rows_of_w<1>(wr, ldw, xd, ldx, n, k, yr, ldy); break;
-    }
-  }
-  static_assert(kTileW == 4, "the switch above covers tiles of 1 to kTileW rows");
+  for (long t = 0; t < tiles; ++t)
+    w_rows(xd, ldx, wd, ldw, yd, ldy, n, k, t * kTileW, std::min<long>(kTileW, out - t * kTileW), false);
+}
+
+Share share_of(long n, int part, int parts, long grain) {
+  require(parts >= 1 && part >= 0 && part < parts && grain >= 1 && n >= 0, "share_of: part ", part, " of ", parts,
+          " of ", n, " in grains of ", grain);
+  const long grains = (n + grain - 1) / grain;
+  return {std::min(n, grains * part / parts * grain), std::min(n, grains * (part + 1) / parts * grain)};
 }
 
 Matrix linear(ConstMatrixRef x, ConstMatrixRef w) {

@@ -35,4 +35,22 @@ void linear_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y);
 /// y = x W^T, as a new [n, out] matrix.
 Matrix linear(ConstMatrixRef x, ConstMatrixRef w);
 
+/// Rows [first, first + count) of W only: y[:, first + i] = x W[first + i]^T (or += with
+/// `accumulate`), on the calling thread alone (no OpenMP region of its own). For callers that
+/// split one product over threads themselves, each thread its own rows (the engine's forward step:
+/// one parallel region a step, not one a product). Each entry equals linear()'s bit for bit up to
+/// kLinearTileRows rows of x; above, Eigen's product over the slice. Throws infer::Error for
+/// mismatched shapes or rows outside W.
+void linear_rows_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, long first, long count, bool accumulate);
+
+/// Part `part` of `parts` of the range [0, n), cut at multiples of `grain` (the tiles of
+/// linear_rows_into()): [begin, end), the parts in order, covering the range, as even as `grain` allows.
+struct Share {
+  long begin = 0;  ///< first index of the part
+  long end = 0;    ///< one past its last
+  /// Indices in the part.
+  long size() const { return end - begin; }
+};
+Share share_of(long n, int part, int parts, long grain = 4);
+
 }  // namespace infer

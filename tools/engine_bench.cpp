@@ -1,13 +1,14 @@
 // engine_bench: the reference engine's decode on this CPU, against this machine's roofline
 // (`./course bench engine`).
 //
-//   engine_bench [--out DIR] [--model DIR] [--steps N] [--quick]
+//   engine_bench [--out DIR] [--model DIR] [--steps N] [--quick] [--llama2c RUN]
 //
 // 1. This machine's roofs, measured with lesson 01's given functions: the read bandwidth of all
 //    cores streaming 1 GiB, and the float32 FLOP rate of Eigen's matrix product on all cores.
-// 2. Decode tokens/s at batch 1 (lesson 02's forward_cached over a KVCache) and at batches 8 and
-//    32 (the engine's forward over a step of one-token chunks: CpuRunner, lesson 03's
-//    forward_step), each sequence 16 positions in,
+// 2. Decode tokens/s of the engine's forward (CpuRunner: lesson 03's forward_step over a step of
+//    one-token chunks on KVCaches) at batch 1, on one thread and on all cores (the faster is the
+//    engine's choice on this machine), and at batches 8 and 32 on all cores, each sequence 16
+//    positions in,
 //    for two models: the bundled tiny-fortunes (1.65M parameters: it lives in the caches) and a
 //    large random model (--model DIR, or by default the 75.9M-parameter shape of `./course
 //    make-model`, made in memory: 304 MB of float32, far bigger than any cache).
@@ -20,9 +21,19 @@
 //    one always; a 300 MB one on a processor with a 300 MB L3) is read at that cache's speed, and
 //    the 1 GiB figure would make it look faster than its roof.
 //
-// Writes DIR/engine_roofs.csv and DIR/engine.csv; tools/engine_plot.py draws them on the roofline.
+// 4. With --llama2c RUN (llama2.c's run.c, built), the same weights written in its format
+//    (DIR/MODEL.bin, as tools/export_llama2c.py writes them) and a greedy generation of 256
+//    positions, token by token from the first, by each side in turn, three times: the engine on
+//    all cores and on one, run.c with OMP_NUM_THREADS=1 and unset (all cores). The best of each
+//    side, and their ratio.
+//
+// Writes DIR/engine_roofs.csv and DIR/engine.csv (and DIR/llama2c.csv); tools/engine_plot.py
+// draws the first two on the roofline.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -42,7 +53,7 @@ namespace {
 
 struct Point {
   std::string model;
-  int batch = 1;
+  int batch = 1, threads = 1;
   double tokens_per_s = 0, bytes_per_step = 0, flops_per_step = 0, bandwidth = 0, attainable = 0;
 };
 
@@ -58,7 +69,7 @@ double weight_bytes(const ModelWeights& m) {
 }
 
 /// Decode tokens/s of `model` at `batch` sequences, each `context` positions in, over `steps` steps
-/// (the best of 3 runs, after a warm-up step).
+/// (the best of 3 runs, after a warm-up step), through the engine's forward.
 double decode_rate(const ModelWeights& model, int batch, int context, int steps) {
   const ModelConfig& c = model.config;
   std::vector<int> prompt(context);
@@ -66,37 +77,108 @@ double decode_rate(const ModelWeights& model, int batch, int context, int steps)
   std::vector<std::unique_ptr<KVCache>> caches;
   for (int b = 0; b < batch; ++b) caches.push_back(std::make_unique<KVCache>(c, context + 4 * (steps + 1) + 1));
   const std::vector<int> tokens(batch, 5);
+  CpuRunner runner(model);
+  StepInput prefill, decode;
+  for (size_t b = 0; b < caches.size(); ++b) {
+    prefill.chunks.push_back({prompt, caches[b].get(), static_cast<int>(b)});
+    decode.chunks.push_back({std::span(&tokens[b], 1), caches[b].get(), static_cast<int>(b)});
+  }
+  runner.forward(prefill);
   double best = 1e300;
-  if (batch == 1) {
-    KVCache& cache = *caches[0];
-    forward_cached(model, prompt, cache);
-    for (int run = 0; run < 4; ++run) {
-      Stopwatch clock;
-      for (int s = 0; s < (run == 0 ? 1 : steps); ++s) forward_cached(model, tokens, cache);
-      if (run > 0) best = std::min(best, clock.seconds());
-    }
-  } else {
-    CpuRunner runner(model);
-    StepInput prefill, decode;
-    for (size_t b = 0; b < caches.size(); ++b) {
-      prefill.chunks.push_back({prompt, caches[b].get(), static_cast<int>(b)});
-      decode.chunks.push_back({std::span(&tokens[b], 1), caches[b].get(), static_cast<int>(b)});
-    }
-    runner.forward(prefill);
-    for (int run = 0; run < 4; ++run) {
-      Stopwatch clock;
-      for (int s = 0; s < (run == 0 ? 1 : steps); ++s) runner.forward(decode);
-      if (run > 0) best = std::min(best, clock.seconds());
-    }
+  for (int run = 0; run < 4; ++run) {
+    Stopwatch clock;
+    for (int s = 0; s < (run == 0 ? 1 : steps); ++s) runner.forward(decode);
+    if (run > 0) best = std::min(best, clock.seconds());
   }
   return batch * steps / best;
+}
+
+/// Writes `model` in llama2.c's checkpoint format (tools/export_llama2c.py's layout: a header of 7
+/// int32, the weights in run.c's order, lm_head stored apart) and a tokenizer of one byte an id.
+void write_llama2c(const ModelWeights& m, const std::string& path) {
+  const ModelConfig& c = m.config;
+  require(c.head_dim * c.num_attention_heads == c.hidden_size, "--llama2c: run.c needs hidden_size = heads x head_dim");
+  std::ofstream out(path, std::ios::binary);
+  const int header[7] = {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                         c.num_key_value_heads, -c.vocab_size, c.max_position_embeddings};
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  auto put = [&](const float* p, size_t n) { out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(4 * n)); };
+  put(m.embed_tokens.data(), m.embed_tokens.size());
+  auto each_layer = [&](auto get) {
+    for (const LayerWeights& l : m.layers) {
+      const auto& t = get(l);
+      put(t.data(), static_cast<size_t>(t.size()));
+    }
+  };
+  each_layer([](const LayerWeights& l) -> const Vector& { return l.input_layernorm; });
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.q_proj; });
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.k_proj; });
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.v_proj; });
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.o_proj; });
+  each_layer([](const LayerWeights& l) -> const Vector& { return l.post_attention_layernorm; });
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.gate_proj; });  // run.c's w1, w2, w3:
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.down_proj; });  // gate, down, up
+  each_layer([](const LayerWeights& l) -> const Matrix& { return l.up_proj; });
+  put(m.norm.data(), static_cast<size_t>(m.norm.size()));
+  const std::vector<float> rope(static_cast<size_t>(c.max_position_embeddings) * c.head_dim, 0.0f);  // skipped by run.c
+  put(rope.data(), rope.size());
+  put(m.lm_head.data(), m.lm_head.size());
+  std::ofstream tok(path + ".tokenizer", std::ios::binary);
+  const int max_len = 1;
+  tok.write(reinterpret_cast<const char*>(&max_len), 4);
+  for (int i = 0; i < c.vocab_size; ++i) {
+    const char piece = 3 <= i && i < 259 ? static_cast<char>(i - 3) : '?';
+    const float score = 0;
+    const int len = 1;
+    tok.write(reinterpret_cast<const char*>(&score), 4).write(reinterpret_cast<const char*>(&len), 4).put(piece);
+  }
+  require(out.good() && tok.good(), "--llama2c: could not write ", path);
+}
+
+/// Greedy generation through the engine's forward as run.c runs it: token 1, then each step's
+/// argmax, one token a step, for `positions` positions; tokens/s from the second step on.
+double generation_rate(const ModelWeights& model, int positions) {
+  CpuRunner runner(model);
+  KVCache cache(model.config, positions);
+  int token = 1;
+  Stopwatch clock;
+  for (int p = 0; p < positions; ++p) {
+    if (p == 1) clock.reset();
+    StepInput step{{{std::span(&token, 1), &cache}}};
+    const Matrix logits = runner.forward(step);
+    Eigen::Index best;
+    logits.row(0).maxCoeff(&best);
+    token = static_cast<int>(best);
+  }
+  return (positions - 1) / clock.seconds();
+}
+
+/// run.c's own figure ("achieved tok/s: X") for a greedy generation of `positions` positions.
+double llama2c_rate(const std::string& run, const std::string& bin, int positions, int threads) {
+  if (threads > 0)
+    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  else
+    unsetenv("OMP_NUM_THREADS");
+  const std::string command = "'" + run + "' '" + bin + "' -z '" + bin + ".tokenizer' -t 0 -n " +
+                              std::to_string(positions) + " -i a 2>&1 >/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  require(pipe != nullptr, "--llama2c: could not run ", run);
+  std::string text;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
+  const int status = pclose(pipe);
+  const size_t at = text.find("achieved tok/s: ");
+  require(status == 0 && at != std::string::npos, "--llama2c: ", run, " printed no 'achieved tok/s' (exit status ",
+          status, "): ", text.substr(0, 300));
+  return std::stod(text.substr(at + 16));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "engine_bench", {"--out", "--model", "--steps"}, {"--quick"});
+    const Options opts(argc, argv, "engine_bench", {"--out", "--model", "--steps", "--llama2c"}, {"--quick"});
+    const int cores = omp_get_max_threads();
     const std::string out_dir = opts.text("--out", ".");
     const bool quick = opts.has("--quick");
     const int steps = static_cast<int>(opts.number("--steps", quick ? 4 : 16, 1));
@@ -124,37 +206,87 @@ int main(int argc, char** argv) {
 
     const int context = 16;
     std::vector<Point> points;
-    std::printf("%-16s %6s %12s %12s %10s %12s %9s\n", "model", "batch", "tokens/s", "MB/step", "GB/s roof", "attainable",
-                "of roof");
+    std::printf("%-16s %6s %8s %12s %12s %10s %12s %9s\n", "model", "batch", "threads", "tokens/s", "MB/step",
+                "GB/s roof", "attainable", "of roof");
     for (const auto& [name, model] : models) {
       const ModelConfig& c = model.config;
       const double w = weight_bytes(model);
       const double params = w / 4;
       const double model_bandwidth = measure_read_bandwidth(static_cast<size_t>(std::max(w, 1e6)));
-      for (const int batch : quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32}) {
+      struct Run {
+        int batch, threads;
+      };
+      std::vector<Run> runs = {{1, 1}};
+      if (cores > 1) runs.push_back({1, cores});
+      for (const int batch : quick ? std::vector<int>{8} : std::vector<int>{8, 32}) runs.push_back({batch, cores});
+      for (const Run& run : runs) {
+        const int batch = run.batch;
         Point p;
-        p.model = name, p.batch = batch;
+        p.model = name, p.batch = batch, p.threads = run.threads;
         const double kv = 2.0 * 4 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (context + steps / 2.0);
         p.bytes_per_step = w + batch * kv;
         p.flops_per_step = batch * (2.0 * params + 4.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim *
                                                         (context + steps / 2.0));
         p.bandwidth = model_bandwidth;
         p.attainable = batch * std::min(model_bandwidth / p.bytes_per_step, peak / p.flops_per_step);
+        omp_set_num_threads(run.threads);
         p.tokens_per_s = decode_rate(model, batch, context, steps);
+        omp_set_num_threads(cores);
         points.push_back(p);
-        std::printf("%-16s %6d %12.0f %12.2f %10.1f %12.0f %8.0f%%\n", name.c_str(), batch, p.tokens_per_s,
-                    p.bytes_per_step / 1e6, model_bandwidth / 1e9, p.attainable, 100 * p.tokens_per_s / p.attainable);
+        std::printf("%-16s %6d %8d %12.0f %12.2f %10.1f %12.0f %8.0f%%\n", name.c_str(), batch, run.threads,
+                    p.tokens_per_s, p.bytes_per_step / 1e6, model_bandwidth / 1e9, p.attainable,
+                    100 * p.tokens_per_s / p.attainable);
+      }
+      if (cores > 1) {
+        const Point& one = points[points.size() - runs.size()];
+        const Point& all = points[points.size() - runs.size() + 1];
+        std::printf("%-16s batch 1: %s is faster here (%.2fx); the engine runs on all cores unless OMP_NUM_THREADS "
+                    "says otherwise\n",
+                    "", all.tokens_per_s >= one.tokens_per_s ? "all cores" : "one thread",
+                    std::max(all.tokens_per_s, one.tokens_per_s) / std::min(all.tokens_per_s, one.tokens_per_s));
       }
     }
     std::ofstream csv(out_dir + "/engine.csv");
-    csv << "model,batch,tokens_per_s,bytes_per_step,flops_per_step,bandwidth,attainable_tokens_per_s\n";
+    csv << "model,batch,threads,tokens_per_s,bytes_per_step,flops_per_step,bandwidth,attainable_tokens_per_s\n";
     for (const Point& p : points)
-      csv << p.model << "," << p.batch << "," << p.tokens_per_s << "," << p.bytes_per_step << "," << p.flops_per_step
+      csv << p.model << "," << p.batch << "," << p.threads << "," << p.tokens_per_s << "," << p.bytes_per_step << "," << p.flops_per_step
           << "," << p.bandwidth << "," << p.attainable << "\n";
     std::printf("\n\"of roof\": measured tokens/s over min(bandwidth / bytes, FLOP rate / FLOPs) per step, times the\n"
                 "batch; \"GB/s roof\": the read bandwidth over a buffer the size of the model's weights (a model\n"
                 "that fits in a cache is read at that cache's speed). wrote %s/engine.csv and engine_roofs.csv\n",
                 out_dir.c_str());
+
+    if (opts.has("--llama2c")) {
+      const std::string run = opts.text("--llama2c", "");
+      require(std::filesystem::is_regular_file(run), "--llama2c: no program at ", run, " (llama2.c's run.c, built)");
+      std::ofstream l2c(out_dir + "/llama2c.csv");
+      l2c << "model,side,threads,tokens_per_s\n";
+      std::printf("\nagainst llama2.c's run.c (%s): greedy, %s positions from the first, 3 rounds, the best of each\n",
+                  run.c_str(), "256");
+      std::printf("%-16s %16s %16s %8s\n", "model", "engine tok/s", "run.c tok/s", "ratio");
+      for (const auto& [name, model] : models) {
+        const int positions = std::min(256, model.config.max_position_embeddings);
+        const std::string bin = out_dir + "/" + (name == "tiny-fortunes" ? "tiny-fortunes" : "model") + ".bin";
+        write_llama2c(model, bin);
+        double engine = 0, theirs = 0;
+        int engine_threads = 0, their_threads = 0;
+        for (int round = 0; round < 3; ++round)
+          for (int threads : {cores, 1}) {
+            omp_set_num_threads(threads);
+            const double e = generation_rate(model, positions);
+            omp_set_num_threads(cores);
+            const double r = llama2c_rate(run, bin, positions, threads == cores ? 0 : 1);
+            l2c << name << ",engine," << threads << "," << e << "\n" << name << ",run.c," << threads << "," << r << "\n";
+            if (e > engine) engine = e, engine_threads = threads;
+            if (r > theirs) theirs = r, their_threads = threads;
+          }
+        std::printf("%-16s %10.0f (%2d t) %10.0f (%2d t) %7.2fx\n", name.c_str(), engine, engine_threads, theirs,
+                    their_threads, engine / theirs);
+        std::filesystem::remove(bin);
+        std::filesystem::remove(bin + ".tokenizer");
+      }
+      std::printf("(every run in %s/llama2c.csv)\n", out_dir.c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -39,7 +39,9 @@ for r in rows:
     m = markers.setdefault(r["model"], "os^vD"[len(markers) % 5])
     ax.scatter([intensity], [achieved], marker=m, s=60, zorder=3)
     frac = float(r["tokens_per_s"]) / float(r["attainable_tokens_per_s"])
-    ax.annotate(f"{r['model']}, batch {r['batch']}: {100 * frac:.0f}%", (intensity, achieved),
+    threads = r.get("threads", "")
+    on = f", {threads} thread{'s' if threads != '1' else ''}" if threads else ""
+    ax.annotate(f"{r['model']}, batch {r['batch']}{on}: {100 * frac:.0f}%", (intensity, achieved),
                 textcoords="offset points", xytext=(6, -4), fontsize=8)
 ax.set_xscale("log")
 ax.set_yscale("log")

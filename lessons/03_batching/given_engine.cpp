@@ -1,10 +1,17 @@
 // Lesson 03: the engine every lesson extends (given): the slot memory, the forward over a step,
 // the planner of whole prompts and the engine's loop, compiled with your exercises/ and with the
 // reference. The contract is lessons/03_batching/engine.hpp.
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "common/linear.hpp"
 #include "lessons/03_batching/engine.hpp"
@@ -115,6 +122,43 @@ Matrix masked_attention(ConstMatrixRef q, ConstMatrixRef keys, ConstMatrixRef va
 
 }  // namespace
 
+namespace {
+
+/// Runs `work` unless an earlier phase failed; keeps the first exception. Every thread of the
+/// step's region passes every barrier whatever happens (a thread that left early would leave the
+/// others waiting at the next one), so a failure only turns the remaining phases into no-ops.
+class Phases {
+ public:
+  template <typename Work>
+  void run(Work&& work) {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      work();
+    } catch (...) {
+      const std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_ = true;
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
+
+/// This thread's rows of W, given its share of rows [offset, offset + W.rows()) of a stack of
+/// products over the same x (q, k and v: one stack), into y.
+void stacked_rows(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, Share mine, long offset) {
+  const long first = std::max(mine.begin, offset), end = std::min(mine.end, offset + static_cast<long>(w.rows()));
+  if (end > first) linear_rows_into(x, w, y, first - offset, end - first, false);
+}
+
+}  // namespace
+
 Matrix forward_step(const ModelWeights& model, const StepInput& step) {
   const ModelConfig& c = model.config;
   const int wanted = check_step(c, step, "forward_step");
@@ -131,48 +175,122 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
       for (Eigen::Index t = 0; t < chunks[i].mask->rows(); ++t)
         depth[i].push_back(static_cast<int>(chunks[i].mask->row(t).count()) - 1);
   }
+  const long q_dim = static_cast<long>(c.num_attention_heads) * c.head_dim;
+  const long kv_dim = static_cast<long>(c.num_key_value_heads) * c.head_dim;
+  const long hidden = c.hidden_size, inter = c.intermediate_size;
 
-  Matrix x(rows, c.hidden_size);  // every chunk's rows, stacked
+  Matrix x(rows, hidden);  // every chunk's rows, stacked: the residual stream
   for (size_t i = 0; i < chunks.size(); ++i)
     for (size_t t = 0; t < chunks[i].tokens.size(); ++t)
       x.row(first[i] + static_cast<Eigen::Index>(t)) = model.embed_tokens.row(chunks[i].tokens[t]);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& layer = model.layers[l];
-    const Matrix h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-    Matrix q = linear(h, layer.q_proj);  // the whole step in one product
-    Matrix k = linear(h, layer.k_proj);
-    const Matrix v = linear(h, layer.v_proj);
-    Matrix attn(rows, q.cols());
-    for (size_t i = 0; i < chunks.size(); ++i) {  // attention is per sequence: each has its own past
-      const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
-      KVStore& cache = *chunks[i].cache;
-      if (!chunks[i].mask) {
-        auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
-        apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
-        apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
-        cache.append(l, k.middleRows(r, n), v.middleRows(r, n));
-        attn.middleRows(r, n) = cache.attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        continue;
+  Matrix q(rows, q_dim), k(rows, kv_dim), v(rows, kv_dim), attn(rows, q_dim), gate(rows, inter), up(rows, inter);
+  Matrix logits(wanted, c.vocab_size);
+  Phases phases;
+  // A step of one chunk shares out its query heads instead, a group per thread over the K/V head
+  // they read, when its store attends as KVStore::attend() does, over keys() and values() (a paged
+  // store reads through its block table, and a masked chunk has its own attention: one thread).
+  const bool heads_apart = chunks.size() == 1 && !chunks[0].mask && chunks[0].cache->paged() == nullptr;
+  std::optional<std::pair<ConstMatrixRef, ConstMatrixRef>> split_heads;  // that chunk's K and V, for every thread
+
+  // One parallel region for the whole step. Every product is split over the threads by rows of W
+  // (each thread streams its own share of every matrix), and the threads meet only where the data
+  // says they must: after q/k/v, after attention, after each write to x. Opening a region per
+  // product instead costs a fork and a join each (3 us apiece on a 2-core virtual machine), 30 a
+  // token: more than the products themselves on a small model.
+#pragma omp parallel
+  {
+    const int me = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share my_hidden = share_of(hidden, me, threads), my_inter = share_of(inter, me, threads);
+    const Share my_qkv = share_of(q_dim + 2 * kv_dim, me, threads);
+    Matrix h;  // this thread's own copy of the normalized x: computing it costs less than a meeting
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const LayerWeights& layer = model.layers[l];
+      phases.run([&] {  // q, k and v as one stack of rows
+        h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
+        stacked_rows(h, layer.q_proj, q, my_qkv, 0);
+        stacked_rows(h, layer.k_proj, k, my_qkv, q_dim);
+        stacked_rows(h, layer.v_proj, v, my_qkv, q_dim + kv_dim);
+      });
+#pragma omp barrier
+      // RoPE and the appends on one thread, chunk after chunk (the caches may share one block
+      // pool); then attention, a chunk a thread: each reads only its own cache.
+      auto attend = [&](size_t i) {
+        const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+        const KVStore& cache = *chunks[i].cache;
+        attn.middleRows(r, n) =
+            chunks[i].mask ? masked_attention(q.middleRows(r, n), cache.keys(l), cache.values(l), pos[i], *chunks[i].mask, c)
+                           : cache.attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+      };
+      phases.run([&] {
+        if (me != 0) return;
+        split_heads.reset();
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+          if (!chunks[i].mask) {
+            auto qi = q.middleRows(r, n), ki = k.middleRows(r, n);
+            apply_rope(qi, c.head_dim, pos[i], c.rope_theta);
+            apply_rope(ki, c.head_dim, pos[i], c.rope_theta);
+          } else {
+            for (Eigen::Index t = 0; t < n; ++t) {  // each token at its own depth
+              auto qt = q.middleRows(r + t, 1), kt = k.middleRows(r + t, 1);
+              apply_rope(qt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
+              apply_rope(kt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
+            }
+          }
+          chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
+        }
+        if (chunks.size() > 1 || threads == 1) return;
+        if (heads_apart)
+          split_heads.emplace(chunks[0].cache->keys(l), chunks[0].cache->values(l));
+        else
+          attend(0);
+      });
+      if (chunks.size() > 1 || (heads_apart && threads > 1)) {
+#pragma omp barrier
+        phases.run([&] {
+          if (!split_heads) {
+            for (size_t i = me; i < chunks.size(); i += threads) attend(i);
+            return;
+          }
+          const int d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+          const Share mine = share_of(c.num_key_value_heads, me, threads, 1);
+          for (long g = mine.begin; g < mine.end; ++g)  // KVStore::attend()'s causal_attention, a K/V head at a time
+            attn.middleCols(g * group * d, group * d) =
+                causal_attention(q.middleCols(g * group * d, group * d), split_heads->first.middleCols(g * d, d),
+                                 split_heads->second.middleCols(g * d, d), group, 1, d);
+        });
+      } else if (threads == 1) {
+        phases.run([&] { attend(0); });
       }
-      for (Eigen::Index t = 0; t < n; ++t) {  // each token at its own depth
-        auto qt = q.middleRows(r + t, 1), kt = k.middleRows(r + t, 1);
-        apply_rope(qt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
-        apply_rope(kt, c.head_dim, pos[i] + depth[i][t], c.rope_theta);
-      }
-      cache.append(l, k.middleRows(r, n), v.middleRows(r, n));
-      attn.middleRows(r, n) = masked_attention(q.middleRows(r, n), cache.keys(l), cache.values(l), pos[i], *chunks[i].mask, c);
+#pragma omp barrier
+      phases.run([&] { linear_rows_into(attn, layer.o_proj, x, my_hidden.begin, my_hidden.size(), true); });
+#pragma omp barrier
+      phases.run([&] {  // the MLP's gate and up, each thread for its own units, then silu(gate) * up
+        h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps);
+        linear_rows_into(h, layer.gate_proj, gate, my_inter.begin, my_inter.size(), false);
+        linear_rows_into(h, layer.up_proj, up, my_inter.begin, my_inter.size(), false);
+        auto g = gate.middleCols(my_inter.begin, my_inter.size()).array();
+        g = g / (1.0f + (-g).exp()) * up.middleCols(my_inter.begin, my_inter.size()).array();
+      });
+#pragma omp barrier
+      phases.run([&] { linear_rows_into(gate, layer.down_proj, x, my_hidden.begin, my_hidden.size(), true); });
+#pragma omp barrier
     }
-    x += linear(attn, layer.o_proj);
-    x += swiglu_mlp(rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps), layer);
+    phases.run([&] {  // only the wanted rows go through the head; each thread its share of the vocabulary
+      Matrix last(wanted, hidden);
+      Eigen::Index row = 0;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const Eigen::Index end = first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size());
+        last.middleRows(row, chunks[i].logits) = x.middleRows(end - chunks[i].logits, chunks[i].logits);
+        row += chunks[i].logits;
+      }
+      const Share my_vocab = share_of(c.vocab_size, me, threads);
+      h = rms_norm(last, model.norm, c.rms_norm_eps);
+      linear_rows_into(h, model.lm_head, logits, my_vocab.begin, my_vocab.size(), false);
+    });
   }
-  Matrix last(wanted, c.hidden_size);  // only the wanted rows go through the head
-  Eigen::Index row = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Eigen::Index end = first[i] + static_cast<Eigen::Index>(chunks[i].tokens.size());
-    last.middleRows(row, chunks[i].logits) = x.middleRows(end - chunks[i].logits, chunks[i].logits);
-    row += chunks[i].logits;
-  }
-  return linear(rms_norm(last, model.norm, c.rms_norm_eps), model.lm_head);
+  phases.rethrow();
+  return logits;
 }
 
 

@@ -29,6 +29,7 @@
 #include "lessons/10_serving/serving.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
+#include "tests/02_kv_cache/observed_store.hpp"
 
 namespace infer {
 namespace {
@@ -329,6 +330,51 @@ TEST(Linear, EqualsThePlainProductOnOddShapes) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { linear(x, w); }, "columns"));
   Matrix w5(3, 5), y_bad(3, 3);
   EXPECT_TRUE(testing::throws_error_mentioning([&] { linear_into(x, w5, y_bad); }, "expected 2 x 3"));
+}
+
+TEST(Linear, RowsOfWOnOneThreadEqualTheWholeProduct) {
+  // linear_rows_into() over each thread's share_of() the rows of W, put together, against
+  // linear() (bit for bit up to kLinearTileRows rows of x: the same tiles, the same sums) and
+  // against x * W^T above it (Eigen's product over a slice: 1e-5 sqrt(cols) + 1e-5 |y|); with
+  // accumulate, added to what y held. Shares cover [0, n) in order, cut at multiples of the grain.
+  for (int parts : {1, 2, 3, 7})
+    for (long n : {0L, 1L, 5L, 17L, 130L}) {
+      long next = 0;
+      for (int p = 0; p < parts; ++p) {
+        const Share s = share_of(n, p, parts);
+        EXPECT_EQ(s.begin, next) << "part " << p << " of " << parts << " of " << n;
+        EXPECT_TRUE(s.begin % 4 == 0 || s.begin == n);
+        next = s.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+  for (int n : {1, 3, 4, 9, kLinearTileRows + 3})
+    for (int out : {5, 130})
+      for (int in : {7, 33}) {
+        Rng rng(static_cast<uint64_t>(n * 7919 + out * 31 + in));
+        Matrix x(n, in), w(out, in), y0(n, out);
+        for (float& v : x.reshaped()) v = static_cast<float>(rng.normal());
+        for (float& v : w.reshaped()) v = static_cast<float>(rng.normal());
+        for (float& v : y0.reshaped()) v = static_cast<float>(rng.normal());
+        Matrix y = y0, z(n, out);
+        for (int p = 0; p < 3; ++p) {
+          const Share s = share_of(out, p, 3);
+          linear_rows_into(x, w, y, s.begin, s.size(), true);
+          linear_rows_into(x, w, z, s.begin, s.size(), false);
+        }
+        const Matrix want = x * w.transpose();
+        const double atol = 1e-5 * std::sqrt(static_cast<double>(in));
+        if (n <= kLinearTileRows) {
+          EXPECT_EQ(z, linear(x, w)) << n << " rows";
+        }
+        for (long i = 0; i < want.size(); ++i) {
+          ASSERT_LE(std::abs(want.data()[i] - z.data()[i]), atol + 1e-5 * std::abs(want.data()[i])) << n << " rows";
+          const float sum = want.data()[i] + y0.data()[i];
+          ASSERT_LE(std::abs(sum - y.data()[i]), atol + 1e-5 * std::abs(sum)) << n << " rows, accumulated";
+        }
+      }
+  Matrix x(2, 5), w(3, 5), y(2, 3);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { linear_rows_into(x, w, y, 2, 2, false); }, "rows [2, 4)"));
 }
 
 TEST(Weights, SavedRandomModelsLoadBackExactly) {
@@ -681,10 +727,17 @@ TEST(ForwardStep, EqualsEachSequenceAlone) {
       forward_cached(m, p, *alone.back());
     }
   }
+  // The first step on 1 thread, the second on 3: the step's one parallel region splits every
+  // product by rows of W and attention by chunks, over however many threads it gets.
+  const int threads_before = omp_get_max_threads();
+  int threads = 1;
   for (const auto& step : steps) {
     StepInput input;
     for (size_t i = 0; i < step.size(); ++i) input.chunks.push_back({step[i], chunked[i].get()});
+    omp_set_num_threads(threads);
     const Matrix logits = forward_step(m, input);
+    omp_set_num_threads(threads_before);
+    threads = 3;
     ASSERT_EQ(logits.rows(), static_cast<Eigen::Index>(step.size()));
     for (size_t i = 0; i < step.size(); ++i) {
       const Matrix want = forward_cached(m, step[i], *alone[i]);
@@ -701,6 +754,45 @@ TEST(ForwardStep, EqualsEachSequenceAlone) {
   bad.chunks = {{too_long, chunked[1].get()}};
   EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, bad); }, "exceed"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, StepInput{}); }, "no chunks"));
+}
+
+TEST(ForwardStep, OnAnyThreadCountPagedAndInt8StoresAndAFailureInsideTheStep) {
+  // One decode step of three sequences, on a paged cache, an INT8 cache and a float cache, on 1, 2
+  // and 3 threads: the same logits bit for bit (each entry of every product is one thread's whole
+  // sum, whichever thread), and each equals forward_cached() of its sequence alone (1e-4 + 1e-4 |ref|).
+  // A store that throws at its second append (layer 1) ends the step with that error, on every
+  // thread count, instead of hanging the other threads at the next meeting.
+  const ModelWeights& m = testing::small_model();
+  const int threads_before = omp_get_max_threads();
+  const std::vector<int> past = {1, 5, 9, 12}, next = {7};
+  std::vector<Matrix> results;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    PagedKVPool pool(m.config, 8, 4);
+    PagedKVCache paged(pool, 16);
+    Int8KVCache int8(m.config, 16);
+    KVCache plain(m.config, 16);
+    for (KVStore* s : std::vector<KVStore*>{&paged, &int8, &plain}) forward_step(m, {{{past, s}}});
+    results.push_back(forward_step(m, {{{next, &paged}, {next, &int8}, {next, &plain}}}));
+    int appends = 0;
+    testing::ObservedStore failing(m.config, 16, [&](int, int, int) {
+      require(++appends != 2, "append ", appends, " fails, as the test asked");
+    });
+    EXPECT_TRUE(testing::throws_error_mentioning([&] { forward_step(m, {{{next, &plain}, {next, &failing}}}); },
+                                                 "append 2 fails"))
+        << threads << " threads";
+  }
+  omp_set_num_threads(threads_before);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  std::vector<int> all = past;
+  all.push_back(next[0]);
+  KVCache alone(m.config, 16);
+  Int8KVCache alone_int8(m.config, 16);
+  const Matrix want = forward_cached(m, all, alone), want_int8 = forward_cached(m, all, alone_int8);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(testing::all_close((i == 1 ? want_int8 : want).bottomRows(1), results[0].row(i), 1e-4, 1e-4,
+                                   cat("sequence ", i)));
 }
 
 TEST(ForwardStep, ATreeChunkBesideOthersGivesEachPathsLogits) {
