@@ -43,14 +43,17 @@ Matrix linear(ConstMatrixRef x, ConstMatrixRef w);
 /// mismatched shapes or rows outside W.
 void linear_rows_into(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, long first, long count, bool accumulate);
 
-/// Part `part` of `parts` of the range [0, n), cut at multiples of `grain` (the tiles of
-/// linear_rows_into()): [begin, end), the parts in order, covering the range, as even as `grain` allows.
+/// A contiguous part [begin, end) of a range of indices (rows of W, say).
 struct Share {
   long begin = 0;  ///< first index of the part
   long end = 0;    ///< one past its last
   /// Indices in the part.
   long size() const { return end - begin; }
 };
+
+/// Part `part` of `parts` of the range [0, n), cut at multiples of `grain` (the tiles of
+/// linear_rows_into()): the parts in order cover the range, as even as `grain` allows (a part may
+/// be empty). Throws infer::Error for a part outside [0, parts).
 Share share_of(long n, int part, int parts, long grain = 4);
 
 }  // namespace infer
