@@ -21,8 +21,8 @@
 //    one always; a 300 MB one on a processor with a 300 MB L3) is read at that cache's speed, and
 //    the 1 GiB figure would make it look faster than its roof.
 //
-// 4. With --llama2c RUN (llama2.c's run.c, built), the same weights written in its format
-//    (DIR/MODEL.bin, as tools/export_llama2c.py writes them) and a greedy generation of 256
+// 4. With --llama2c RUN (llama2.c's run.c, built), the same weights written in its format by
+//    tools/export_llama2c.py (DIR/llama2c.bin, removed after) and a greedy generation of 256
 //    positions, token by token from the first, by each side in turn, three times: the engine on
 //    all cores and on one, run.c with OMP_NUM_THREADS=1 and unset (all cores). The best of each
 //    side, and their ratio.
@@ -93,46 +93,21 @@ double decode_rate(const ModelWeights& model, int batch, int context, int steps)
   return batch * steps / best;
 }
 
-/// Writes `model` in llama2.c's checkpoint format (tools/export_llama2c.py's layout: a header of 7
-/// int32, the weights in run.c's order, lm_head stored apart) and a tokenizer of one byte an id.
-void write_llama2c(const ModelWeights& m, const std::string& path) {
-  const ModelConfig& c = m.config;
-  require(c.head_dim * c.num_attention_heads == c.hidden_size, "--llama2c: run.c needs hidden_size = heads x head_dim");
-  std::ofstream out(path, std::ios::binary);
-  const int header[7] = {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-                         c.num_key_value_heads, -c.vocab_size, c.max_position_embeddings};
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
-  auto put = [&](const float* p, size_t n) { out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(4 * n)); };
-  put(m.embed_tokens.data(), m.embed_tokens.size());
-  auto each_layer = [&](auto get) {
-    for (const LayerWeights& l : m.layers) {
-      const auto& t = get(l);
-      put(t.data(), static_cast<size_t>(t.size()));
-    }
-  };
-  each_layer([](const LayerWeights& l) -> const Vector& { return l.input_layernorm; });
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.q_proj; });
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.k_proj; });
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.v_proj; });
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.o_proj; });
-  each_layer([](const LayerWeights& l) -> const Vector& { return l.post_attention_layernorm; });
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.gate_proj; });  // run.c's w1, w2, w3:
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.down_proj; });  // gate, down, up
-  each_layer([](const LayerWeights& l) -> const Matrix& { return l.up_proj; });
-  put(m.norm.data(), static_cast<size_t>(m.norm.size()));
-  const std::vector<float> rope(static_cast<size_t>(c.max_position_embeddings) * c.head_dim, 0.0f);  // skipped by run.c
-  put(rope.data(), rope.size());
-  put(m.lm_head.data(), m.lm_head.size());
-  std::ofstream tok(path + ".tokenizer", std::ios::binary);
-  const int max_len = 1;
-  tok.write(reinterpret_cast<const char*>(&max_len), 4);
-  for (int i = 0; i < c.vocab_size; ++i) {
-    const char piece = 3 <= i && i < 259 ? static_cast<char>(i - 3) : '?';
-    const float score = 0;
-    const int len = 1;
-    tok.write(reinterpret_cast<const char*>(&score), 4).write(reinterpret_cast<const char*>(&len), 4).put(piece);
-  }
-  require(out.good() && tok.good(), "--llama2c: could not write ", path);
+/// Runs `command` through the shell; its output, and whether it exited 0.
+std::pair<std::string, bool> shell(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  require(pipe != nullptr, "could not run: ", command);
+  std::string text;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
+  return {text, pclose(pipe) == 0};
+}
+
+/// Writes the model directory `dir` as a llama2.c checkpoint `bin` (and `bin`.tokenizer) with
+/// tools/export_llama2c.py.
+void write_llama2c(const std::string& dir, const std::string& bin) {
+  const auto [text, ok] = shell("python3 '" COURSE_SOURCE_DIR "/tools/export_llama2c.py' '" + dir + "' '" + bin + "'");
+  require(ok, "--llama2c: tools/export_llama2c.py failed: ", text.substr(0, 300));
 }
 
 /// Greedy generation through the engine's forward as run.c runs it: token 1, then each step's
@@ -159,17 +134,10 @@ double llama2c_rate(const std::string& run, const std::string& bin, int position
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
   else
     unsetenv("OMP_NUM_THREADS");
-  const std::string command = "'" + run + "' '" + bin + "' -z '" + bin + ".tokenizer' -t 0 -n " +
-                              std::to_string(positions) + " -i a 2>&1 >/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  require(pipe != nullptr, "--llama2c: could not run ", run);
-  std::string text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
-  const int status = pclose(pipe);
+  const auto [text, ok] = shell("'" + run + "' '" + bin + "' -z '" + bin + ".tokenizer' -t 0 -n " +
+                                std::to_string(positions) + " -i a");
   const size_t at = text.find("achieved tok/s: ");
-  require(status == 0 && at != std::string::npos, "--llama2c: ", run, " printed no 'achieved tok/s' (exit status ",
-          status, "): ", text.substr(0, 300));
+  require(ok && at != std::string::npos, "--llama2c: ", run, " printed no 'achieved tok/s': ", text.substr(0, 300));
   return std::stod(text.substr(at + 16));
 }
 
@@ -266,8 +234,13 @@ int main(int argc, char** argv) {
       std::printf("%-16s %16s %16s %8s\n", "model", "engine tok/s", "run.c tok/s", "ratio");
       for (const auto& [name, model] : models) {
         const int positions = std::min(256, model.config.max_position_embeddings);
-        const std::string bin = out_dir + "/" + (name == "tiny-fortunes" ? "tiny-fortunes" : "model") + ".bin";
-        write_llama2c(model, bin);
+        // run.c reads a file: the model's own directory, or the random one saved first.
+        std::string dir = name == "tiny-fortunes" ? bundled_model_dir(name) : opts.text("--model", "");
+        const bool saved = dir.empty();
+        if (saved) save_model(model, dir = out_dir + "/llama2c-model");
+        const std::string bin = out_dir + "/llama2c.bin";
+        write_llama2c(dir, bin);
+        if (saved) std::filesystem::remove_all(dir);
         double engine = 0, theirs = 0;
         int engine_threads = 0, their_threads = 0;
         for (int round = 0; round < 3; ++round)

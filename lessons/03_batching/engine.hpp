@@ -216,7 +216,7 @@ int check_step(const ModelConfig& config, const StepInput& step, const char* who
 /// It runs as one OpenMP parallel region on every core (OMP_NUM_THREADS to choose fewer): each
 /// product split by rows of W (linear_rows_into(), each thread streaming its own share), attention
 /// a chunk per thread (a step of one chunk: a group of query heads per thread), the threads meeting
-/// only where the data needs it (five times a layer). Up to kLinearTileRows rows a step the logits
+/// only where the data needs it (six times a layer). Up to kLinearTileRows rows a step the logits
 /// are the same bits on any thread count; above, each thread's slice goes through Eigen's product,
 /// equal within float rounding.
 ///

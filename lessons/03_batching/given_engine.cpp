@@ -194,7 +194,8 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
 
   // One parallel region for the whole step. Every product is split over the threads by rows of W
   // (each thread streams its own share of every matrix), and the threads meet only where the data
-  // says they must: after q/k/v, after attention, after each write to x. Opening a region per
+  // says they must, six times a layer: after q/k/v, the appends, attention, the write to x, gate
+  // and up, the write to x. Opening a region per
   // product instead costs a fork and a join each (3 us apiece on a 2-core virtual machine), 30 a
   // token: more than the products themselves on a small model.
 #pragma omp parallel
@@ -213,17 +214,10 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
       });
 #pragma omp barrier
       // RoPE and the appends on one thread, chunk after chunk (the caches may share one block
-      // pool); then attention, a chunk a thread: each reads only its own cache.
-      auto attend = [&](size_t i) {
-        const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
-        const KVStore& cache = *chunks[i].cache;
-        attn.middleRows(r, n) =
-            chunks[i].mask ? masked_attention(q.middleRows(r, n), cache.keys(l), cache.values(l), pos[i], *chunks[i].mask, c)
-                           : cache.attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-      };
+      // pool); then attention, a chunk a thread (each reads only its own cache), or for one chunk
+      // a group of query heads a thread.
       phases.run([&] {
         if (me != 0) return;
-        split_heads.reset();
         for (size_t i = 0; i < chunks.size(); ++i) {
           const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
           if (!chunks[i].mask) {
@@ -239,29 +233,28 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
           }
           chunks[i].cache->append(l, k.middleRows(r, n), v.middleRows(r, n));
         }
-        if (chunks.size() > 1 || threads == 1) return;
-        if (heads_apart)
-          split_heads.emplace(chunks[0].cache->keys(l), chunks[0].cache->values(l));
-        else
-          attend(0);
+        if (heads_apart) split_heads.emplace(chunks[0].cache->keys(l), chunks[0].cache->values(l));
       });
-      if (chunks.size() > 1 || (heads_apart && threads > 1)) {
 #pragma omp barrier
-        phases.run([&] {
-          if (!split_heads) {
-            for (size_t i = me; i < chunks.size(); i += threads) attend(i);
-            return;
+      phases.run([&] {
+        if (!heads_apart) {
+          for (size_t i = me; i < chunks.size(); i += threads) {
+            const Eigen::Index r = first[i], n = static_cast<Eigen::Index>(chunks[i].tokens.size());
+            const KVStore& cache = *chunks[i].cache;
+            attn.middleRows(r, n) =
+                chunks[i].mask
+                    ? masked_attention(q.middleRows(r, n), cache.keys(l), cache.values(l), pos[i], *chunks[i].mask, c)
+                    : cache.attend(l, q.middleRows(r, n), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
           }
-          const int d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
-          const Share mine = share_of(c.num_key_value_heads, me, threads, 1);
-          for (long g = mine.begin; g < mine.end; ++g)  // KVStore::attend()'s causal_attention, a K/V head at a time
-            attn.middleCols(g * group * d, group * d) =
-                causal_attention(q.middleCols(g * group * d, group * d), split_heads->first.middleCols(g * d, d),
-                                 split_heads->second.middleCols(g * d, d), group, 1, d);
-        });
-      } else if (threads == 1) {
-        phases.run([&] { attend(0); });
-      }
+          return;
+        }
+        const int d = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+        const Share mine = share_of(c.num_key_value_heads, me, threads, 1);
+        for (long g = mine.begin; g < mine.end; ++g)  // KVStore::attend()'s causal_attention, a K/V head at a time
+          attn.middleCols(g * group * d, group * d) =
+              causal_attention(q.middleCols(g * group * d, group * d), split_heads->first.middleCols(g * d, d),
+                               split_heads->second.middleCols(g * d, d), group, 1, d);
+      });
 #pragma omp barrier
       phases.run([&] { linear_rows_into(attn, layer.o_proj, x, my_hidden.begin, my_hidden.size(), true); });
 #pragma omp barrier
