@@ -164,6 +164,18 @@ def print_table(report, colour):
     print(f"{'total':<28} {t['earned']:>4}/{t['total']:<4}")
     if t.get("ungraded"):
         print(f"(and {t['ungraded']} points of CUDA cases, graded only on a machine with a CUDA device)")
+    print(f"graded: {describe_code(t.get('student_code'))}, against the course at {describe_code(t.get('course_code'))}")
+
+
+def describe_code(code):
+    """'commit 1a2b3c4d5e6f (modified since)', or the sources' digest where there is no commit."""
+    if not code:
+        return "unknown code"
+    if code.get("commit"):
+        return f"commit {code['commit'][:12]}" + (" (with changes not committed)" if code.get("modified") else "")
+    if code.get("sources_sha256"):
+        return f"sources sha256 {code['sources_sha256'][:16]} (not a git repository)"
+    return "a tree that is not a git repository"
 
 
 def write_json(path, report):

@@ -320,6 +320,27 @@ def sources_digest(paths):
     return h.hexdigest()
 
 
+def provenance(path):
+    """Which code `path` holds: the git commit it is at, if its files are tracked by a repository
+    (and whether they differ from that commit), else None."""
+    def git(*argv):
+        try:
+            r = subprocess.run(["git", "-C", path, *argv], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+    if not git("ls-files", "--", "."):  # not a repository, or a folder it does not track (a build tree)
+        return {"commit": None, "modified": None}
+    return {"commit": git("rev-parse", "HEAD"), "modified": bool(git("status", "--porcelain", "--", "."))}
+
+
+def student_code(student):
+    """The student's code: its commit where it has one, and a digest of its sources either way."""
+    sources = [os.path.join(d, f) for d, _, files in os.walk(student) for f in files
+               if f.endswith((".cpp", ".hpp", ".h", ".cu"))]
+    return {**provenance(student), "sources_sha256": sources_digest(sources)}
+
+
 def student_files(student, lesson):
     d = os.path.join(student, lesson)
     if not os.path.isdir(d):
@@ -661,7 +682,8 @@ def main():
                                                for k, v in results.items()})
     report.update({"complete": complete, "problems": problems, "sandbox": sandbox_kind,
                    "sandbox_note": sandbox_note, "suspicious": notes, "seconds": round(seconds, 1),
-                   "student": args.student})
+                   "student": args.student, "course_code": provenance(args.source),
+                   "student_code": student_code(args.student) if os.path.isdir(args.student) else None})
     grade_report.write_json(out_json, report)
     grade_report.write_csv(out_csv, report)
     write_junit(out_junit, cases, results)

@@ -10,6 +10,7 @@ A student folder holds only the lessons it changes; the others come from course/
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,31 @@ def main():
             if proc.returncode != 0 or graded != [("00", 5), ("01", 4)]:
                 failures.append(f"{' '.join(how)}: graded {graded} (exit {proc.returncode}), expected lessons 00 and 01 "
                                 f"with 5 and 4 points")
+
+        # The report names the code it graded: the course at its commit, the student's sources by
+        # their digest, and by their commit once the student's folder is a git repository.
+        def head(path):
+            r = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True)
+            return r.stdout.strip() or None
+        with open(report_path) as f:
+            report = json.load(f)
+        code = report.get("student_code") or {}
+        if report.get("course_code", {}).get("commit") != head(COURSE):
+            failures.append(f"the report's course_code {report.get('course_code')} is not the course's commit {head(COURSE)}")
+        if code.get("commit") is not None or not re.fullmatch(r"[0-9a-f]{64}", code.get("sources_sha256") or ""):
+            failures.append(f"a student folder outside git: student_code {code}, expected no commit and a sha256")
+        git = ["git", "-C", student, "-c", "user.name=s", "-c", "user.email=s@example.org"]
+        made = subprocess.run(git[:3] + ["init", "-q"], capture_output=True).returncode == 0 and \
+            subprocess.run(git + ["add", "-A"], capture_output=True).returncode == 0 and \
+            subprocess.run(git + ["commit", "-qm", "mine"], capture_output=True).returncode == 0
+        if made:
+            subprocess.run([sys.executable, GRADER, "--source", COURSE, "--build", build, "--student", student,
+                            "--json", report_path, "--timeout", str(TIMEOUT), "--sandbox", "require", "--quiet",
+                            "--lessons", "00"], capture_output=True, text=True)
+            with open(report_path) as f:
+                code = json.load(f).get("student_code") or {}
+            if code.get("commit") != head(student) or code.get("modified") is not False:
+                failures.append(f"a student repository at {head(student)}: the report says {code}")
 
     # Grading that cannot be done says so with exit status 2, and still writes its report.
     missing = os.path.join(work, "no-such-student")
