@@ -18,6 +18,7 @@ passes (a test that passes on an untouched starter tests nothing).
 --first-failure prints the first failing case's message and the README section to read.
 """
 import argparse
+import base64
 import csv
 import glob
 import json
@@ -194,6 +195,44 @@ def write_csv(path, report):
             for t in r["tests"]:
                 w.writerow([r["lesson"], t["name"], t["points"], t["earned"], t["status"],
                             (t.get("message") or "").splitlines()[0] if t.get("message") else ""])
+
+
+def classroom_results(report):
+    """{lessonNN: results} in the format GitHub Classroom's grading reporter reads from a runner
+    (its version 1: a status, max_score, and per test a name, status and score). A lesson's points
+    are its graded cases' points; CUDA cases on a machine without a device are left out, as in
+    the table (a lesson left with none gets one line saying so, worth 0)."""
+    out = {}
+    for r in report["lessons"]:
+        tests = []
+        for t in r["tests"]:
+            if t["status"] == "no gpu":
+                continue
+            tests.append({"name": t["name"], "status": "pass" if t["status"] == "passed" else "fail",
+                          "score": t["earned"], "message": (t.get("message") or "").splitlines()[0]
+                          if t.get("message") else ""})
+        if not tests:
+            tests.append({"name": f"{r['lesson']}: its cases need a CUDA device, none here", "status": "pass",
+                          "score": 0, "message": ""})
+        status = "pass" if r["earned"] == r["total"] else "fail"
+        if not report.get("complete", True):
+            status = "error"
+        out["lesson" + r["lesson"][:2]] = {"version": 1, "status": status, "max_score": r["total"],
+                                           "tests": tests}
+    return out
+
+
+def write_classroom_outputs(path, report, lessons):
+    """Appends `lessonNN=<base64 of its results>` for each lesson to path ($GITHUB_OUTPUT), the
+    lessons of `lessons` the report does not have (not graded this time) as errors worth 0."""
+    results = classroom_results(report)
+    with open(path, "a") as f:
+        for lesson in lessons:
+            key = "lesson" + lesson[:2]
+            r = results.get(key, {"version": 1, "status": "error", "max_score": 0,
+                                  "tests": [{"name": f"{lesson}: not graded", "status": "error", "score": 0,
+                                             "message": "this lesson was not graded in this run"}]})
+            f.write(f"{key}={base64.b64encode(json.dumps(r).encode()).decode()}\n")
 
 
 def print_first_failure(report, results, root=ROOT):

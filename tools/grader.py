@@ -7,6 +7,10 @@
                     [--sandbox require|auto|off] [--timeout S] [--jobs N]
                     [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure]
                     [--stop-at-first-loss] [--first SUITE.CASE ...]
+                    [--build-timeout S] [--build-memory-mb M] [--report-student DIR]
+                    [--classroom-outputs FILE]
+
+(A class at once: tools/roster.py, which runs this for every student of a roster.)
 
 What it promises, and how:
 
@@ -24,6 +28,8 @@ What it promises, and how:
   file size and (run as nobody when the grader is root) the number of processes; the grader caps
   the output and the wall-clock time.
 * One lesson's fault stays in that lesson: each lesson is built, listed and run on its own.
+  A build that runs past --build-timeout (default 20 min) is stopped, and each of its processes
+  is capped at --build-memory-mb of address space: that lesson scores zero, saying why.
 * The report (table, JSON, CSV, JUnit) is always written. The exit status is 0 when grading was
   completed, whatever the points, and 2 when it could not be (then the report says why).
 
@@ -278,21 +284,69 @@ def judge(name, run, timeout, max_output_mb):
 
 # ------------------------------------------------------------------- build --
 
-def run_cmd(argv, log, show):
+BUILD_TIMED_OUT = 124  # run_cmd's status for a command it stopped at its deadline
+
+
+def process_tree(pid):
+    """pid and every process below it (by parent links in /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def kill_tree(pid):
+    """Kills pid and everything it started. Not by process group: ninja starts each command in a
+    group of its own, so a compiler would outlive its build."""
+    for _ in range(3):  # a process may fork while the tree is read
+        for p in process_tree(pid):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_cmd(argv, log, show, timeout=None):
+    """Runs argv, its output appended to log (and shown); stops it and everything it started
+    after timeout seconds, returning BUILD_TIMED_OUT."""
     with open(log, "a") as f:
         f.write("$ " + " ".join(argv) + "\n")
         f.flush()
-        if show:
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for line in p.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                f.write(line)
-            return p.wait()
-        return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if show else f,
+                             stderr=subprocess.STDOUT, text=True)
+        timer = None
+        if timeout:
+            timer = threading.Timer(timeout, kill_tree, (p.pid,))
+            timer.start()
+        try:
+            if show:
+                for line in p.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    f.write(line)
+            rc = p.wait()
+        finally:
+            if timer:
+                timer.cancel()
+        if timer and rc == -signal.SIGKILL:
+            f.write(f"\n[stopped after {timeout:g} s]\n")
+            return BUILD_TIMED_OUT
+        return rc
 
 
 FIRST_ERROR = re.compile(r"(: (fatal )?error:|undefined reference|multiple definition|cannot find -l|"
+                         r"out of memory|virtual memory exhausted|"
                          r"ninja: error|CMake Error)")
 
 
@@ -334,11 +388,18 @@ def provenance(path):
     return {"commit": git("rev-parse", "HEAD"), "modified": bool(git("status", "--porcelain", "--", "."))}
 
 
-def student_code(student):
-    """The student's code: its commit where it has one, and a digest of its sources either way."""
+def student_code(student, origin=None):
+    """The student's code: its commit where it has one, and a digest of its sources either way.
+    origin: the folder `student` was copied from (a roster grades copies): its commit is the one named."""
     sources = [os.path.join(d, f) for d, _, files in os.walk(student) for f in files
                if f.endswith((".cpp", ".hpp", ".h", ".cu"))]
-    return {**provenance(student), "sources_sha256": sources_digest(sources)}
+    # The digest names the files relative to the folder, so a copy has its original's digest.
+    h = hashlib.sha256()
+    for p in sorted(sources):
+        h.update(os.path.relpath(p, student).encode())
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return {**provenance(origin or student), "sources_sha256": h.hexdigest()}
 
 
 def student_files(student, lesson):
@@ -465,11 +526,17 @@ def tree_snapshot(source, build):
     return snap
 
 
+def build_limits(args):
+    """The prefix that caps what a build may use: a student's file can make the compiler grow
+    without end (a file that includes itself, twice per level), which the timeout alone stops late."""
+    return ["prlimit", f"--as={args.build_memory_mb * 2**20}", "--"] if shutil.which("prlimit") else []
+
+
 def configure(args, log):
     argv = ["cmake", "-S", args.source, "-B", args.build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
             "-DCOURSE_TRACK=exercises", f"-DCOURSE_EXERCISES_DIR={args.student}",
             f"-DCOURSE_EXTRA_TESTS={args.extra_tests or ''}"] + args.cmake_arg
-    if run_cmd(argv, log, False) != 0:
+    if run_cmd(build_limits(args) + argv, log, False, args.build_timeout) != 0:
         with open(log) as f:
             raise GradingError("cmake could not configure the grading build: "
                                + first_error(f.read(), None) + f" (log: {log})")
@@ -566,11 +633,16 @@ def grade(args):
                                      "message": "not graded here: this machine has no CUDA device"}
                 continue
             start = os.path.getsize(log)
-            rc = run_cmd(["cmake", "--build", args.build, "--target", e["target"]], log, args.show_build)
+            rc = run_cmd(build_limits(args) + ["cmake", "--build", args.build, "--target", e["target"]], log,
+                         args.show_build, args.build_timeout)
             if rc != 0 or not os.path.exists(e["binary"]):
-                with open(log) as f:
-                    f.seek(start)
-                    err = first_error(f.read(), args.student)
+                if rc == BUILD_TIMED_OUT:
+                    err = (f"the build did not finish within {args.build_timeout:g} s and was stopped (a "
+                           "file that includes itself, a constexpr or template computation that does not end?)")
+                else:
+                    with open(log) as f:
+                        f.seek(start)
+                        err = first_error(f.read(), args.student)
                 for name in owned:
                     results[name] = {"status": "not built", "message": f"lesson {nn} did not build:\n{err}"}
                 continue
@@ -584,6 +656,13 @@ def grade(args):
                     runs.append((name, e["binary"]))
                 else:
                     results[name] = {"status": "not run", "message": f"{os.path.basename(e['binary'])} has no case {name}"}
+        # A build without CUDA (no CUDA compiler on this machine) has no program for the CUDA
+        # cases: like a machine without a device, they are not part of this grade.
+        built = {src for e in entries for src in e["sources"]}
+        for name, (_, _, src) in lesson_cases.items():
+            if src not in built and src.endswith(("_test.cu", "_cuda_test.cpp")) and name not in results:
+                results[name] = {"status": "no gpu",
+                                 "message": "not graded here: CUDA is not built on this machine (no CUDA compiler)"}
         os.makedirs(os.path.dirname(record), exist_ok=True)
         with open(record, "w") as f:
             f.write(digest + "\n")
@@ -626,6 +705,9 @@ def grade(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--student", required=True, help="a copy of exercises/")
+    ap.add_argument("--report-student", metavar="DIR",
+                    help="the folder the report names, and whose git commit it gives, where --student is a copy "
+                         "of it (tools/roster.py grades copies)")
     ap.add_argument("--extra-tests")
     ap.add_argument("--lessons", nargs="*", action="extend", help="the lessons to grade (NN ...; may be repeated)")
     ap.add_argument("--source", default=ROOT)
@@ -635,8 +717,15 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--csv")
     ap.add_argument("--junit")
+    ap.add_argument("--classroom-outputs", metavar="FILE",
+                    help="append lessonNN=RESULTS lines to FILE for GitHub Classroom's grading reporter "
+                         "(FILE is $GITHUB_OUTPUT in a workflow; classroom/github-classroom.yml)")
     ap.add_argument("--sandbox", choices=("require", "auto", "off"), default="require")
-    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per graded case")
+    ap.add_argument("--build-timeout", type=float, default=1200,
+                    help="seconds for configuring, and for building one lesson's test program")
+    ap.add_argument("--build-memory-mb", type=int, default=8192,
+                    help="address space of each process of a build (the compiler on a student's file)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--memory-mb", type=int, default=4096)
     ap.add_argument("--max-output-mb", type=int, default=8)
@@ -657,6 +746,7 @@ def main():
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
     if args.extra_tests:
         args.extra_tests = os.path.abspath(args.extra_tests)
+    named = os.path.abspath(args.report_student or args.student)
     out_json = args.json or os.path.join(args.build, "grade.json")
     out_csv = args.csv or os.path.join(args.build, "grade.csv")
     out_junit = args.junit or os.path.join(args.build, "junit.xml")
@@ -682,11 +772,13 @@ def main():
                                                for k, v in results.items()})
     report.update({"complete": complete, "problems": problems, "sandbox": sandbox_kind,
                    "sandbox_note": sandbox_note, "suspicious": notes, "seconds": round(seconds, 1),
-                   "student": args.student, "course_code": provenance(args.source),
-                   "student_code": student_code(args.student) if os.path.isdir(args.student) else None})
+                   "student": named, "course_code": provenance(args.source),
+                   "student_code": student_code(args.student, named) if os.path.isdir(args.student) else None})
     grade_report.write_json(out_json, report)
     grade_report.write_csv(out_csv, report)
     write_junit(out_junit, cases, results)
+    if args.classroom_outputs:
+        grade_report.write_classroom_outputs(args.classroom_outputs, report, grade_report.lesson_dirs(args.source))
 
     if not args.quiet:
         grade_report.print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))

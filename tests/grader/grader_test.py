@@ -83,6 +83,73 @@ def prepare(student_dir, name, leave_out):
         shutil.copytree(os.path.join(HERE, "students", name), student_dir, dirs_exist_ok=True)
 
 
+# student: (how to make the folder, {lesson: points}, words its note must contain)
+ROSTER = {
+    "alice": ("good", {"00": 5, "01": 4}, ""),
+    "bob": ("starters", {"00": 0, "01": 0}, "00: 2 of 2 cases lost"),
+    "carol": ("does_not_compile", {"00": 5, "01": 0}, "01 did not build: 01_other/other.cpp:5"),
+    "dave": ("exit_zero", {"00": 0, "01": 0}, "ended the program mid-test"),
+    "erin": ("infinite_loop", {"00": 0, "01": 4}, "2 timed out"),
+    "frank": ("writes_repository", {"00": 5, "01": 4}, "suspicious line"),
+    "grace": ("repository", {"00": 5, "01": 4}, ""),
+    "heidi": ("compiles_forever", {"00": 5, "01": 0}, "did not finish within"),
+    "ivan": ("empty", {"00": 0, "01": 0}, "no lesson folders found"),
+}
+
+
+def check_roster(work):
+    import csv
+    failures = []
+    roster, out = os.path.join(work, "roster"), os.path.join(work, "roster-out")
+    shutil.rmtree(roster, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    for student, (how, _, _) in ROSTER.items():
+        folder = os.path.join(roster, student)
+        if how == "empty":
+            os.makedirs(folder)
+        elif how == "repository":
+            prepare(os.path.join(folder, "exercises"), "good", ())
+            git = ["git", "-C", folder, "-c", "user.name=s", "-c", "user.email=s@example.org"]
+            subprocess.run(git[:3] + ["init", "-q"], check=True)
+            subprocess.run(git + ["add", "-A"], check=True)
+            subprocess.run(git + ["commit", "-qm", "mine"], check=True)
+        else:
+            prepare(folder, how, ())
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE,
+                           "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "10", "--workers", "2",
+                           "--sandbox", "require"], capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    print(proc.stdout[-4000:])
+    book = os.path.join(out, "gradebook.csv")
+    if proc.returncode not in (0, 1) or not os.path.exists(book):
+        return [f"roster: exit {proc.returncode}, no gradebook:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"]
+    with open(book, newline="") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    if sorted(rows) != sorted(ROSTER):
+        failures.append(f"roster: the gradebook has rows {sorted(rows)}, expected {sorted(ROSTER)}")
+    columns = {c[:2]: c for c in (next(iter(rows.values())) if rows else {}) if c[:2].isdigit()}
+    for student, (how, points, words) in ROSTER.items():
+        row = rows.get(student)
+        if not row:
+            continue
+        got = {nn: int(row[columns[nn]] or 0) for nn in points if nn in columns}
+        if got != points:
+            failures.append(f"roster: {student} ({how}) got {got}, expected {points}; note: {row['note']}")
+        if words and words not in row["note"]:
+            failures.append(f"roster: {student} ({how})'s note should contain {words!r}; it is: {row['note']!r}")
+        if not os.path.exists(os.path.join(out, "students", student + ".json")):
+            failures.append(f"roster: no report for {student}")
+    head = subprocess.run(["git", "-C", os.path.join(roster, "grace"), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    if rows.get("grace", {}).get("commit") != head:
+        failures.append(f"roster: grace's row names commit {rows.get('grace', {}).get('commit')!r}, expected {head}")
+    if proc.stdout.count("] ") < len(ROSTER):
+        failures.append("roster: expected a progress line per student")
+    print(f"roster of {len(ROSTER)} students graded in {seconds:.1f} s")
+    return failures
+
+
 def main():
     work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="grader-test-")
     os.makedirs(work, exist_ok=True)
@@ -173,6 +240,12 @@ def main():
                 code = json.load(f).get("student_code") or {}
             if code.get("commit") != head(student) or code.get("modified") is not False:
                 failures.append(f"a student repository at {head(student)}: the report says {code}")
+
+    # A class in one command: tools/roster.py over a roster of students, among them every way of
+    # failing it has a row for (not compiling, a compile that never ends, exit(0), a hang, writing
+    # into the course tree, an empty folder, a student's repository with exercises/ inside).
+    if not only or "roster" in only:
+        failures += check_roster(work)
 
     # Grading that cannot be done says so with exit status 2, and still writes its report.
     missing = os.path.join(work, "no-such-student")
