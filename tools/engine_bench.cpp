@@ -46,6 +46,7 @@
 #include "lessons/01_roofline/roofline.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/03_batching/engine.hpp"
+#include "tools/decode_rate.hpp"
 
 using namespace infer;
 
@@ -66,31 +67,6 @@ double weight_bytes(const ModelWeights& m) {
                              l.gate_proj.size() + l.up_proj.size() + l.down_proj.size() + l.input_layernorm.size() +
                              l.post_attention_layernorm.size());
   return 4 * n;
-}
-
-/// Decode tokens/s of `model` at `batch` sequences, each `context` positions in, over `steps` steps
-/// (the best of 3 runs, after a warm-up step), through the engine's forward.
-double decode_rate(const ModelWeights& model, int batch, int context, int steps) {
-  const ModelConfig& c = model.config;
-  std::vector<int> prompt(context);
-  for (int i = 0; i < context; ++i) prompt[i] = 3 + (i * 7) % (c.vocab_size - 3);
-  std::vector<std::unique_ptr<KVCache>> caches;
-  for (int b = 0; b < batch; ++b) caches.push_back(std::make_unique<KVCache>(c, context + 4 * (steps + 1) + 1));
-  const std::vector<int> tokens(batch, 5);
-  CpuRunner runner(model);
-  StepInput prefill, decode;
-  for (size_t b = 0; b < caches.size(); ++b) {
-    prefill.chunks.push_back({prompt, caches[b].get(), static_cast<int>(b)});
-    decode.chunks.push_back({std::span(&tokens[b], 1), caches[b].get(), static_cast<int>(b)});
-  }
-  runner.forward(prefill);
-  double best = 1e300;
-  for (int run = 0; run < 4; ++run) {
-    Stopwatch clock;
-    for (int s = 0; s < (run == 0 ? 1 : steps); ++s) runner.forward(decode);
-    if (run > 0) best = std::min(best, clock.seconds());
-  }
-  return batch * steps / best;
 }
 
 /// Runs `command` through the shell; its output, and whether it exited 0.
@@ -198,7 +174,8 @@ int main(int argc, char** argv) {
         p.bandwidth = model_bandwidth;
         p.attainable = batch * std::min(model_bandwidth / p.bytes_per_step, peak / p.flops_per_step);
         omp_set_num_threads(run.threads);
-        p.tokens_per_s = decode_rate(model, batch, context, steps);
+        CpuRunner runner(model);
+        p.tokens_per_s = decode_rate(runner, batch, context, steps);
         omp_set_num_threads(cores);
         points.push_back(p);
         std::printf("%-16s %6d %8d %12.0f %12.2f %10.1f %12.0f %8.0f%%\n", name.c_str(), batch, run.threads,

@@ -3,7 +3,7 @@
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
-//            [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]
+//            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00's generate()); with it, the
@@ -17,7 +17,9 @@
 // directory with -draft appended) or prompt lookup, verified in the step's one forward
 // (lesson 06); --device cuda runs the forward on a GPU with lesson 07's kernels, its weights in
 // float32 or bf16, and with --paged the pool's rows on the device, read by lesson 08's paged
-// attention (built where CUDA is). --speculative tree (greedy only) runs lesson 06's own tree
+// attention (built where CUDA is). --weights int8|int4 runs the engine on the CPU with its
+// projections quantized at load (lesson 11: INT8 per output channel, INT4 in groups of G, default
+// 32). --speculative tree (greedy only) runs lesson 06's own tree
 // loop: the draft proposes a tree of B branches per node (default 2), K levels deep, scored in
 // one forward with a tree mask.
 //
@@ -43,6 +45,7 @@
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
+#include "lessons/11_quantization/quantization.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -55,7 +58,8 @@ void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
-         "                [--prefix-cache [--repeat N]]] [--device cuda [--weights f32|bf16]]\n"
+         "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]\n"
+         "                [--device cuda [--weights f32|bf16]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
@@ -73,6 +77,8 @@ void usage(std::ostream& out) {
          "  default 4), the model verifies them in the same forward; --stats adds acceptance and tokens per step.\n"
          "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
          "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it.\n"
+         "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson 11;\n"
+         "  int4 in groups of --group G columns, default 32).\n"
          "  --speculative tree (temperature 0 only) runs lesson 06's own tree loop: the draft's tree of\n"
          "  --tree-branches B (default 2) children per node, K levels deep, verified in one forward with a\n"
          "  tree attention mask.\n";
@@ -93,7 +99,7 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights",
+                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group",
                                "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
@@ -147,9 +153,18 @@ int main(int argc, char** argv) {
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
-    if (weights != "f32" && weights != "bf16")
-      throw infer::Error(infer::cat("generate: --weights must be f32 or bf16, got '", weights, "'"));
-    if (device == "cpu" && opts.has("--weights")) throw infer::Error("generate: --weights needs --device cuda");
+    if (weights != "f32" && weights != "bf16" && weights != "int8" && weights != "int4")
+      throw infer::Error(infer::cat("generate: --weights must be f32, int8 or int4 (or bf16 with --device cuda), got '",
+                                    weights, "'"));
+    if (device == "cpu" && weights == "bf16") throw infer::Error("generate: --weights bf16 needs --device cuda");
+    const bool quantized = weights == "int8" || weights == "int4";
+    if (device == "cuda" && quantized)
+      throw infer::Error("generate: the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU");
+    if (opts.has("--group") && weights != "int4") throw infer::Error("generate: --group needs --weights int4");
+    const int group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
+    if (quantized && (opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
+      throw infer::Error("generate: --weights int8|int4 runs in the engine, which keeps its own KV memory; drop --kv-cache, "
+                         "--kv-dtype and --speculative tree");
     if (device == "cuda" && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
       throw infer::Error("generate: --device cuda runs the engine, which keeps its KV memory on the GPU; drop --kv-cache "
                          "and --kv-dtype (--paged keeps it in blocks)");
@@ -160,8 +175,12 @@ int main(int argc, char** argv) {
     if (device == "cuda") throw infer::Error("generate: this build has no CUDA (no CUDA compiler was found)");
 #endif
     // Lessons 00 and 02 run their own loops; everything else is the engine's.
-    const bool engine_mode = paged || device == "cuda" || speculative == "draft" || speculative == "ngram";
+    const bool engine_mode = paged || device == "cuda" || speculative == "draft" || speculative == "ngram" || quantized;
     const infer::ModelWeights model = infer::load_model(model_dir);
+    // Quantized at load (lesson 11), before anything is printed: a group that does not divide the
+    // model's columns is refused here.
+    infer::ModelProjections projections;
+    if (quantized) projections = infer::quantize_model(model, infer::parse_weight_format(weights), group);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     if (!print_ids) std::cout << prompt << std::flush;
@@ -188,7 +207,9 @@ int main(int argc, char** argv) {
       // The engine, one request at a time: what serve-offline and serve run, with one user.
       const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
       const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
-      std::unique_ptr<infer::ModelRunner> runner = std::make_unique<infer::CpuRunner>(model);
+      std::unique_ptr<infer::ModelRunner> runner =
+          quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
+                    : std::make_unique<infer::CpuRunner>(model);
       std::unique_ptr<infer::KVBlockPool> pool;
       std::unique_ptr<infer::KVManager> memory;
 #if COURSE_HAVE_CUDA
@@ -249,7 +270,8 @@ int main(int argc, char** argv) {
       long proposed = 0, accepted = 0, most_reserved = 0;
       for (const auto& e : engine.log())
         proposed += e.proposed, accepted += e.accepted, most_reserved = std::max(most_reserved, e.reserved_tokens);
-      engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)" : std::string("CPU"),
+      engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)"
+                                                   : "CPU" + (quantized ? " (" + weights + " weights)" : std::string()),
                                ", ", engine.log().size(), " steps");
       if (paged)
         engine_name += infer::cat("; paged KV memory: at most ", most_reserved / block_size, " of ", blocks,

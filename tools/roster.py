@@ -80,6 +80,9 @@ def summarize(report):
     notes = []
     for p in report.get("problems", []):
         notes.append("grading not complete: " + p.splitlines()[0][:200])
+    graded = [t for r in report["lessons"] for t in r["tests"] if t["status"] != "no gpu"]
+    if graded and all("not implemented" in (t.get("message") or "") for t in graded):
+        return "; ".join(notes + ["every graded case says not implemented (the starters as given)"])
     for r in report["lessons"]:
         nn = r["lesson"][:2]
         states = [t for t in r["tests"] if t["status"] not in ("passed", "no gpu")]
@@ -92,7 +95,7 @@ def summarize(report):
             continue
         timed = sum("timed out" in (t.get("message") or "") for t in states)
         ended = sum("in the middle of the test" in (t.get("message") or "") for t in states)
-        what = [f"{len(states)} of {len(r['tests'])} cases lost"]
+        what = [f"{len(states)} of {sum(t['status'] != 'no gpu' for t in r['tests'])} cases lost"]
         if timed:
             what.append(f"{timed} timed out")
         if ended:
@@ -189,7 +192,7 @@ def main():
             output, _ = proc.communicate()
             stopped = True
         seconds = time.monotonic() - t0
-        row = {"student": name, "earned": 0, "total": 0, "lessons": {}, "complete": False, "note": "",
+        row = {"student": name, "earned": 0, "total": 0, "ungraded": 0, "lessons": {}, "complete": False, "note": "",
                "commit": "", "sources_sha256": "", "seconds": seconds}
         report = None
         if not stopped and os.path.exists(stem + ".json"):
@@ -202,6 +205,7 @@ def main():
             row["note"] = why
             return row, False
         row.update(earned=report["earned"], total=report["total"], complete=bool(report.get("complete")),
+                   ungraded=report.get("ungraded", 0),
                    lessons={r["lesson"]: (r["earned"], r["total"]) for r in report["lessons"]})
         code = report.get("student_code") or {}
         row["commit"] = (code.get("commit") or "") + ("+changes" if code.get("commit") and code.get("modified") else "")
@@ -232,7 +236,7 @@ def main():
             try:
                 row, configured = grade_one(w, name, configured)
             except Exception as e:  # the roster goes on: this student's row says what happened
-                row = {"student": name, "earned": 0, "total": 0, "lessons": {}, "complete": False,
+                row = {"student": name, "earned": 0, "total": 0, "ungraded": 0, "lessons": {}, "complete": False,
                        "note": f"grading failed: {type(e).__name__}: {e}", "commit": "", "sources_sha256": "",
                        "seconds": 0.0}
                 configured = False
@@ -254,11 +258,11 @@ def main():
     with open(book, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["student", "earned", "total"] + [f"{l} (/{totals.get(l, 0)})" for l in columns]
-                   + ["complete", "note", "commit", "sources_sha256", "seconds"])
+                   + ["not graded here (GPU cases)", "complete", "note", "commit", "sources_sha256", "seconds"])
         for name in names:
             r = rows[name]
             w.writerow([name, r["earned"], r["total"]] + [r["lessons"].get(l, ("", ""))[0] for l in columns]
-                       + ["yes" if r["complete"] else "no", r["note"], r["commit"], r["sources_sha256"],
+                       + [r["ungraded"], "yes" if r["complete"] else "no", r["note"], r["commit"], r["sources_sha256"],
                           f"{r['seconds']:.0f}"])
     wall = time.monotonic() - started
     width = max(len(n) for n in names)

@@ -27,11 +27,9 @@ rotate-half RoPE, grouped-query causal attention, a SwiGLU MLP, an untied
 output head. The byte vocabulary is 259: 0 unk, 1 BOS, 2 EOS, byte b = b + 3.
 """
 import argparse
-import glob
 import json
 import math
 import os
-import random
 import struct
 import time
 
@@ -39,23 +37,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fortunes_corpus import HELDOUT_EVAL, load_fortunes, split
+
 UNK, BOS, EOS, BYTE_OFFSET, VOCAB = 0, 1, 2, 3, 259
 
 
 # ---------------------------------------------------------------- corpus ---
-def load_fortunes(directory="/usr/share/games/fortunes"):
-    """Every quote of the fortunes database, one string each."""
-    quotes = []
-    for path in sorted(glob.glob(os.path.join(directory, "*"))):
-        if path.endswith((".dat", ".u8", "ascii-art")) or os.path.isdir(path):
-            continue
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8", errors="replace")
-        for chunk in text.split("\n%\n"):
-            chunk = chunk.strip("%\n ")
-            if 8 <= len(chunk) <= 2000:
-                quotes.append(chunk)
-    return quotes
 
 
 def encode(text):
@@ -378,13 +365,10 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     quotes = load_fortunes()
-    rng = random.Random(args.seed)
-    rng.shuffle(quotes)
-    n_val = max(200, len(quotes) // 40)
-    val, train_q = quotes[:n_val], quotes[n_val:]
+    val, train_q = split(quotes, args.seed)
     stream = documents_to_stream(train_q)
-    print(f"{len(quotes)} quotes, {len(stream)} training tokens, {n_val} held out", flush=True)
-    val_eval = val[:300]
+    print(f"{len(quotes)} quotes, {len(stream)} training tokens, {len(val)} held out", flush=True)
+    val_eval = val[:HELDOUT_EVAL]  # also models/heldout-fortunes.txt (tools/fortunes_corpus.py)
 
     prompts = ["The ", "Q: What", "You will ", "Love is", "If you "]
     logit_texts = ["The quick brown fox", "Q: Why did the chicken", "Knowledge is power."]

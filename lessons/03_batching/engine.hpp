@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/projection.hpp"
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
@@ -223,6 +224,12 @@ int check_step(const ModelConfig& config, const StepInput& step, const char* who
 /// Throws infer::Error, before anything is appended, for a step check_step() refuses.
 Matrix forward_step(const ModelWeights& model, const StepInput& step);
 
+/// The same step with the products by `projections` instead of the model's float32 matrices
+/// (lesson 11's 8- and 4-bit weights, say; the embeddings and norms still come from `model`).
+/// forward_step(model, step) is this with float_projections(model). `projections` must have
+/// `model`'s shapes (ModelProjections::check()).
+Matrix forward_step(const ModelWeights& model, const ModelProjections& projections, const StepInput& step);
+
 /// The forward seam: what the engine calls once per step, with every sequence's chunk. It never
 /// touches the weights or the memory itself. CpuRunner runs forward_step() on the CPU; lesson
 /// 07's CudaForward runs the same step on a GPU, over caches that live in device memory (its own
@@ -236,16 +243,26 @@ class ModelRunner {
   virtual Matrix forward(const StepInput& step) = 0;
 };
 
-/// The CPU runner: forward_step() on `model` (kept by reference).
+/// The CPU runner: forward_step() on `model` (kept by reference), its products by the model's
+/// float32 matrices or by the projections it is given (lesson 11's quantized weights).
 class CpuRunner final : public ModelRunner {
  public:
-  /// Runs on `model`, which must outlive it.
-  explicit CpuRunner(const ModelWeights& model) : model_(model) {}
+  /// Runs on `model`'s float32 weights; `model` must outlive it.
+  explicit CpuRunner(const ModelWeights& model) : CpuRunner(model, float_projections(model)) {}
+  /// Runs on `model` with its products by `projections` (checked against its shapes: throws
+  /// infer::Error naming the first that differs); `model` must outlive it.
+  CpuRunner(const ModelWeights& model, ModelProjections projections)
+      : model_(model), projections_(std::move(projections)) {
+    projections_.check(model.config);
+  }
   const ModelConfig& config() const override { return model_.config; }
-  Matrix forward(const StepInput& step) override { return forward_step(model_, step); }
+  Matrix forward(const StepInput& step) override { return forward_step(model_, projections_, step); }
+  /// What a decode step reads of the weights, in bytes.
+  long weight_bytes() const { return projections_.bytes(); }
 
  private:
   const ModelWeights& model_;
+  ModelProjections projections_;
 };
 
 // ================================================================= the engine ==

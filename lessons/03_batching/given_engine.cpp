@@ -152,16 +152,21 @@ class Phases {
 
 /// This thread's rows of W, given its share of rows [offset, offset + W.rows()) of a stack of
 /// products over the same x (q, k and v: one stack), into y.
-void stacked_rows(ConstMatrixRef x, ConstMatrixRef w, MatrixRef y, Share mine, long offset) {
-  const long first = std::max(mine.begin, offset), end = std::min(mine.end, offset + static_cast<long>(w.rows()));
-  if (end > first) linear_rows_into(x, w, y, first - offset, end - first, false);
+void stacked_rows(ConstMatrixRef x, const Projection& w, MatrixRef y, Share mine, long offset) {
+  const long first = std::max(mine.begin, offset), end = std::min(mine.end, offset + w.rows());
+  if (end > first) w.rows_into(x, y, first - offset, end - first, false);
 }
 
 }  // namespace
 
 Matrix forward_step(const ModelWeights& model, const StepInput& step) {
+  return forward_step(model, float_projections(model), step);
+}
+
+Matrix forward_step(const ModelWeights& model, const ModelProjections& projections, const StepInput& step) {
   const ModelConfig& c = model.config;
   const int wanted = check_step(c, step, "forward_step");
+  projections.check(c);
   const std::vector<Chunk>& chunks = step.chunks;
   std::vector<Eigen::Index> first(chunks.size());  // each chunk's first row in the stacked batch
   std::vector<int> pos(chunks.size());
@@ -205,12 +210,13 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
     const Share my_qkv = share_of(q_dim + 2 * kv_dim, me, threads);
     Matrix h;  // this thread's own copy of the normalized x: computing it costs less than a meeting
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-      const LayerWeights& layer = model.layers[l];
+      const LayerWeights& layer = model.layers[l];  // its norms; its products are in `projections`
+      const auto& w = projections.layers[l];
       phases.run([&] {  // q, k and v as one stack of rows
         h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps);
-        stacked_rows(h, layer.q_proj, q, my_qkv, 0);
-        stacked_rows(h, layer.k_proj, k, my_qkv, q_dim);
-        stacked_rows(h, layer.v_proj, v, my_qkv, q_dim + kv_dim);
+        stacked_rows(h, *w[kQProj], q, my_qkv, 0);
+        stacked_rows(h, *w[kKProj], k, my_qkv, q_dim);
+        stacked_rows(h, *w[kVProj], v, my_qkv, q_dim + kv_dim);
       });
 #pragma omp barrier
       // RoPE and the appends on one thread, chunk after chunk (the caches may share one block
@@ -256,17 +262,17 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
                                split_heads->second.middleCols(g * d, d), group, 1, d);
       });
 #pragma omp barrier
-      phases.run([&] { linear_rows_into(attn, layer.o_proj, x, my_hidden.begin, my_hidden.size(), true); });
+      phases.run([&] { w[kOProj]->rows_into(attn, x, my_hidden.begin, my_hidden.size(), true); });
 #pragma omp barrier
       phases.run([&] {  // the MLP's gate and up, each thread for its own units, then silu(gate) * up
         h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps);
-        linear_rows_into(h, layer.gate_proj, gate, my_inter.begin, my_inter.size(), false);
-        linear_rows_into(h, layer.up_proj, up, my_inter.begin, my_inter.size(), false);
+        w[kGateProj]->rows_into(h, gate, my_inter.begin, my_inter.size(), false);
+        w[kUpProj]->rows_into(h, up, my_inter.begin, my_inter.size(), false);
         auto g = gate.middleCols(my_inter.begin, my_inter.size()).array();
         g = g / (1.0f + (-g).exp()) * up.middleCols(my_inter.begin, my_inter.size()).array();
       });
 #pragma omp barrier
-      phases.run([&] { linear_rows_into(gate, layer.down_proj, x, my_hidden.begin, my_hidden.size(), true); });
+      phases.run([&] { w[kDownProj]->rows_into(gate, x, my_hidden.begin, my_hidden.size(), true); });
 #pragma omp barrier
     }
     phases.run([&] {  // only the wanted rows go through the head; each thread its share of the vocabulary
@@ -279,7 +285,7 @@ Matrix forward_step(const ModelWeights& model, const StepInput& step) {
       }
       const Share my_vocab = share_of(c.vocab_size, me, threads);
       h = rms_norm(last, model.norm, c.rms_norm_eps);
-      linear_rows_into(h, model.lm_head, logits, my_vocab.begin, my_vocab.size(), false);
+      projections.lm_head->rows_into(h, logits, my_vocab.begin, my_vocab.size(), false);
     });
   }
   phases.rethrow();

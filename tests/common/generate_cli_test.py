@@ -56,7 +56,23 @@ for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
         sys.exit(f"generate --ids {' '.join(extra)} printed {run.stdout!r}, expected the golden greedy ids")
     print(f"generate --ids {' '.join(extra)}: the golden greedy ids")
 
-for bad, fragment in [(["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
+# Lesson 11's weights: INT8 per output channel keeps this prompt's 64 greedy ids (measured: so do
+# the fixture's other prompts); INT4 runs through the same engine (its text parts from float32's
+# within a few tokens: lesson 11's bench measures how soon).
+for weights, golden_ids in (("int8", True), ("int4", False)):
+    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                          "--temperature", "0", "--ids", "--weights", weights, "--stats"],
+                         capture_output=True, text=True, check=False)
+    got = [int(x) for x in run.stdout.split()] if run.returncode == 0 else []
+    if run.returncode != 0 or (golden_ids and got != want) or not got or f"({weights} weights)" not in run.stderr:
+        sys.exit(f"generate --weights {weights} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
+    print(f"generate --weights {weights}: {len(got)} ids" + (", the golden greedy ones" if golden_ids else ""))
+
+for bad, fragment in [(["--weights", "int9"], "f32, int8 or int4"), (["--weights", "bf16"], "needs --device cuda"),
+                      (["--weights", "int8", "--group", "32"], "--group needs --weights int4"),
+                      (["--weights", "int4", "--group", "48"], "a group of 48 columns"),
+                      (["--weights", "int8", "--kv-cache"], "drop --kv-cache"),
+                      (["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
                       (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
                       (["--temperature", "inf"], "--temperature expects a finite number"),

@@ -1,0 +1,188 @@
+// Lesson 11 bench: what quantizing the weights buys in speed, and what it costs in quality.
+//
+//   build/solutions/bin/lesson11_bench [--out DIR] [--model DIR] [--steps N] [--quick]
+//
+// 1. Quality, on the bundled model: bits per byte of the 300 held-out quotes
+//    (models/heldout-fortunes.txt) in float32, INT8, and INT4 with groups of 32 and 64; greedy
+//    agreement with float32 over the fixture prompts (the share of 48 greedy tokens per prompt
+//    equal to float32's, up to the first difference); and how far each INT4 group's values sit
+//    from being centred on zero (what a zero point would buy).
+// 2. Speed: decode tokens/s through the engine (CpuRunner on each format's projections: INT4 in
+//    groups of 32 and 128, or 64 where 128 does not divide the model's columns) at
+//    batch 1 and 8, on the bundled model and on a random 75.9M-parameter model (--model DIR for
+//    another), each against its own memory roofline: the bytes a step reads (the projections as
+//    stored, the norms, the KV positions) over the read bandwidth measured on a buffer of that size.
+//
+// Writes DIR/quality.csv and DIR/speed.csv for plot.py.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/options.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/01_roofline/roofline.hpp"
+#include "lessons/11_quantization/quantization.hpp"
+#include "tools/decode_rate.hpp"
+
+using namespace infer;
+
+namespace {
+
+struct Format {
+  const char* name;
+  WeightFormat format;
+  int group;
+};
+
+/// The formats measured on `model`: float32, INT8, INT4 in groups of 32 and in the largest of 128
+/// and 64 that divides every projection's columns (the bundled model's 192 take no groups of 128).
+std::vector<Format> formats_for(const ModelConfig& c) {
+  std::vector<Format> out = {{"f32", WeightFormat::f32, 0}, {"int8", WeightFormat::int8, 0},
+                             {"int4 g32", WeightFormat::int4, 32}};
+  const long q = static_cast<long>(c.num_attention_heads) * c.head_dim;
+  for (int g : {128, 64})
+    if (c.hidden_size % g == 0 && c.intermediate_size % g == 0 && q % g == 0) {
+      out.push_back({g == 128 ? "int4 g128" : "int4 g64", WeightFormat::int4, g});
+      break;
+    }
+  return out;
+}
+
+/// Greedy tokens of `model` after `prompt`, `n` of them (lesson 00's generate, temperature 0).
+std::vector<int> greedy(const ModelWeights& model, const std::string& prompt, int n) {
+  const std::vector<int> ids = ByteTokenizer::encode(prompt);
+  SamplingParams params;
+  params.temperature = 0;
+  Sampler sampler(params);
+  return generate(model, ids, n, sampler);
+}
+
+/// Mean over INT4 groups of |mean of the group| / max |value| of the group: 0 for groups centred
+/// on zero (a zero point buys nothing), up to 1 for groups of one sign.
+double group_offset(const ModelWeights& model, int group) {
+  double sum = 0;
+  long n = 0;
+  const auto add = [&](const Matrix& w) {
+    for (long r = 0; r < w.rows(); ++r)
+      for (long c = 0; c + group <= w.cols(); c += group) {
+        const auto g = w.row(r).segment(c, group);
+        const double m = g.cwiseAbs().maxCoeff();
+        if (m > 0) sum += std::abs(g.mean()) / m, ++n;
+      }
+  };
+  for (const LayerWeights& l : model.layers)
+    for (const Matrix* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) add(*w);
+  add(model.lm_head);
+  return n ? sum / static_cast<double>(n) : 0;
+}
+
+/// Bytes of the float32 vectors a step reads besides the projections: the norms.
+double norm_bytes(const ModelWeights& m) {
+  double n = static_cast<double>(m.norm.size());
+  for (const LayerWeights& l : m.layers) n += static_cast<double>(l.input_layernorm.size() + l.post_attention_layernorm.size());
+  return 4 * n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson11_bench", {"--out", "--model", "--steps"}, {"--quick"});
+    const std::string out = opts.text("--out", ".");
+    std::filesystem::create_directories(out);
+    const bool quick = opts.has("--quick");
+    const int steps = static_cast<int>(opts.number("--steps", quick ? 8 : 32, 1));
+    const ModelWeights bundled = load_model(bundled_model_dir("tiny-fortunes"));
+
+    // ---- quality
+    std::printf("Quality on the bundled model (tiny-fortunes), 300 held-out quotes:\n");
+    std::printf("%-10s %12s %14s %16s\n", "format", "bits/byte", "vs float32", "greedy agreement");
+    const std::vector<std::string> quotes = heldout_quotes();
+    std::vector<std::string> prompts;
+    {
+      std::ifstream f(bundled_model_dir("tiny-fortunes") + "/prompts.txt");
+      for (std::string line; std::getline(f, line);)
+        if (!line.empty()) prompts.push_back(line);
+    }
+    const int greedy_tokens = 48;
+    std::vector<std::vector<int>> reference;
+    for (const std::string& p : prompts) reference.push_back(greedy(bundled, p, greedy_tokens));
+    std::ofstream quality(out + "/quality.csv");
+    quality << "format,bits_per_byte,delta,greedy_agreement\n";
+    double f32_bpb = 0;
+    for (const Format& f : formats_for(bundled.config)) {
+      const ModelProjections p = quantize_model(bundled, f.format, f.group ? f.group : 32);
+      const ModelWeights plain = dequantized_model(bundled, p);
+      const double bpb = bits_per_byte(plain, quotes);
+      if (f.format == WeightFormat::f32) f32_bpb = bpb;
+      long same = 0, total = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::vector<int> mine = greedy(plain, prompts[i], greedy_tokens);
+        size_t k = 0;
+        while (k < mine.size() && k < reference[i].size() && mine[k] == reference[i][k]) ++k;
+        same += static_cast<long>(k), total += static_cast<long>(reference[i].size());
+      }
+      const double agree = total ? static_cast<double>(same) / static_cast<double>(total) : 1;
+      std::printf("%-10s %12.4f %+14.5f %15.0f%%\n", f.name, bpb, bpb - f32_bpb, 100 * agree);
+      quality << f.name << "," << bpb << "," << bpb - f32_bpb << "," << agree << "\n";
+    }
+    std::printf("INT4 groups' offset from zero, mean |group mean| / group max: %.3f (groups of 32), %.3f (64)\n\n",
+                group_offset(bundled, 32), group_offset(bundled, 64));
+
+    // ---- speed
+    std::vector<std::pair<std::string, ModelWeights>> models;
+    models.push_back({"tiny-fortunes", bundled});
+    if (opts.has("--model")) {
+      models.push_back({opts.text("--model", ""), load_model(opts.text("--model", ""))});
+    } else if (!quick) {
+      ModelConfig big;  // the shape of `./course bench engine`'s large model
+      big.vocab_size = 259, big.hidden_size = 768, big.intermediate_size = 2048, big.num_hidden_layers = 12;
+      big.num_attention_heads = 12, big.num_key_value_heads = 4, big.head_dim = 64;
+      big.max_position_embeddings = 1024;
+      models.push_back({"random 75.9M", random_model(big, 1)});
+    }
+    const int context = 16;
+    std::ofstream speed(out + "/speed.csv");
+    speed << "model,format,batch,tokens_per_s,bytes_per_step,bandwidth,roof_tokens_per_s\n";
+    std::printf("Decode through the engine, %d threads, %d positions in:\n", omp_get_max_threads(), context);
+    std::printf("%-14s %-10s %6s %11s %10s %10s %11s %8s %9s\n", "model", "format", "batch", "tokens/s", "vs f32",
+                "MB/step", "GB/s roof", "roof tok/s", "of roof");
+    for (const auto& [name, model] : models) {
+      const ModelConfig& c = model.config;
+      std::vector<double> f32_rate(2, 0);
+      for (const Format& f : formats_for(c)) {
+        CpuRunner runner(model, quantize_model(model, f.format, f.group ? f.group : 32));
+        const double weights = static_cast<double>(runner.weight_bytes()) + norm_bytes(model);
+        const double bandwidth = measure_read_bandwidth(static_cast<size_t>(std::max(weights, 1e6)));
+        for (int bi = 0; bi < 2; ++bi) {
+          const int batch = bi == 0 ? 1 : 8;
+          const double kv = 2.0 * 4 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (context + steps / 2.0);
+          const double bytes = weights + batch * kv;
+          const double roof = batch * bandwidth / bytes;
+          const double rate = decode_rate(runner, batch, context, steps);
+          if (f.format == WeightFormat::f32) f32_rate[bi] = rate;
+          std::printf("%-14s %-10s %6d %11.0f %9.2fx %10.2f %11.1f %10.0f %8.0f%%\n", name.c_str(), f.name, batch, rate,
+                      rate / f32_rate[bi], bytes / 1e6, bandwidth / 1e9, roof, 100 * rate / roof);
+          speed << name << "," << f.name << "," << batch << "," << rate << "," << bytes << "," << bandwidth << "," << roof
+                << "\n";
+        }
+      }
+    }
+    std::printf("\n\"roof tok/s\": batch x the read bandwidth of a buffer as large as the format's weights over the\n"
+                "bytes a step reads; a batch of 8 reads the weights once, so its roof is nearly 8 times batch 1's.\n"
+                "wrote %s/quality.csv and speed.csv\n",
+                out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lesson11_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,105 @@
+// Lesson 11: what is given to students (the engine's side of the seam, whole models, the held-out
+// measure), compiled with your exercises/ and with the reference.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/11_quantization/quantization.hpp"
+
+namespace infer {
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::f32: return "f32";
+    case WeightFormat::int8: return "int8";
+    case WeightFormat::int4: return "int4";
+  }
+  return "?";
+}
+
+WeightFormat parse_weight_format(std::string_view name) {
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::int8, WeightFormat::int4})
+    if (name == weight_format_name(f)) return f;
+  throw Error(cat("weights: '", name, "' is not a weight format (expected f32, int8 or int4)"));
+}
+
+long QuantizedMatrix::bytes() const {
+  return static_cast<long>(q.size() * sizeof(int8_t) + packed.size() + scales.size() * sizeof(float));
+}
+
+ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, int group) {
+  if (format == WeightFormat::f32) return float_projections(model);
+  const auto quantize = [&](const Matrix& w) -> std::unique_ptr<Projection> {
+    return std::make_unique<QuantizedProjection>(format == WeightFormat::int8 ? quantize_int8(w)
+                                                                              : quantize_int4(w, group));
+  };
+  ModelProjections p;
+  for (const LayerWeights& l : model.layers) {
+    auto& out = p.layers.emplace_back();
+    const Matrix* ws[kLayerProjections] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
+                                           &l.down_proj};
+    for (int i = 0; i < kLayerProjections; ++i) out[i] = quantize(*ws[i]);
+  }
+  p.lm_head = quantize(model.lm_head);
+  p.check(model.config);
+  return p;
+}
+
+ModelWeights dequantized_model(const ModelWeights& model, const ModelProjections& projections) {
+  projections.check(model.config);
+  ModelWeights out = model;
+  for (size_t l = 0; l < out.layers.size(); ++l) {
+    LayerWeights& w = out.layers[l];
+    Matrix* ws[kLayerProjections] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj};
+    for (int i = 0; i < kLayerProjections; ++i) *ws[i] = projections.layers[l][i]->to_float();
+  }
+  out.lm_head = projections.lm_head->to_float();
+  return out;
+}
+
+std::vector<std::string> heldout_quotes() {
+  const std::string path = std::string(COURSE_SOURCE_DIR) + "/models/heldout-fortunes.txt";
+  std::ifstream f(path, std::ios::binary);
+  require(f.good(), "heldout_quotes: cannot read ", path);
+  std::stringstream all;
+  all << f.rdbuf();
+  std::string text = all.str();
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  std::vector<std::string> quotes;
+  size_t start = 0;
+  while (true) {
+    const size_t end = text.find("\n%\n", start);
+    quotes.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 3;
+  }
+  return quotes;
+}
+
+double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& quotes, int context) {
+  require(context >= 1 && context <= model.config.max_position_embeddings, "bits_per_byte: a context of ", context,
+          " tokens, the model holds ", model.config.max_position_embeddings);
+  double bits = 0;
+  long bytes = 0;
+  for (const std::string& quote : quotes) {
+    std::vector<int> ids = ByteTokenizer::encode(quote, true);
+    ids.push_back(ByteTokenizer::kEos);
+    if (static_cast<int>(ids.size()) > context + 1) ids.resize(context + 1);
+    const std::span<const int> input(ids.data(), ids.size() - 1);
+    const Matrix logits = forward(model, input);
+    for (Eigen::Index t = 0; t < logits.rows(); ++t) {
+      const auto row = logits.row(t);
+      const double m = row.maxCoeff();
+      const double lse = m + std::log((row.array() - static_cast<float>(m)).exp().cast<double>().sum());
+      bits += (lse - row(ids[t + 1])) / std::log(2.0);
+    }
+    bytes += static_cast<long>(ids.size()) - 2;
+  }
+  require(bytes > 0, "bits_per_byte: no bytes to predict");
+  return bits / static_cast<double>(bytes);
+}
+
+}  // namespace infer
