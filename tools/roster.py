@@ -144,6 +144,7 @@ def main():
 
     queue = list(reversed(names))
     rows, lock = {}, threading.Lock()
+    running = set()  # the graders at work, to stop them all on Ctrl-C
     started = time.monotonic()
     print(f"roster: {len(names)} students in {roster}, {workers} at a time, {jobs} case(s) at once each; "
           f"reports in {out}", flush=True)
@@ -184,6 +185,8 @@ def main():
             if os.path.exists(stale):
                 os.remove(stale)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with lock:
+            running.add(proc)
         try:
             output, _ = proc.communicate(timeout=args.student_timeout)
             stopped = False
@@ -191,6 +194,9 @@ def main():
             kill_tree(proc.pid)
             output, _ = proc.communicate()
             stopped = True
+        finally:
+            with lock:
+                running.discard(proc)
         seconds = time.monotonic() - t0
         row = {"student": name, "earned": 0, "total": 0, "ungraded": 0, "lessons": {}, "complete": False, "note": "",
                "commit": "", "sources_sha256": "", "seconds": seconds}
@@ -243,11 +249,21 @@ def main():
             done(name, row)
             primed.set()
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(workers)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.5)
+    except KeyboardInterrupt:  # stop every grader and what it started; no gradebook
+        with lock:
+            queue.clear()
+            for proc in running:
+                kill_tree(proc.pid)
+        print("\nroster: stopped; no gradebook written (the students' reports so far are in "
+              f"{os.path.join(out, 'students')})", file=sys.stderr)
+        return 130
 
     totals = {}
     for row in rows.values():

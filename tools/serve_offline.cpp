@@ -3,7 +3,7 @@
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
-//                 [--device cuda [--weights f32|bf16]]
+//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
@@ -18,6 +18,9 @@
 // --speculative runs lesson 06's speculative decoding inside the engine: every decode feeds up to
 // K guesses (prompt lookup, or the draft model in DIR, by default the model's directory with
 // -draft appended) in the step's one forward, and keeps those the model agrees with.
+//
+// --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson
+// 11: INT8 per output channel, INT4 in groups of G columns, default 32).
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
@@ -43,6 +46,7 @@
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
+#include "lessons/11_quantization/quantization.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -65,7 +69,7 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
-                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights",
+                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group",
                                "--speculative", "--num-speculative-tokens", "--draft"},
                               {"-h", "--help", "--paged", "--prefix-cache"},
                               // vLLM's names for the same options
@@ -75,7 +79,8 @@ int main(int argc, char** argv) {
     if (opts.has("-h") || opts.has("--help")) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
-                   "                     [--paged [--block-size SIZE] [--num-blocks N]] [--device cuda [--weights f32|bf16]]\n"
+                   "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
+                   "                     [--device cuda [--weights f32|bf16]]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
@@ -84,6 +89,8 @@ int main(int argc, char** argv) {
                    "  a prompt sharing a prefix with them prefills only the rest.\n"
                    "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16);\n"
                    "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
+                   "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load\n"
+                   "  (lesson 11; int4 in groups of --group G columns, default 32).\n"
                    "  --speculative ngram|draft decodes speculatively inside the engine (lesson 06): prompt\n"
                    "  lookup or the draft model (--draft DIR, default MODEL-draft) guesses up to\n"
                    "  --num-speculative-tokens K tokens (default 4) per decode.\n"
@@ -123,9 +130,15 @@ int main(int argc, char** argv) {
     const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("serve_offline: --device must be cpu or cuda, got '", device, "'"));
-    if (weights != "f32" && weights != "bf16")
-      throw infer::Error(infer::cat("serve_offline: --weights must be f32 or bf16, got '", weights, "'"));
-    if (device == "cpu" && opts.has("--weights")) throw infer::Error("serve_offline: --weights needs --device cuda");
+    if (weights != "f32" && weights != "bf16" && weights != "int8" && weights != "int4")
+      throw infer::Error(infer::cat("serve_offline: --weights must be f32, int8 or int4 (or bf16 with --device cuda), got '",
+                                    weights, "'"));
+    if (device == "cpu" && weights == "bf16") throw infer::Error("serve_offline: --weights bf16 needs --device cuda");
+    const bool quantized = weights == "int8" || weights == "int4";
+    if (device == "cuda" && quantized)
+      throw infer::Error("serve_offline: the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU");
+    if (opts.has("--group") && weights != "int4") throw infer::Error("serve_offline: --group needs --weights int4");
+    const int group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
 #if COURSE_HAVE_CUDA
     if (device == "cuda" && !infer::cuda_device_available())
       throw infer::Error("serve_offline: --device cuda, but this machine has no CUDA device");
@@ -165,7 +178,9 @@ int main(int argc, char** argv) {
     // A slot per sequence that can run at once: never more than there are prompts.
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
     std::unique_ptr<infer::KVManager> memory;
-    std::unique_ptr<infer::ModelRunner> forward = std::make_unique<infer::CpuRunner>(model);
+    std::unique_ptr<infer::ModelRunner> forward =
+        quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, infer::parse_weight_format(weights), group))
+                  : std::make_unique<infer::CpuRunner>(model);
     infer::PrefixKVManager* prefix = nullptr;
     if (paged && device == "cpu")  // a GPU's pool is checked by its allocation
       require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
@@ -238,7 +253,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
-                 device == "cuda" ? "GPU" : "CPU");
+                 device == "cuda" ? "GPU" : quantized ? ("CPU, " + weights + " weights").c_str() : "CPU");
     // How well the KV memory was used: positions stored / positions reserved, over all steps.
     long stored = 0, reserved = 0, preempted = 0, most = 0;
     for (const auto& e : engine.log()) {

@@ -3,7 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
-//       [--api-key KEY] [--max-waiting N] [--request-timeout S]
+//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -18,7 +18,8 @@
 // header `Authorization: Bearer KEY`; --max-waiting N bounds the requests waiting for a place in
 // the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
 // client has to send a request's headers, and then its body (10 s), before its connection is
-// closed.
+// closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
+// INT4 in groups of G columns, 32 by default).
 // Ctrl-C stops it.
 #include <csignal>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/10_serving/server.hpp"
+#include "lessons/11_quantization/quantization.hpp"
 
 using namespace infer;
 
@@ -40,7 +42,7 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting", "--request-timeout"},
+                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group"},
                        {"--naive", "--no-prefix-cache"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
@@ -70,6 +72,13 @@ int main(int argc, char** argv) {
       throw Error("lesson10_serve: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw Error("lesson10_serve: --draft needs --speculative draft");
     if (!speculative.empty() && opts.has("--naive")) throw Error("lesson10_serve: --naive serves without speculation");
+    const std::string weights = opts.text("--weights", "f32");
+    const WeightFormat format = parse_weight_format(weights);  // throws for anything but f32, int8, int4
+    if (format != WeightFormat::f32 && opts.has("--naive"))
+      throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
+    if (opts.has("--group") && format != WeightFormat::int4) throw Error("lesson10_serve: --group needs --weights int4");
+    // Quantized at load (lesson 11), before the server opens its port.
+    ModelProjections projections = quantize_model(model, format, static_cast<int>(opts.number("--group", 32, 2, 1 << 20)));
     const ServingOptions engine_opts{
         .max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
         .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
@@ -97,10 +106,10 @@ int main(int argc, char** argv) {
         memory = std::make_unique<PagedKVManager>(c, blocks, block);
       else
         memory = std::make_unique<PrefixKVManager>(c, blocks, block);
-      auto engine = serving_engine(std::make_unique<CpuRunner>(model), std::move(memory), engine_opts,
+      auto engine = serving_engine(std::make_unique<CpuRunner>(model, std::move(projections)), std::move(memory), engine_opts,
                                    std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
+      what = cat("engine on ", weights, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
                  " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
                  speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
                                                 engine_opts.speculative_tokens, " guesses a decode)"));

@@ -42,3 +42,18 @@ with tempfile.TemporaryDirectory() as tmp:
         if run.returncode == 0 or says not in run.stderr:
             sys.exit(f"{extra} {path_arg}: expected a non-zero exit mentioning {says!r}, got {run.returncode}: {run.stderr!r}")
     print("serve_offline: a directory of prompts and a pool beyond the machine are refused")
+
+    # Lesson 11's weights: the same engine on INT8 and INT4 projections; bad values refused.
+    ok = os.path.join(tmp, "ok.txt")
+    with open(ok, "w") as f:
+        f.write("The \nLove is\n")
+    for weights in ("int8", "int4"):
+        run = serve(ok, "--weights", weights)
+        if run.returncode != 0 or f"{weights} weights" not in run.stderr or "--- request 1, line 2" not in run.stdout:
+            sys.exit(f"--weights {weights}: exit {run.returncode}, {run.stderr!r}")
+    for extra, says in [(["--weights", "int9"], "f32, int8 or int4"), (["--weights", "int8", "--group", "32"], "--group needs"),
+                        (["--weights", "int4", "--group", "48"], "a group of 48 columns")]:
+        run = serve(ok, *extra)
+        if run.returncode == 0 or says not in run.stderr:
+            sys.exit(f"{extra}: expected a non-zero exit mentioning {says!r}, got {run.returncode}: {run.stderr!r}")
+    print("serve_offline: --weights int8 and int4 serve every prompt; bad --weights and --group refused")
