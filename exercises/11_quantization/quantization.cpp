@@ -48,6 +48,7 @@ QuantizedMatrix quantize_int4(ConstMatrixRef w, int group) {
 
 Matrix dequantize(const QuantizedMatrix& w) {
   // scale * q for every element, [rows, cols] in float32: what the quantized matrix stands for.
+  // Refuses a matrix whose format is neither int8 nor int4.
   (void)w;
   throw NotImplemented("11", "dequantize");
 }
@@ -57,7 +58,8 @@ void linear_quantized_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, Matr
   // y[:, first + i] = x dequantize(w)[first + i]^T for i in [0, count) (+= with accumulate), on
   // this thread. What it keeps true: W is read in its small format, once per call whatever the
   // rows of x; the floats it multiplies by exist a small tile at a time, never as a float copy
-  // of W (no heap allocation that grows with W). Refuses mismatched shapes and rows outside W.
+  // of W (no heap allocation that grows with W). Any number of rows of x (a prefill's many too).
+  // Refuses mismatched shapes, rows outside W, and a format other than int8 and int4.
   (void)x, (void)w, (void)y, (void)first, (void)count, (void)accumulate;
   throw NotImplemented("11", "linear_quantized_rows_into");
 }

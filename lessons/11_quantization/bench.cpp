@@ -178,6 +178,8 @@ int main(int argc, char** argv) {
     }
     std::printf("\n\"roof tok/s\": batch x the read bandwidth of a buffer as large as the format's weights over the\n"
                 "bytes a step reads; a batch of 8 reads the weights once, so its roof is nearly 8 times batch 1's.\n"
+                "A figure above 100%% of roof means a bandwidth measurement was unlucky (another program busy on\n"
+                "this machine): run it again.\n"
                 "wrote %s/quality.csv and speed.csv\n",
                 out.c_str());
     return 0;

@@ -76,12 +76,14 @@ QuantizedMatrix quantize_int8(ConstMatrixRef w);
 /// positive even number dividing cols (naming both), an empty matrix or a value that is not finite.
 QuantizedMatrix quantize_int4(ConstMatrixRef w, int group = 32);
 
-/// W read back: scale * q for every element, as a float32 matrix [rows, cols].
+/// W read back: scale * q for every element, as a float32 matrix [rows, cols]. Throws
+/// infer::Error for a matrix whose format is neither int8 nor int4 (naming it).
 Matrix dequantize(const QuantizedMatrix& w);
 
 /// The decode step's product over quantized weights: for i in [0, count),
 /// y[:, first + i] = x dequantize(w)[first + i]^T (+= with `accumulate`), on the calling thread
-/// alone (the engine's threads each call it for their own rows).
+/// alone (the engine's threads each call it for their own rows). Any number of rows of x: a
+/// decode step's few (up to kLinearTileRows, where the care below pays), and a prefill's many.
 ///
 /// What it keeps true: W is read in its small format, once per call whatever the rows of x
 /// (a batch of 8 reads the same bytes as a batch of 1), and never turned into a float copy of
@@ -89,7 +91,8 @@ Matrix dequantize(const QuantizedMatrix& w);
 /// so the call allocates nothing on the heap that grows with W. Equals dequantize-then-multiply
 /// within 1e-5 sqrt(cols) + 1e-5 |y| (the sums in another order).
 ///
-/// Throws infer::Error for mismatched shapes (x [n, cols], y [n, rows]) or rows outside W.
+/// Throws infer::Error for mismatched shapes (x [n, cols], y [n, rows]), rows outside W, or a
+/// matrix whose format is neither int8 nor int4.
 void linear_quantized_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
                                 bool accumulate);
 

@@ -51,7 +51,9 @@ inline Packet widen_int8(const int8_t* p) {
 }
 
 /// The kLanes bytes of packed INT4 at `p` (each q + 8 in a nibble), as `scale` * q: `lo` from the
-/// bytes' low nibbles, `hi` from their high nibbles, lane i from byte i.
+/// bytes' low nibbles, `hi` from their high nibbles, lane i from byte i. In QuantizedMatrix's
+/// layout, bytes k.. of a group give its values k.. (lo) and group/2 + k.. (hi): the kLanes bytes
+/// stay inside one group only when group/2 is a multiple of kLanes.
 inline void widen_int4(const uint8_t* p, float scale, Packet& lo, Packet& hi) {
 #if defined(__AVX512F__)
   if constexpr (kLanes == 16) {

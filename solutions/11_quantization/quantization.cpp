@@ -16,6 +16,11 @@ void check_int4_group(long cols, int group, const char* who) {
           cols, " (a group must be a positive even number that divides the columns)");
 }
 
+void check_format(const QuantizedMatrix& w, const char* who) {
+  require(w.format == WeightFormat::int8 || w.format == WeightFormat::int4, who, ": a matrix in format ",
+          weight_format_name(w.format), " (expected int8 or int4)");
+}
+
 void check_values(ConstMatrixRef w, const char* who) {
   require(w.rows() > 0 && w.cols() > 0, who, ": an empty matrix [", w.rows(), ", ", w.cols(), "]");
   require(w.allFinite(), who, ": the matrix holds a value that is not finite");
@@ -213,6 +218,7 @@ QuantizedMatrix quantize_int4(ConstMatrixRef w, int group) {
 }
 
 Matrix dequantize(const QuantizedMatrix& w) {
+  check_format(w, "dequantize");
   Matrix out(w.rows, w.cols);
   for (long r = 0; r < w.rows; ++r) read_row(w, r, 0, w.cols, out.row(r).data());
   return out;
@@ -220,6 +226,7 @@ Matrix dequantize(const QuantizedMatrix& w) {
 
 void linear_quantized_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
                                 bool accumulate) {
+  check_format(w, "linear_quantized_rows_into");
   require(x.cols() == w.cols, "linear_quantized_rows_into: x has ", x.cols(), " columns but W [", w.rows, ", ", w.cols,
           "] expects ", w.cols);
   require(y.rows() == x.rows() && y.cols() == w.rows, "linear_quantized_rows_into: y is ", y.rows(), " x ", y.cols(),

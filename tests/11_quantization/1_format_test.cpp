@@ -136,6 +136,9 @@ GRADED_TEST(Lesson11Format, QuantizersRefuseWhatTheFormatCannotHold, 1) {
   bad(2, 5) = std::nanf("");
   EXPECT_TRUE(testing::throws_error_mentioning([&] { quantize_int8(bad); }, "finite"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { quantize_int4(bad, 32); }, "finite"));
+  QuantizedMatrix not_quantized;  // the f32 format has no integers to read back
+  not_quantized.format = WeightFormat::f32, not_quantized.rows = 1, not_quantized.cols = 4;
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { dequantize(not_quantized); }, "f32"));
 }
 
 }  // namespace
