@@ -5,30 +5,20 @@
 #include <algorithm>
 
 #include "common/errors.hpp"
+#include "common/packet.hpp"
 
 namespace infer {
 namespace {
 
-// Eigen's SIMD packets: 16 floats with AVX-512, 8 with AVX, 4 with SSE or NEON. pmadd is a fused
-// multiply-add where the processor has one (the compiler is not allowed to fuse a*b+c by itself
-// under -std=c++20).
-using Packet = Eigen::internal::packet_traits<float>::type;
-constexpr long kLanes = Eigen::internal::packet_traits<float>::size;
+using simd::in_register;
+using simd::kLanes;
+using simd::Packet;
 
 /// Rows of W in one tile.
 constexpr int kTileW = 4;
 /// Rows of x in one tile: kTileW x kTileX accumulators (16) fit in the registers of every
 /// processor Eigen vectorizes for.
 constexpr int kTileX = 4;
-
-/// Keeps `p` in a register from here on. Without it GCC folds the loads into the multiply-adds,
-/// loading each packet of W and x once per use instead of once: 2.5 loads per multiply-add instead
-/// of 0.5, and a product over 4 rows of x bound by loads at half the speed of memory.
-inline void in_register([[maybe_unused]] Packet& p) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
-  __asm__("" : "+x"(p));
-#endif
-}
 
 /// y[j][i] (+)= dot(W row i, x row j) for R rows of W (w, stride ldw) and B rows of x (x, stride
 /// ldx), each of length k. Each step loads R packets of W and B of x and does R x B multiply-adds,

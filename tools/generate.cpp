@@ -150,18 +150,13 @@ int main(int argc, char** argv) {
     if (speculative == "tree" && (paged || opts.text("--device", "cpu") != "cpu"))
       throw infer::Error("generate: --speculative tree runs lesson 06's own loop on the CPU, with its own cache; drop "
                          "--paged and --device");
-    const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
+    const std::string device = opts.text("--device", "cpu");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
-    if (weights != "f32" && weights != "bf16" && weights != "int8" && weights != "int4")
-      throw infer::Error(infer::cat("generate: --weights must be f32, int8 or int4 (or bf16 with --device cuda), got '",
-                                    weights, "'"));
-    if (device == "cpu" && weights == "bf16") throw infer::Error("generate: --weights bf16 needs --device cuda");
-    const bool quantized = weights == "int8" || weights == "int4";
-    if (device == "cuda" && quantized)
-      throw infer::Error("generate: the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU");
-    if (opts.has("--group") && weights != "int4") throw infer::Error("generate: --group needs --weights int4");
-    const int group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
+    const infer::WeightChoice weight = infer::weight_choice(opts, "generate", device);
+    const std::string& weights = weight.name;
+    const bool quantized = weight.quantized();
+    const int group = weight.group;
     if (quantized && (opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
       throw infer::Error("generate: --weights int8|int4 runs in the engine, which keeps its own KV memory; drop --kv-cache, "
                          "--kv-dtype and --speculative tree");
@@ -180,7 +175,7 @@ int main(int argc, char** argv) {
     // Quantized at load (lesson 11), before anything is printed: a group that does not divide the
     // model's columns is refused here.
     infer::ModelProjections projections;
-    if (quantized) projections = infer::quantize_model(model, infer::parse_weight_format(weights), group);
+    if (quantized) projections = infer::quantize_model(model, weight.format, group);
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     if (!print_ids) std::cout << prompt << std::flush;

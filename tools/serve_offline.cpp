@@ -127,18 +127,13 @@ int main(int argc, char** argv) {
     }
     if (prompts.empty()) throw infer::Error("serve_offline: '" + prompts_path + "' holds no prompts");
 
-    const std::string device = opts.text("--device", "cpu"), weights = opts.text("--weights", "f32");
+    const std::string device = opts.text("--device", "cpu");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("serve_offline: --device must be cpu or cuda, got '", device, "'"));
-    if (weights != "f32" && weights != "bf16" && weights != "int8" && weights != "int4")
-      throw infer::Error(infer::cat("serve_offline: --weights must be f32, int8 or int4 (or bf16 with --device cuda), got '",
-                                    weights, "'"));
-    if (device == "cpu" && weights == "bf16") throw infer::Error("serve_offline: --weights bf16 needs --device cuda");
-    const bool quantized = weights == "int8" || weights == "int4";
-    if (device == "cuda" && quantized)
-      throw infer::Error("serve_offline: the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU");
-    if (opts.has("--group") && weights != "int4") throw infer::Error("serve_offline: --group needs --weights int4");
-    const int group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
+    const infer::WeightChoice weight = infer::weight_choice(opts, "serve_offline", device);
+    const std::string& weights = weight.name;
+    const bool quantized = weight.quantized();
+    const int group = weight.group;
 #if COURSE_HAVE_CUDA
     if (device == "cuda" && !infer::cuda_device_available())
       throw infer::Error("serve_offline: --device cuda, but this machine has no CUDA device");
@@ -179,7 +174,7 @@ int main(int argc, char** argv) {
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
     std::unique_ptr<infer::KVManager> memory;
     std::unique_ptr<infer::ModelRunner> forward =
-        quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, infer::parse_weight_format(weights), group))
+        quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
                   : std::make_unique<infer::CpuRunner>(model);
     infer::PrefixKVManager* prefix = nullptr;
     if (paged && device == "cpu")  // a GPU's pool is checked by its allocation

@@ -72,13 +72,11 @@ int main(int argc, char** argv) {
       throw Error("lesson10_serve: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw Error("lesson10_serve: --draft needs --speculative draft");
     if (!speculative.empty() && opts.has("--naive")) throw Error("lesson10_serve: --naive serves without speculation");
-    const std::string weights = opts.text("--weights", "f32");
-    const WeightFormat format = parse_weight_format(weights);  // throws for anything but f32, int8, int4
-    if (format != WeightFormat::f32 && opts.has("--naive"))
+    const WeightChoice weights = weight_choice(opts, "lesson10_serve", "");
+    if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
-    if (opts.has("--group") && format != WeightFormat::int4) throw Error("lesson10_serve: --group needs --weights int4");
     // Quantized at load (lesson 11), before the server opens its port.
-    ModelProjections projections = quantize_model(model, format, static_cast<int>(opts.number("--group", 32, 2, 1 << 20)));
+    ModelProjections projections = quantize_model(model, weights.format, weights.group);
     const ServingOptions engine_opts{
         .max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
         .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
@@ -109,7 +107,7 @@ int main(int argc, char** argv) {
       auto engine = serving_engine(std::make_unique<CpuRunner>(model, std::move(projections)), std::move(memory), engine_opts,
                                    std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine on ", weights, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
+      what = cat("engine on ", weights.name, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
                  " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
                  speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
                                                 engine_opts.speculative_tokens, " guesses a decode)"));

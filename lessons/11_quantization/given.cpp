@@ -26,6 +26,27 @@ WeightFormat parse_weight_format(std::string_view name) {
   throw Error(cat("weights: '", name, "' is not a weight format (expected f32, int8 or int4)"));
 }
 
+WeightChoice weight_choice(const Options& opts, std::string_view program, std::string_view device) {
+  WeightChoice choice;
+  choice.name = opts.text("--weights", "f32");
+  const bool has_gpu = !device.empty();  // the program takes --device
+  if (choice.name != "bf16" || !has_gpu) {
+    try {
+      choice.format = parse_weight_format(choice.name);
+    } catch (const Error&) {
+      throw Error(cat(program, ": --weights must be f32, int8 or int4", has_gpu ? " (or bf16 with --device cuda)" : "",
+                      ", got '", choice.name, "'"));
+    }
+  }
+  if (device != "cuda" && choice.name == "bf16") throw Error(cat(program, ": --weights bf16 needs --device cuda"));
+  if (device == "cuda" && choice.quantized())
+    throw Error(cat(program, ": the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU"));
+  if (opts.has("--group") && choice.format != WeightFormat::int4)
+    throw Error(cat(program, ": --group needs --weights int4"));
+  choice.group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
+  return choice;
+}
+
 long QuantizedMatrix::bytes() const {
   return static_cast<long>(q.size() * sizeof(int8_t) + packed.size() + scales.size() * sizeof(float));
 }

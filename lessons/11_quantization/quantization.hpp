@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/options.hpp"
 #include "common/projection.hpp"
 #include "common/tensor.hpp"
 #include "common/weights.hpp"
@@ -125,6 +126,25 @@ ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, 
 /// function as the quantized engine's, up to the order of float sums, for measuring it with the
 /// plain forward of lesson 00.
 ModelWeights dequantized_model(const ModelWeights& model, const ModelProjections& projections);
+
+/// What a program's --weights and --group ask for (given).
+struct WeightChoice {
+  /// As given: "f32", "bf16" (a GPU's weights, lesson 07), "int8" or "int4".
+  std::string name = "f32";
+  /// The CPU engine's format: f32 for f32 and bf16.
+  WeightFormat format = WeightFormat::f32;
+  /// INT4's group (--group, 32 by default).
+  int group = 32;
+  /// Whether the projections are quantized (int8 or int4).
+  bool quantized() const { return format != WeightFormat::f32; }
+};
+
+/// Reads --weights (f32 by default) and --group of `program`'s `opts` for the forward on `device`
+/// ("cpu" or "cuda"; "" for a program without --device, which reads f32, int8 and int4 only), the
+/// one check the programs share (given). Throws infer::Error naming the program for a name that is
+/// not a format, bf16 on the CPU, int8 or int4 on the GPU (the GPU forward reads f32 or bf16
+/// weights), --group without int4, and a group below 2.
+WeightChoice weight_choice(const Options& opts, std::string_view program, std::string_view device);
 
 /// The held-out text the bundled models never trained on: models/heldout-fortunes.txt, 300
 /// quotes (tools/fortunes_corpus.py wrote it from the trainer's split).

@@ -8,8 +8,10 @@
 /// table lookup); elsewhere it is written with GCC's vector types, which the compiler lowers to
 /// what the processor has (AVX2, SSE, NEON). What the loop around it does is your part.
 ///
-/// The packets are Eigen's: `Packet` holds kLanes floats (16 with AVX-512, 8 with AVX, 4 with SSE
-/// or NEON), and Eigen::internal::pmadd(a, b, c) is a * b + c, fused where the processor can.
+/// The packets are Eigen's (common/packet.hpp): `Packet` holds kLanes floats (16 with AVX-512, 8
+/// with AVX, 4 with SSE or NEON), Eigen::internal::pmadd(a, b, c) is a * b + c, fused where the
+/// processor can, and in_register(p) keeps a packet in a register (GCC would otherwise load it
+/// again for every multiply-add it feeds).
 #pragma once
 
 #include <Eigen/Core>
@@ -17,16 +19,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/packet.hpp"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace infer::simd {
-
-/// kLanes floats in a register.
-using Packet = Eigen::internal::packet_traits<float>::type;
-/// Floats in a Packet.
-inline constexpr int kLanes = Eigen::internal::packet_traits<float>::size;
 
 /// @cond DETAIL
 namespace detail {

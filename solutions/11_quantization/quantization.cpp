@@ -51,16 +51,9 @@ void read_row(const QuantizedMatrix& w, long r, long c, long n, float* t) {
 
 // ---- the decode product, in registers ----
 
+using simd::in_register;
 using simd::kLanes;
 using simd::Packet;
-
-/// Keeps `p` in a register (as common/linear.cpp's kernel does: GCC would otherwise load it again
-/// for every multiply-add it feeds).
-inline void in_register([[maybe_unused]] Packet& p) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
-  __asm__("" : "+x"(p));
-#endif
-}
 
 /// y[j][r + i] += dot(row r + i of W, row j of x) for R rows of INT8 W and B rows of x: each packet
 /// of W widened once in a register and multiplied there by every row of x; the row's scale applied
