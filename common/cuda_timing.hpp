@@ -7,13 +7,40 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 
 namespace infer {
+
+/// The start every CUDA bench shares. Without a device: says so, writes `empty_json` (its results
+/// with "device": null, which the GPU report reads as not measured) into the file `json` when one
+/// is named, and returns nothing. With one: its properties, after printing its name, SMs and
+/// memory when `print` is set.
+inline std::optional<cudaDeviceProp> cuda_bench_device(const std::string& json, const char* empty_json,
+                                                       bool print = true) {
+  if (!cuda_device_available()) {
+    std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
+    if (!json.empty())
+      if (std::FILE* f = std::fopen(json.c_str(), "w")) {
+        std::fputs(empty_json, f);
+        std::fputc('\n', f);
+        std::fclose(f);
+      }
+    return std::nullopt;
+  }
+  cudaDeviceProp prop{};
+  INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (print)
+    std::printf("%s: %d SMs, %.0f GiB\n\n", prop.name, prop.multiProcessorCount,
+                static_cast<double>(prop.totalGlobalMem) / (1u << 30));
+  return prop;
+}
 
 /// Median milliseconds of `run` over `reps` timed runs (each bracketed by CUDA events on the
 /// default stream), after two untimed ones.
@@ -46,6 +73,15 @@ inline double cuda_copy_gbps(size_t bytes, int reps) {
   const double ms =
       cuda_time_ms([&] { INFER_CUDA_CHECK(cudaMemcpy(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, reps);
   return 2.0 * static_cast<double>(bytes) / (ms * 1e6);
+}
+
+/// The ceiling a bench compares its kernels with: cuda_copy_gbps() of 1 GiB (256 MiB when
+/// `quick`), printed, and returned.
+inline double cuda_copy_ceiling(bool quick, int reps) {
+  const size_t bytes = (quick ? 256ull : 1024ull) << 20;
+  const double gbps = cuda_copy_gbps(bytes, reps);
+  std::printf("device-to-device copy of %zu MiB: %.0f GB/s (read + written)\n\n", bytes >> 20, gbps);
+  return gbps;
 }
 
 }  // namespace infer

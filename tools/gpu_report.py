@@ -119,6 +119,22 @@ def main():
                        f"{100 * frac:.1f}% | {p.get('workspace_bytes', 0) / 2**20:.0f} |"]
         for d in bench.get("steps", []):
             md += [f"- decode step, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s"]
+        # Lesson 11: the quantized GEMVs, each against lesson 07's bf16 GEMV of its shape at batch 1.
+        gemv = bench.get("quantized_gemv", [])
+        if gemv:
+            md += [""] if md[-1] else []
+            md += ["| format | shape | batch | ms | GB/s | of copy bandwidth | bf16 batch 1 time / this |",
+                   "| --- | --- | --- | --- | --- | --- | --- |"]
+            for g in gemv:
+                md += [f"| {g.get('format')} | {g.get('shape', '')} | {g.get('batch')} | {g.get('ms', 0):.4f} | "
+                       f"{g.get('gbps', 0):.0f} | {100 * g.get('fraction_of_copy', 0):.0f}% | "
+                       f"{g.get('bf16_batch1_over_this', 0):.2f}x |"]
+        step = bench.get("quantized_step", [])
+        if step:
+            md += [""]
+        for s in step:
+            md += [f"- the 1.1B shape's projections, one decode step, {s.get('format')}, batch {s.get('batch')}: "
+                   f"{s.get('ms', 0):.3f} ms (bf16 batch 1 time / this: {s.get('bf16_batch1_over_this', 0):.2f}x)"]
     with open(os.path.join(a.out, "gpu-report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print(f"wrote {a.out}/gpu-report.md and gpu-report.json")

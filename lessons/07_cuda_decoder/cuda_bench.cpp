@@ -48,25 +48,13 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson07_cuda_bench", {"--json"}, {"--quick"});
     const bool quick = opts.has("--quick");
     const std::string json = opts.text("--json", "");
-    if (!cuda_device_available()) {
-      std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
-      if (!json.empty())
-        if (std::FILE* f = std::fopen(json.c_str(), "w")) {
-          std::fputs("{\"device\": null, \"kernels\": [], \"decode\": []}\n", f);
-          std::fclose(f);
-        }
-      return 0;
-    }
-    cudaDeviceProp prop{};
-    INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const auto device = cuda_bench_device(json, "{\"device\": null, \"kernels\": [], \"decode\": []}");
+    if (!device) return 0;
+    const cudaDeviceProp& prop = *device;
     const int reps = quick ? 5 : 20;
-    std::printf("%s: %d SMs, %.0f GiB\n\n", prop.name, prop.multiProcessorCount,
-                static_cast<double>(prop.totalGlobalMem) / (1u << 30));
 
     // The ceiling: a device-to-device copy reads and writes every byte once.
-    const size_t copy_bytes = (quick ? 256ull : 1024ull) << 20;
-    const double copy_gbps = cuda_copy_gbps(copy_bytes, reps);
-    std::printf("device-to-device copy of %zu MiB: %.0f GB/s (read + written)\n\n", copy_bytes >> 20, copy_gbps);
+    const double copy_gbps = cuda_copy_ceiling(quick, reps);
 
     std::vector<Result> results;
     // GEMV: 1 GiB of float32 weights (16384 x 16384), and a 64 MiB one (4096 x 4096).

@@ -72,22 +72,11 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson08_cuda_bench", {"--json"}, {"--quick"});
     const bool quick = opts.has("--quick");
     const std::string json = opts.text("--json", "");
-    if (!cuda_device_available()) {
-      std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
-      if (!json.empty())
-        if (std::FILE* f = std::fopen(json.c_str(), "w")) {
-          std::fputs("{\"device\": null, \"kernels\": [], \"decode\": [], \"splits\": []}\n", f);
-          std::fclose(f);
-        }
-      return 0;
-    }
-    cudaDeviceProp prop{};
-    INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const auto device = cuda_bench_device(json, "{\"device\": null, \"kernels\": [], \"decode\": [], \"splits\": []}");
+    if (!device) return 0;
+    const cudaDeviceProp& prop = *device;
     const int reps = quick ? 5 : 20;
-    std::printf("%s: %d SMs, %.0f GiB\n\n", prop.name, prop.multiProcessorCount,
-                static_cast<double>(prop.totalGlobalMem) / (1u << 30));
-    const double copy_gbps = cuda_copy_gbps((quick ? 256ull : 1024ull) << 20, reps);
-    std::printf("device-to-device copy: %.0f GB/s (read + written)\n\n", copy_gbps);
+    const double copy_gbps = cuda_copy_ceiling(quick, reps);
 
     const int heads = 32, kv_heads = 8, hd = 128, kvd = kv_heads * hd;
     std::vector<Result> results;

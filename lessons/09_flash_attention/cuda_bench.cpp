@@ -50,17 +50,9 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson09_cuda_bench", {"--json"}, {"--quick"});
     const bool quick = opts.has("--quick");
     const std::string json = opts.text("--json", "");
-    if (!cuda_device_available()) {
-      std::printf("no CUDA device here: nothing to measure (./course gpu-check runs this on a GPU machine)\n");
-      if (!json.empty())
-        if (std::FILE* f = std::fopen(json.c_str(), "w")) {
-          std::fputs("{\"device\": null, \"prefill\": []}\n", f);
-          std::fclose(f);
-        }
-      return 0;
-    }
-    cudaDeviceProp prop{};
-    INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const auto device = cuda_bench_device(json, "{\"device\": null, \"prefill\": []}", false);
+    if (!device) return 0;
+    const cudaDeviceProp& prop = *device;
     const int reps = quick ? 3 : 10;
 
     // The ceiling: cuBLAS's bf16 product, float32 accumulation.

@@ -1,0 +1,199 @@
+// Lesson 11 bench on the GPU: the INT8 and INT4 GEMVs against lesson 07's bf16 GEMV.
+//
+//   build/cuda/bin/lesson11_cuda_bench [--json FILE] [--quick]
+//
+// Decode at a small batch streams the weights, so each GEMV is measured in GB/s of the bytes its
+// format holds (weights, scales, x and y), against the device's own device-to-device copy, and
+// in time against lesson 07's bf16 GEMV of the same shape at batch 1 (gemv_bf16 version 2):
+// "bf16 / this" above 1 is faster than bf16. Batch 8 asks whether eight sequences cost about one:
+// the kernels read W once for up to 8 rows of x. The shapes: a 16384 x 16384 matrix (256 MB in
+// INT8, past any cache), and the projections of a 1.1B-parameter model (TinyLlama's: hidden 2048,
+// 4 KV heads of 64, MLP 5632, 32,000 tokens, 22 layers), which the bench also sums into one decode
+// step's projections. Random weights and inputs; kernel times are the median of CUDA-event
+// timings after a warm-up. On a machine without a CUDA device it says so and exits 0.
+// ./course gpu-check runs it and puts the JSON in its report.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/cuda_buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/cuda_timing.hpp"
+#include "common/options.hpp"
+#include "common/rng.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/11_quantization/kernels.hpp"
+
+using namespace infer;
+
+namespace {
+
+/// A projection's shape, and how many of it one decode step of the 1.1B model runs (0: not part
+/// of the model).
+struct Shape {
+  std::string name;
+  int rows, cols, per_step;
+};
+
+/// A format: bf16 (lesson 07), int8, or int4 in groups of `group`.
+struct Format {
+  std::string name;
+  int group;  // int4 only
+};
+
+struct Row {
+  std::string format, shape;
+  int rows = 0, cols = 0, batch = 0, per_step = 0;
+  double ms = 0, bytes = 0, bf16_ms = 0;  // bf16_ms: lesson 07's bf16 GEMV of the shape at batch 1
+};
+
+/// n random bytes (the weights' bits: their values do not change what a GEMV reads).
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t r = rng.next_u64();
+    for (size_t k = 0; k < 8 && i + k < n; ++k) v[i + k] = static_cast<uint8_t>(r >> (8 * k));
+  }
+  return v;
+}
+
+/// n floats uniform in [lo, hi).
+std::vector<float> random_floats(size_t n, uint64_t seed, double lo, double hi) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& f : v) f = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+/// The bytes a call reads and writes: the weights as the format holds them, their scales, x and y.
+double bytes_of(const Format& f, const Shape& s, int batch) {
+  const double w = static_cast<double>(s.rows) * s.cols;
+  const double weights = f.name == "bf16" ? 2 * w : f.name == "int8" ? w + 4.0 * s.rows : w / 2 + 4 * w / f.group;
+  return weights + 4.0 * batch * (s.rows + s.cols);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson11_cuda_bench", {"--json"}, {"--quick"});
+    const bool quick = opts.has("--quick");
+    const std::string json = opts.text("--json", "");
+    const auto device = cuda_bench_device(json, "{\"device\": null, \"quantized_gemv\": [], \"quantized_step\": []}");
+    if (!device) return 0;
+    const cudaDeviceProp& prop = *device;
+    const int reps = quick ? 5 : 20;
+    const double copy_gbps = cuda_copy_ceiling(quick, reps);
+
+    std::vector<Shape> shapes = {{"1.1B q_proj, o_proj", 2048, 2048, 2 * 22},
+                                 {"1.1B k_proj, v_proj", 256, 2048, 2 * 22},
+                                 {"1.1B gate_proj, up_proj", 5632, 2048, 2 * 22},
+                                 {"1.1B down_proj", 2048, 5632, 22},
+                                 {"1.1B lm_head", 32000, 2048, 1}};
+    if (!quick) shapes.insert(shapes.begin(), {"16384 x 16384", 16384, 16384, 0});
+    const std::vector<Format> formats = {{"bf16", 0}, {"int8", 0}, {"int4", 32}, {"int4", 128}};
+    const std::vector<int> batches = {1, 8};
+
+    std::vector<Row> results;
+    for (const Shape& s : shapes) {
+      const size_t n = static_cast<size_t>(s.rows) * s.cols;
+      const std::vector<uint8_t> bits = random_bytes(2 * n, 7 + s.rows + s.cols);
+      DeviceArray<float> x(random_floats(8ull * s.cols, 11, -1.0, 1.0)), y(8ull * s.rows);
+      double bf16_ms = 0;  // bf16 runs first: the other formats are measured against its batch 1
+      for (const Format& f : formats) {
+        // The weights on the device, and the call that multiplies by them.
+        DeviceArray<uint16_t> w16;
+        DeviceArray<int8_t> w8;
+        DeviceArray<uint8_t> w4;
+        DeviceArray<float> scales;
+        std::string label;
+        if (f.name == "bf16") {
+          // Finite weights of a trained model's size: sign and mantissa random, exponent 2^-7.
+          std::vector<uint16_t> w(n);
+          for (size_t i = 0; i < n; ++i)
+            w[i] = static_cast<uint16_t>(((bits[2 * i] | bits[2 * i + 1] << 8) & 0x807F) | 0x3C00);
+          w16 = DeviceArray<uint16_t>(w);
+          label = "bf16 (lesson 07)";
+        } else if (f.name == "int8") {
+          w8 = DeviceArray<int8_t>(std::vector<int8_t>(bits.begin(), bits.begin() + n));
+          scales = DeviceArray<float>(random_floats(s.rows, 13, 0.5e-3, 2e-3));
+          label = "int8";
+        } else {
+          w4 = DeviceArray<uint8_t>(std::vector<uint8_t>(bits.begin(), bits.begin() + n / 2));
+          scales = DeviceArray<float>(random_floats(n / f.group, 17, 1e-3, 4e-3));
+          label = cat("int4, groups of ", f.group);
+        }
+        for (const int batch : batches) {
+          const double ms = cuda_time_ms([&] {
+            if (f.name == "bf16" && batch == 1) gpu::gemv_bf16(2, w16.get(), x.get(), y.get(), s.rows, s.cols);
+            else if (f.name == "bf16") gpu::gemv_batch_bf16(w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
+            else if (f.name == "int8") gpu::gemv_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
+            else gpu::gemv_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
+          }, reps);
+          if (f.name == "bf16" && batch == 1) bf16_ms = ms;
+          results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms});
+        }
+      }
+    }
+
+    std::printf("%-20s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
+                "bf16/this");
+    for (const Row& r : results) {
+      const double gbps = r.bytes / (r.ms * 1e6);
+      std::printf("%-20s %-26s %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.batch, r.ms,
+                  gbps, 100 * gbps / copy_gbps, r.bf16_ms / r.ms);
+    }
+    // One decode step's projections of the 1.1B model, each shape times how often a step runs it.
+    struct Step {
+      std::string format;
+      int batch;
+      double ms = 0, bf16_ms = 0;
+    };
+    std::vector<Step> steps;
+    for (const Row& r : results) {
+      if (r.per_step == 0) continue;
+      Step* step = nullptr;
+      for (Step& s : steps)
+        if (s.format == r.format && s.batch == r.batch) step = &s;
+      if (!step) step = &steps.emplace_back(Step{r.format, r.batch});
+      step->ms += r.per_step * r.ms;
+      step->bf16_ms += r.per_step * r.bf16_ms;
+    }
+    std::printf("\n%-20s %5s %14s %10s\n", "1.1B projections", "batch", "ms per step", "bf16/this");
+    for (const Step& s : steps)
+      std::printf("%-20s %5d %14.3f %9.2fx\n", s.format.c_str(), s.batch, s.ms, s.bf16_ms / s.ms);
+
+    if (!json.empty()) {
+      std::FILE* f = std::fopen(json.c_str(), "w");
+      require(f != nullptr, "lesson11_cuda_bench: cannot write ", json);
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"quantized_gemv\": [\n", prop.name, copy_gbps);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const Row& r = results[i];
+        const double gbps = r.bytes / (r.ms * 1e6);
+        std::fprintf(f,
+                     "  {\"format\": \"%s\", \"shape\": \"%s\", \"rows\": %d, \"cols\": %d, \"batch\": %d, "
+                     "\"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, \"fraction_of_copy\": %.4f, "
+                     "\"bf16_batch1_ms\": %.5f, \"bf16_batch1_over_this\": %.3f}%s\n",
+                     r.format.c_str(), r.shape.c_str(), r.rows, r.cols, r.batch, r.ms, r.bytes, gbps, gbps / copy_gbps,
+                     r.bf16_ms, r.bf16_ms / r.ms, i + 1 < results.size() ? "," : "");
+      }
+      std::fprintf(f, "], \"quantized_step\": [\n");
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const Step& s = steps[i];
+        std::fprintf(f, "  {\"format\": \"%s\", \"batch\": %d, \"ms\": %.4f, \"bf16_batch1_over_this\": %.3f}%s\n",
+                     s.format.c_str(), s.batch, s.ms, s.bf16_ms / s.ms, i + 1 < steps.size() ? "," : "");
+      }
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+      std::printf("\nwrote %s\n", json.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
