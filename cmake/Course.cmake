@@ -1,4 +1,4 @@
-# course_lesson(NN topic [DEPENDS MM ...]) declares lesson NN_topic:
+# course_lesson(NN topic [DEPENDS MM ...] [TEST_DEPENDS KK ...]) declares lesson NN_topic:
 #
 #   lessonNN_solution   library from solutions/NN_topic/*.cpp (+ lessons/NN_topic/given.cpp)
 #   lessonNN_exercise   library from <exercises>/NN_topic/*.cpp (+ given.cpp; exercises track only)
@@ -12,11 +12,14 @@
 #   lessonNN_demo/bench lessons/NN_topic/demo.cpp and bench.cpp, when present
 #
 # A lesson's library links the *reference* libraries of the lessons it
-# DEPENDS on, in both tracks: a student stuck on lesson 2 can still do lesson 3.
+# DEPENDS on, in both tracks: a student stuck on lesson 2 can still do lesson 3. TEST_DEPENDS
+# names lessons only its tests use (their reference libraries, linked into the tests alone): a
+# library that needs no more than it uses keeps a program that takes lesson KK from exercises/
+# from linking lesson KK's reference too.
 set(COURSE_TEST_TIMEOUT 120 CACHE STRING "Seconds one test case may run before it counts as failed")
 
 function(course_lesson nn topic)
-  cmake_parse_arguments(L "" "" "DEPENDS" ${ARGN})
+  cmake_parse_arguments(L "" "" "DEPENDS;TEST_DEPENDS" ${ARGN})
   set(dir "${nn}_${topic}")
   set_property(GLOBAL APPEND PROPERTY COURSE_LESSONS "${dir}")
 
@@ -24,6 +27,11 @@ function(course_lesson nn topic)
   foreach(dep IN LISTS L_DEPENDS)
     list(APPEND dep_libs "lesson${dep}_solution")
   endforeach()
+  set(test_libs lesson${nn})
+  foreach(dep IN LISTS L_TEST_DEPENDS)
+    list(APPEND test_libs "lesson${dep}_solution")
+  endforeach()
+  set_property(GLOBAL PROPERTY COURSE_TEST_LIBS_${nn} "${test_libs}")
 
   # lessons/NN_topic/given*.cpp: the plumbing given to students, in both tracks. given_cuda.cpp
   # calls the CUDA runtime and is built where CUDA is; given_http.cpp and given_http_*.cpp serve
@@ -79,13 +87,13 @@ function(course_lesson nn topic)
     list(FILTER test_src EXCLUDE REGEX "_http_test\\.cpp$")
   endif()
   if(test_src)
-    course_add_tests(lesson${nn}_tests "lesson${nn};graded" lesson${nn} ${test_src})
+    course_add_tests(lesson${nn}_tests "lesson${nn};graded" "${test_libs}" ${test_src})
     course_manifest_add("${dir}" lesson${nn}_tests "${test_src}" "")
   endif()
   file(GLOB cuda_test_src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${dir}/*_test.cu"
                                             "${CMAKE_SOURCE_DIR}/tests/${dir}/*_cuda_test.cpp")
   if(cuda_test_src AND COURSE_HAVE_CUDA)
-    course_add_tests(lesson${nn}_cuda_tests "lesson${nn};graded;cuda" lesson${nn} ${cuda_test_src})
+    course_add_tests(lesson${nn}_cuda_tests "lesson${nn};graded;cuda" "${test_libs}" ${cuda_test_src})
     target_link_libraries(lesson${nn}_cuda_tests PRIVATE CUDA::cudart)
     course_manifest_add("${dir}" lesson${nn}_cuda_tests "${cuda_test_src}" "")
   endif()
@@ -130,12 +138,12 @@ function(course_link_cuda target sources)
   endif()
 endfunction()
 
-# course_add_tests(target labels lib sources...): one test binary, each GoogleTest
+# course_add_tests(target labels libs sources...): one test binary, each GoogleTest
 # case its own ctest (so a crash or a hang costs that case only).
-function(course_add_tests target labels lib)
+function(course_add_tests target labels libs)
   add_executable(${target} ${ARGN})
   set_target_properties(${target} PROPERTIES COURSE_TEST_HARNESS ON)
-  target_link_libraries(${target} PRIVATE ${lib} course_testing course_test_main course_flags)
+  target_link_libraries(${target} PRIVATE ${libs} course_testing course_test_main course_flags)
   course_discover_tests(${target} "${labels}")
 endfunction()
 
@@ -164,7 +172,8 @@ function(course_extra_tests root)
     if(extra)
       string(SUBSTRING "${dir}" 0 2 nn)
       if(TARGET lesson${nn})
-        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" lesson${nn} ${extra})
+        get_property(test_libs GLOBAL PROPERTY COURSE_TEST_LIBS_${nn})
+        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" "${test_libs}" ${extra})
         course_manifest_add("${dir}" lesson${nn}_extra_tests "${extra}" "")
       endif()
       set(found TRUE)

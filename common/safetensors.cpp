@@ -52,15 +52,17 @@ uint16_t read_le_u16(const unsigned char* p) { return static_cast<uint16_t>(p[0]
 
 }  // namespace
 
-namespace {
-
 /// One header entry, checked.
-struct Entry {
+struct SafetensorsEntry {
   std::string name, dtype;
   std::vector<long> shape;
   uint64_t begin = 0, end = 0;
   size_t elem = 0;
 };
+
+namespace {
+
+using Entry = SafetensorsEntry;
 
 /// Reads and checks one header entry: its fields' types, its dtype, a shape whose byte count fits
 /// 64 bits, and a byte range that matches the shape and lies in the data section.
@@ -104,45 +106,45 @@ Entry parse_entry(const std::string& name, const nlohmann::json& info, uint64_t 
 
 }  // namespace
 
-std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   namespace fs = std::filesystem;
-  require(fs::exists(path), "safetensors: cannot open '", path, "': no such file");
-  require(fs::is_regular_file(path), "safetensors '", path, "': is a directory or a special file, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), "safetensors: cannot open '", path, "'");
-  in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  require(file_size >= 8, "safetensors '", path, "': file is ", file_size,
-          " bytes, expected at least 8 (the header length)");
+  const std::string& p = path_;
+  require(fs::exists(p), "safetensors: cannot open '", p, "': no such file");
+  require(fs::is_regular_file(p), "safetensors '", p, "': is a directory or a special file, expected a file");
+  in_.open(p, std::ios::binary);
+  require(in_.good(), "safetensors: cannot open '", p, "'");
+  in_.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(in_.tellg());
+  in_.seekg(0);
+  require(file_size >= 8, "safetensors '", p, "': file is ", file_size, " bytes, expected at least 8 (the header length)");
   unsigned char len_bytes[8];
-  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  in_.read(reinterpret_cast<char*>(len_bytes), 8);
   const uint64_t header_len = read_le_u64(len_bytes);
-  require(header_len <= kMaxSafetensorsHeader, "safetensors '", path, "': header length ", header_len,
+  require(header_len <= kMaxSafetensorsHeader, "safetensors '", p, "': header length ", header_len,
           " is above the format's limit of ", kMaxSafetensorsHeader, " bytes: corrupt or not safetensors");
-  require(header_len <= file_size - 8, "safetensors '", path, "': header length ", header_len,
+  require(header_len <= file_size - 8, "safetensors '", p, "': header length ", header_len,
           " runs past the end of the file (", file_size, " bytes): truncated or not safetensors");
   std::string header_text(header_len, '\0');
-  in.read(header_text.data(), static_cast<std::streamsize>(header_len));
+  in_.read(header_text.data(), static_cast<std::streamsize>(header_len));
 
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(cat("safetensors '", path, "': header is not valid JSON: ", e.what()));
+    throw Error(cat("safetensors '", p, "': header is not valid JSON: ", e.what()));
   }
-  require(header.is_object(), "safetensors '", path, "': header must be a JSON object");
+  require(header.is_object(), "safetensors '", p, "': header must be a JSON object");
 
   // Every entry checked, then the ranges: they must tile the data section exactly, with no
   // overlap (two tensors sharing bytes), no gap and nothing after the last tensor.
-  const uint64_t data_size = file_size - 8 - header_len;
-  std::vector<Entry> entries;
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = file_size - data_start_;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
-    entries.push_back(parse_entry(name, info, data_size, cat("safetensors '", path, "', tensor '", name, "'")));
+    entries_.push_back(parse_entry(name, info, data_size, cat("safetensors '", p, "', tensor '", name, "'")));
   }
   std::vector<const Entry*> order;
-  for (const Entry& e : entries) order.push_back(&e);
+  for (const Entry& e : entries_) order.push_back(&e);
   std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
@@ -150,39 +152,94 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   const Entry* previous = nullptr;
   for (const Entry* e : order) {
     if (e->begin < at)  // only after a first tensor: at starts at 0
-      throw Error(cat("safetensors '", path, "': tensor '", e->name, "' [", e->begin, ", ", e->end,
+      throw Error(cat("safetensors '", p, "': tensor '", e->name, "' [", e->begin, ", ", e->end,
                       ") overlaps tensor '", previous->name, "' [", previous->begin, ", ", previous->end,
                       "): each tensor must have bytes of its own"));
-    require(e->begin == at, "safetensors '", path, "': ", e->begin - at, " bytes before tensor '", e->name,
+    require(e->begin == at, "safetensors '", p, "': ", e->begin - at, " bytes before tensor '", e->name,
             "' belong to no tensor: the byte ranges must tile the data section");
     at = e->end;
     previous = e;
   }
-  require(at == data_size, "safetensors '", path, "': ", data_size - at,
+  require(at == data_size, "safetensors '", p, "': ", data_size - at,
           " bytes after the last tensor belong to no tensor: the byte ranges must tile the data section");
+}
 
-  std::vector<unsigned char> data(data_size);
-  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data_size));
-  require(in.good() || in.eof(), "safetensors '", path, "': read error");
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.name);
+  return out;
+}
 
-  std::map<std::string, Tensor> tensors;
-  for (const Entry& e : entries) {
-    Tensor t;
-    t.shape = e.shape;
-    t.data.resize((e.end - e.begin) / e.elem);
-    const unsigned char* src = data.data() + e.begin;
+bool SafetensorsFile::has(const std::string& name) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.name == name; });
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  for (const Entry& e : entries_)
+    if (e.name == name) return e;
+  throw Error(cat("safetensors '", path_, "': no tensor '", name, "'"));
+}
+
+const std::vector<long>& SafetensorsFile::shape(const std::string& name) const { return entry(name).shape; }
+
+Tensor SafetensorsFile::read(const std::string& name) {
+  const Entry& e = entry(name);
+  const long n = static_cast<long>((e.end - e.begin) / e.elem);
+  if (e.shape.size() == 2) return read(name, 0, e.shape[0], 0, e.shape[1]);
+  Tensor t = read(name, 0, 1, 0, n);  // any other rank: one row of every element
+  t.shape = e.shape;
+  return t;
+}
+
+Tensor SafetensorsFile::read(const std::string& name, long row, long rows, long col, long cols) {
+  const Entry& e = entry(name);
+  const long n = static_cast<long>((e.end - e.begin) / e.elem);
+  // A tensor of any other rank is read whole, as one row (the overload above).
+  const long shape_rows = e.shape.size() == 2 ? e.shape[0] : 1, shape_cols = e.shape.size() == 2 ? e.shape[1] : n;
+  require(e.shape.size() == 2 || (row == 0 && rows == 1 && col == 0 && cols == n), "safetensors '", path_,
+          "', tensor '", name, "': a part of a tensor of shape ", shape_string(e.shape), " (parts are of 2-D tensors)");
+  require(row >= 0 && rows >= 0 && row + rows <= shape_rows && col >= 0 && cols >= 0 && col + cols <= shape_cols,
+          "safetensors '", path_, "', tensor '", name, "': rows [", row, ", ", row + rows, ") and columns [", col, ", ",
+          col + cols, ") of a tensor of shape ", shape_string(e.shape));
+  Tensor t;
+  t.shape = {rows, cols};
+  t.data.resize(static_cast<size_t>(rows * cols));
+  std::vector<unsigned char> run;
+  // Whole rows are one run of the file; otherwise one run per row.
+  const bool whole = cols == shape_cols;
+  const long runs = whole ? (rows > 0 ? 1 : 0) : rows, per_run = whole ? rows * cols : cols;
+  for (long r = 0; r < runs; ++r) {
+    const uint64_t first = e.begin + static_cast<uint64_t>(((row + r) * shape_cols + col)) * e.elem;
+    run.resize(static_cast<size_t>(per_run) * e.elem);
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(data_start_ + first));
+    in_.read(reinterpret_cast<char*>(run.data()), static_cast<std::streamsize>(run.size()));
+    require(in_.good(), "safetensors '", path_, "', tensor '", name, "': read error");
+    bytes_read_ += run.size();
+    float* dst = t.data.data() + r * per_run;
+    const unsigned char* src = run.data();
     if (e.dtype == "F32") {
-      std::memcpy(t.data.data(), src, e.end - e.begin);  // safetensors is little-endian, like x86 and ARM
+      std::memcpy(dst, src, run.size());  // safetensors is little-endian, like x86 and ARM
     } else if (e.dtype == "F16") {
-      for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = half_to_float(read_le_u16(src + 2 * i));
+      for (long i = 0; i < per_run; ++i) dst[i] = half_to_float(read_le_u16(src + 2 * i));
     } else {
-      for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = bfloat16_to_float(read_le_u16(src + 2 * i));
+      for (long i = 0; i < per_run; ++i) dst[i] = bfloat16_to_float(read_le_u16(src + 2 * i));
     }
-    for (size_t i = 0; i < t.data.size(); ++i)
-      require(std::isfinite(t.data[i]), "safetensors '", path, "', tensor '", e.name, "': element ", i, " is ",
-              t.data[i], ": weights must be finite");
-    tensors.emplace(e.name, std::move(t));
   }
+  for (size_t i = 0; i < t.data.size(); ++i)
+    require(std::isfinite(t.data[i]), "safetensors '", path_, "', tensor '", name, "': element ",
+            whole ? static_cast<long>(i) + row * shape_cols : (row + static_cast<long>(i) / cols) * shape_cols + col +
+                                                                  static_cast<long>(i) % cols,
+            " is ", t.data[i], ": weights must be finite");
+  return t;
+}
+
+std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+  SafetensorsFile file(path);
+  std::map<std::string, Tensor> tensors;
+  for (const std::string& name : file.names()) tensors.emplace(name, file.read(name));
   return tensors;
 }
 

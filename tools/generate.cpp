@@ -5,6 +5,7 @@
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
+//            [--tensor-parallel-size N]
 //
 // Without --kv-cache every step re-runs the whole sequence (lesson 00's generate()); with it, the
 // prompt is prefilled once and each step computes one token (lesson 02's generate_cached()).
@@ -21,7 +22,8 @@
 // projections quantized at load (lesson 11: INT8 per output channel, INT4 in groups of G, default
 // 32). --speculative tree (greedy only) runs lesson 06's own tree
 // loop: the draft proposes a tree of B branches per node (default 2), K levels deep, scored in
-// one forward with a tree mask.
+// one forward with a tree mask. --tensor-parallel-size N (lesson 12) starts N MPI ranks (mpirun),
+// each reading its shard of the model; rank 0 runs the engine and prints, the others follow it.
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
 // instead, on one line, separated by spaces. Statistics go to stderr with --stats.
@@ -46,6 +48,7 @@
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/11_quantization/quantization.hpp"
+#include "lessons/12_tensor_parallel/tensor_parallel.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -61,6 +64,7 @@ void usage(std::ostream& out) {
          "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]\n"
          "                [--device cuda [--weights f32|bf16]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
+         "                [--tensor-parallel-size N]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
          "  --stats prints tokens and tokens/s to stderr.\n"
@@ -79,6 +83,8 @@ void usage(std::ostream& out) {
          "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it.\n"
          "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32).\n"
+         "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started for you),\n"
+         "  each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
          "  --speculative tree (temperature 0 only) runs lesson 06's own tree loop: the draft's tree of\n"
          "  --tree-branches B (default 2) children per node, K levels deep, verified in one forward with a\n"
          "  tree attention mask.\n";
@@ -100,7 +106,8 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
                                "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group",
-                               "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches"},
+                               "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches",
+                               "--tensor-parallel-size"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
@@ -169,13 +176,32 @@ int main(int argc, char** argv) {
 #else
     if (device == "cuda") throw infer::Error("generate: this build has no CUDA (no CUDA compiler was found)");
 #endif
+    // Lesson 12: the engine on rank 0 of N ranks, each holding a shard of the model. Checked
+    // before mpirun starts the ranks, so that a mistake is said once.
+    const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
+    if (tp > 1 && (paged || device == "cuda" || opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
+      throw infer::Error("generate: --tensor-parallel-size runs the engine over whole-context slots on the CPU; drop "
+                         "--paged, --prefix-cache, --device cuda, --kv-cache, --kv-dtype and --speculative tree");
+    if (tp > 1) {
+      const int status = infer::launch_ranks(tp, argc, argv, "generate");  // this process: mpirun's status
+      if (status >= 0) return status;
+    }
+    infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     // Lessons 00 and 02 run their own loops; everything else is the engine's.
-    const bool engine_mode = paged || device == "cuda" || speculative == "draft" || speculative == "ngram" || quantized;
-    const infer::ModelWeights model = infer::load_model(model_dir);
+    const bool engine_mode =
+        paged || device == "cuda" || speculative == "draft" || speculative == "ngram" || quantized || tp > 1;
+    // Each rank reads only its shard of the file (lesson 12's load_shard).
+    const infer::ModelWeights model = infer::load_model_for(model_dir, comm);
     // Quantized at load (lesson 11), before anything is printed: a group that does not divide the
     // model's columns is refused here.
     infer::ModelProjections projections;
     if (quantized) projections = infer::quantize_model(model, weight.format, group);
+    std::unique_ptr<infer::TensorParallelRunner> tp_runner;
+    if (comm) {
+      tp_runner = std::make_unique<infer::TensorParallelRunner>(
+          model, infer::tensor_parallel(quantized ? std::move(projections) : infer::float_projections(model), *comm), *comm, 1);
+      if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
+    }
     infer::Sampler sampler(params);
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     if (!print_ids) std::cout << prompt << std::flush;
@@ -202,11 +228,16 @@ int main(int argc, char** argv) {
       // The engine, one request at a time: what serve-offline and serve run, with one user.
       const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
       const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
-      std::unique_ptr<infer::ModelRunner> runner =
-          quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
-                    : std::make_unique<infer::CpuRunner>(model);
       std::unique_ptr<infer::KVBlockPool> pool;
       std::unique_ptr<infer::KVManager> memory;
+      std::unique_ptr<infer::ModelRunner> runner;
+      if (tp_runner) {
+        memory = tp_runner->memory();
+        runner = std::move(tp_runner);
+      } else {
+        runner = quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
+                           : std::make_unique<infer::CpuRunner>(model);
+      }
 #if COURSE_HAVE_CUDA
       std::unique_ptr<infer::gpu::DeviceAttention> attention;
       if (device == "cuda" && paged) {
@@ -267,7 +298,8 @@ int main(int argc, char** argv) {
         proposed += e.proposed, accepted += e.accepted, most_reserved = std::max(most_reserved, e.reserved_tokens);
       engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)"
                                                    : "CPU" + (quantized ? " (" + weights + " weights)" : std::string()),
-                               ", ", engine.log().size(), " steps");
+                               tp > 1 ? infer::cat(", tensor parallel over ", tp, " MPI ranks") : std::string(), ", ",
+                               engine.log().size(), " steps");
       if (paged)
         engine_name += infer::cat("; paged KV memory: at most ", most_reserved / block_size, " of ", blocks,
                                   " blocks of ", block_size, " positions held");

@@ -5,6 +5,7 @@
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
 //                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
+//                 [--tensor-parallel-size N]
 //
 // Without --paged each batch slot reserves a KV cache of the model's whole context (lesson 03);
 // with it, sequences take blocks of SIZE positions from a pool of N blocks as they grow (lesson
@@ -20,7 +21,8 @@
 // -draft appended) in the step's one forward, and keeps those the model agrees with.
 //
 // --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson
-// 11: INT8 per output channel, INT4 in groups of G columns, default 32).
+// 11: INT8 per output channel, INT4 in groups of G columns, default 32). --tensor-parallel-size N
+// (lesson 12) starts N MPI ranks, each reading its shard; rank 0 runs the engine and prints.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
@@ -47,6 +49,7 @@
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/11_quantization/quantization.hpp"
+#include "lessons/12_tensor_parallel/tensor_parallel.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -70,7 +73,7 @@ int main(int argc, char** argv) {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
                                "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group",
-                               "--speculative", "--num-speculative-tokens", "--draft"},
+                               "--speculative", "--num-speculative-tokens", "--draft", "--tensor-parallel-size"},
                               {"-h", "--help", "--paged", "--prefix-cache"},
                               // vLLM's names for the same options
                               {{"--max-num-seqs", "--max-batch"},
@@ -80,7 +83,7 @@ int main(int argc, char** argv) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
-                   "                     [--device cuda [--weights f32|bf16]]\n"
+                   "                     [--device cuda [--weights f32|bf16]] [--tensor-parallel-size N]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
@@ -91,6 +94,8 @@ int main(int argc, char** argv) {
                    "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
                    "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load\n"
                    "  (lesson 11; int4 in groups of --group G columns, default 32).\n"
+                   "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started\n"
+                   "  for you), each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
                    "  --speculative ngram|draft decodes speculatively inside the engine (lesson 06): prompt\n"
                    "  lookup or the draft model (--draft DIR, default MODEL-draft) guesses up to\n"
                    "  --num-speculative-tokens K tokens (default 4) per decode.\n"
@@ -150,7 +155,28 @@ int main(int argc, char** argv) {
       throw infer::Error("serve_offline: --draft needs --speculative draft");
     const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64));
 
-    const infer::ModelWeights model = infer::load_model(model_dir);
+    // Lesson 12: the engine on rank 0 of N MPI ranks, each holding a shard of the model; checked
+    // before mpirun starts them, so that a mistake is said once.
+    const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
+    if (tp > 1 && (opts.has("--paged") || device == "cuda"))
+      throw infer::Error("serve_offline: --tensor-parallel-size runs the engine over whole-context slots on the CPU; "
+                         "drop --paged, --prefix-cache and --device cuda");
+    if (tp > 1) {
+      const int status = infer::launch_ranks(tp, argc, argv, "serve_offline");  // this process: mpirun's status
+      if (status >= 0) return status;
+    }
+    infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
+    const infer::ModelWeights model = infer::load_model_for(model_dir, comm);  // a rank's shard, with ranks
+    std::unique_ptr<infer::TensorParallelRunner> tp_runner;
+    if (comm) {
+      const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
+      tp_runner = std::make_unique<infer::TensorParallelRunner>(
+          model,
+          infer::tensor_parallel(quantized ? infer::quantize_model(model, weight.format, group) : infer::float_projections(model),
+                                 *comm),
+          *comm, slots);
+      if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
+    }
     infer::ModelWeights draft;
     std::unique_ptr<infer::Speculator> speculator;
     if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
@@ -173,9 +199,14 @@ int main(int argc, char** argv) {
     // A slot per sequence that can run at once: never more than there are prompts.
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
     std::unique_ptr<infer::KVManager> memory;
-    std::unique_ptr<infer::ModelRunner> forward =
-        quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
-                  : std::make_unique<infer::CpuRunner>(model);
+    std::unique_ptr<infer::ModelRunner> forward;
+    if (tp_runner) {
+      memory = tp_runner->memory();
+      forward = std::move(tp_runner);
+    } else {
+      forward = quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
+                          : std::make_unique<infer::CpuRunner>(model);
+    }
     infer::PrefixKVManager* prefix = nullptr;
     if (paged && device == "cpu")  // a GPU's pool is checked by its allocation
       require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
@@ -200,7 +231,7 @@ int main(int argc, char** argv) {
       prefix = p.get();
       memory = std::move(p);
     } else if (paged) memory = std::make_unique<infer::PagedKVManager>(std::move(pool));
-    else if (device == "cpu") {
+    else if (device == "cpu" && !memory) {
       const double bytes = static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
                            model.config.num_key_value_heads * model.config.head_dim * sizeof(float);
       require_fits(bytes, infer::cat(slots, " whole-context KV slots"));
@@ -248,7 +279,10 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
-                 device == "cuda" ? "GPU" : quantized ? ("CPU, " + weights + " weights").c_str() : "CPU");
+                 (device == "cuda" ? std::string("GPU") : "CPU" + (quantized ? ", " + weights + " weights" : std::string()) +
+                                                            (tp > 1 ? infer::cat(", tensor parallel over ", tp, " MPI ranks")
+                                                                    : std::string()))
+                     .c_str());
     // How well the KV memory was used: positions stored / positions reserved, over all steps.
     long stored = 0, reserved = 0, preempted = 0, most = 0;
     for (const auto& e : engine.log()) {

@@ -4,6 +4,7 @@
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
+//       [--tensor-parallel-size N]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -19,8 +20,11 @@
 // the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
 // client has to send a request's headers, and then its body (10 s), before its connection is
 // closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
-// INT4 in groups of G columns, 32 by default).
-// Ctrl-C stops it.
+// INT4 in groups of G columns, 32 by default). --tensor-parallel-size N runs the engine over N MPI
+// ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler, every
+// rank holds 1/N of each layer and its K/V heads in --max-running whole-context slots (no paged
+// memory, no prefix cache).
+// Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -34,15 +38,27 @@
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/10_serving/server.hpp"
 #include "lessons/11_quantization/quantization.hpp"
+#include "lessons/12_tensor_parallel/tensor_parallel.hpp"
 
 using namespace infer;
 
 int main(int argc, char** argv) {
+  // Ctrl-C and SIGTERM are taken by the main thread's sigwait() alone: blocked before any other
+  // thread starts (the server's, and under mpirun MPI's), which inherit the mask. SIGUSR1 too: it
+  // is how a stop reaches the ranks of --tensor-parallel-size (launch_ranks()). A follower rank
+  // keeps them blocked: it stops when rank 0 tells it to.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   try {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group"},
+                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group",
+                        "--tensor-parallel-size"},
                        {"--naive", "--no-prefix-cache"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
@@ -50,8 +66,6 @@ int main(int argc, char** argv) {
                         {"--num-gpu-blocks-override", "--kv-blocks"},
                         {"--no-enable-prefix-caching", "--no-prefix-cache"}});
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
-    const ModelWeights model = load_model(dir);
-    const ModelConfig& c = model.config;
     const std::string name = opts.text("--name", std::filesystem::path(dir).lexically_normal().filename().string() == ""
                                                      ? std::filesystem::path(dir).parent_path().filename().string()
                                                      : std::filesystem::path(dir).lexically_normal().filename().string());
@@ -75,13 +89,35 @@ int main(int argc, char** argv) {
     const WeightChoice weights = weight_choice(opts, "lesson10_serve", "");
     if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
-    // Quantized at load (lesson 11), before the server opens its port.
-    ModelProjections projections = quantize_model(model, weights.format, weights.group);
     const ServingOptions engine_opts{
         .max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
         .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
         .keep_log = false,  // a server runs for as long as it runs
         .speculative_tokens = speculative.empty() ? 0 : static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64))};
+    const int block = static_cast<int>(opts.number("--block-size", 16, 1));
+
+    // Lesson 12: every option is checked before mpirun starts the ranks, so that a mistake is
+    // said once. Rank 0 goes on to serve; the others follow its steps until it stops.
+    const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
+    if (tp > 1 && (opts.has("--naive") || opts.has("--kv-blocks") || opts.has("--block-size")))
+      throw Error("lesson10_serve: --tensor-parallel-size runs the engine over whole-context slots on the CPU "
+                  "(lesson 12): drop --naive, --kv-blocks and --block-size");
+    Communicator* comm = nullptr;
+    if (tp > 1) {
+      const int status = launch_ranks(tp, argc, argv, "lesson10_serve");  // this process: mpirun's status
+      if (status >= 0) return status;
+      comm = &mpi_world();
+    }
+    const ModelWeights model = load_model_for(dir, comm);  // with ranks, this rank's shard
+    const ModelConfig& c = model.config;
+    // Quantized at load (lesson 11), before the server opens its port.
+    ModelProjections projections = quantize_model(model, weights.format, weights.group);
+    std::unique_ptr<TensorParallelRunner> tp_runner;
+    if (comm) {
+      tp_runner = std::make_unique<TensorParallelRunner>(model, tensor_parallel(std::move(projections), *comm), *comm,
+                                                         engine_opts.max_running);
+      if (comm->rank() != 0) return tp_runner->follow(), 0;
+    }
     ModelWeights draft;  // outlives the server, whose speculator reads it
     std::unique_ptr<Speculator> speculator;
     if (speculative == "ngram") speculator = prompt_lookup_speculator();
@@ -89,15 +125,22 @@ int main(int argc, char** argv) {
       draft = load_model(opts.text("--draft", dir + "-draft"));
       speculator = draft_speculator(draft, c.vocab_size);
     }
-    const int block = static_cast<int>(opts.number("--block-size", 16, 1));
     const int per_seq = (c.max_position_embeddings + block - 1) / block;
     const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
 
     std::unique_ptr<Server> server;
     std::string what;
+    const std::string speculation = speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
+                                                                   engine_opts.speculative_tokens, " guesses a decode)");
     if (opts.has("--naive")) {
       server = std::make_unique<Server>(model, ApiModel{name, c}, so);
       what = "naive: one request at a time, lesson 00's forward, no cache";
+    } else if (tp_runner) {
+      std::unique_ptr<KVManager> memory = tp_runner->memory();
+      auto engine = serving_engine(std::move(tp_runner), std::move(memory), engine_opts, std::move(speculator));
+      server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
+      what = cat("engine on ", weights.name, " weights, tensor parallel over ", tp, " MPI ranks: ", engine_opts.max_running,
+                 " at once in whole-context slots, ", engine_opts.token_budget, " tokens a step", speculation);
     } else {
       std::unique_ptr<KVManager> memory;
       if (opts.has("--no-prefix-cache"))
@@ -107,17 +150,10 @@ int main(int argc, char** argv) {
       auto engine = serving_engine(std::make_unique<CpuRunner>(model, std::move(projections)), std::move(memory), engine_opts,
                                    std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine on ", weights.name, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
-                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
-                 speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
-                                                engine_opts.speculative_tokens, " guesses a decode)"));
+      what = cat("engine on ", weights.name, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget,
+                 " tokens a step, ", blocks, " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
+                 speculation);
     }
-    // Ctrl-C and SIGTERM are taken by this thread alone (blocked before the server's threads start).
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     const int port = server->start();
     std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());
     std::printf("try:  curl -N http://%s:%d/v1/completions -H 'Content-Type: application/json'%s \\\n"

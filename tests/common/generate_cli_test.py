@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The generate program end to end: --ids at temperature 0 prints the golden greedy ids (lesson
 00's and lesson 02's loops, INT8-cached; the engine with paged memory, with the prefix cache on
-each run, speculating with either proposer; lesson 06's tree loop), and bad options are refused
+each run, speculating with either proposer; lesson 06's tree loop; lesson 12's MPI ranks), and bad
+options are refused
 with a message and a non-zero exit status.
 
     generate_cli_test.py GENERATE_BINARY REPOSITORY_ROOT
@@ -56,6 +57,20 @@ for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
         sys.exit(f"generate --ids {' '.join(extra)} printed {run.stdout!r}, expected the golden greedy ids")
     print(f"generate --ids {' '.join(extra)}: the golden greedy ids")
 
+# Lesson 12's ranks: generate starts mpirun itself; on 2 ranks (and on 2 with prompt lookup,
+# whose rejected guesses roll every rank's cache back) rank 0 prints the golden ids. Where the
+# build has no MPI, the option is refused with what to install.
+for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "--speculative", "ngram"]):
+    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
+                          "--temperature", "0", "--ids", "--stats"] + extra, capture_output=True, text=True,
+                         check=False, timeout=120)
+    if run.returncode != 0 and "needs MPI" in run.stderr:
+        print(f"generate {' '.join(extra)}: refused, this build has no MPI ({run.stderr.strip()})")
+        break
+    if run.returncode != 0 or [int(x) for x in run.stdout.split()] != want or "over 2 MPI ranks" not in run.stderr:
+        sys.exit(f"generate --ids {' '.join(extra)} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
+    print(f"generate --ids {' '.join(extra)}: rank 0 prints the golden greedy ids")
+
 # Lesson 11's weights: INT8 per output channel keeps this prompt's 64 greedy ids (measured: so do
 # the fixture's other prompts); INT4 runs through the same engine (its text parts from float32's
 # within a few tokens: lesson 11's bench measures how soon).
@@ -68,7 +83,9 @@ for weights, golden_ids in (("int8", True), ("int4", False)):
         sys.exit(f"generate --weights {weights} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
     print(f"generate --weights {weights}: {len(got)} ids" + (", the golden greedy ones" if golden_ids else ""))
 
-for bad, fragment in [(["--weights", "int9"], "f32, int8 or int4"), (["--weights", "bf16"], "needs --device cuda"),
+for bad, fragment in [(["--tensor-parallel-size", "2", "--paged"], "drop --paged"),
+                      (["--tensor-parallel-size", "0"], "--tensor-parallel-size"),
+                      (["--weights", "int9"], "f32, int8 or int4"), (["--weights", "bf16"], "needs --device cuda"),
                       (["--weights", "int8", "--group", "32"], "--group needs --weights int4"),
                       (["--weights", "int4", "--group", "48"], "a group of 48 columns"),
                       (["--weights", "int8", "--kv-cache"], "drop --kv-cache"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The serve-offline program end to end: one bad request is reported with its line and the rest
 are served (exit status 1 at the end); CRLF prompt files lose their carriage returns; a directory
-as the prompts file and KV memory beyond the machine are refused with a message.
+as the prompts file and KV memory beyond the machine are refused with a message; on 2 MPI ranks
+(lesson 12) the texts are the same.
 
     serve_offline_cli_test.py SERVE_OFFLINE_BINARY REPOSITORY_ROOT
 """
@@ -35,6 +36,17 @@ with tempfile.TemporaryDirectory() as tmp:
     if "1 of 3 prompts were not served" not in run.stderr:
         sys.exit(f"the summary must count the refused prompts, got {run.stderr!r}")
     print("serve_offline: one over-long prompt (line 2) refused with its line, the other two served, exit 1")
+
+    # Lesson 12: on 2 MPI ranks (mpirun started by the program) rank 0 serves the same greedy
+    # texts, the refused line included; without MPI in the build the option says what to install.
+    tp = serve(path, "--tensor-parallel-size", "2")
+    if "needs MPI" in tp.stderr:
+        print(f"serve_offline --tensor-parallel-size 2: refused, this build has no MPI")
+    elif tp.returncode != 1 or tp.stdout != run.stdout or "tensor parallel over 2 MPI ranks" not in tp.stderr:
+        sys.exit(f"serve_offline --tensor-parallel-size 2 (exit {tp.returncode}) printed {tp.stdout!r} and "
+                 f"{tp.stderr!r}; expected {run.stdout!r}")
+    else:
+        print("serve_offline --tensor-parallel-size 2: the same texts from rank 0 of 2 MPI ranks")
 
     for extra, path_arg, says in [([], tmp, "is a directory"),
                                   (["--paged", "--num-blocks", "2000000000"], path, "GB of KV memory; this machine has")]:

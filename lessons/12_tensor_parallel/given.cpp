@@ -1,0 +1,608 @@
+// Lesson 12: what is given to students (the communicators, the weight sources, the shard's shape
+// and the engine's runner over the group), compiled with your exercises/ and with the reference.
+#include <omp.h>
+#include <unistd.h>
+#if COURSE_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <csignal>
+#include <pthread.h>
+#include <sys/wait.h>
+
+#include "common/errors.hpp"
+#include "common/safetensors.hpp"
+#include "common/timer.hpp"
+#include "lessons/12_tensor_parallel/tensor_parallel.hpp"
+
+namespace infer {
+
+// ------------------------------------------------------------------ communicators --
+
+void Communicator::all_reduce(float* data, long n) {
+  require(n >= 0, "all_reduce: ", n, " floats");
+  const Stopwatch timer;
+  all_reduce_sum(data, n);
+  stats_.seconds += timer.seconds();
+  ++stats_.all_reduces;
+  stats_.floats_reduced += n;
+}
+
+void Communicator::broadcast(std::vector<char>& bytes, int root) {
+  require(root >= 0 && root < size(), "broadcast: root ", root, " in a group of ", size());
+  const Stopwatch timer;
+  broadcast_bytes(bytes, root);
+  stats_.seconds += timer.seconds();
+  ++stats_.broadcasts;
+}
+
+namespace {
+
+/// What the threads of one group share: a barrier, and a place for each rank to show its buffer.
+class ThreadGroupState {
+ public:
+  explicit ThreadGroupState(int size) : size_(size), floats_(size), bytes_(size) {}
+
+  /// Returns once every rank has arrived (or throws once the group is broken).
+  void barrier() {
+    std::unique_lock lock(mutex_);
+    check();
+    const long generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation || broken_; });
+    check();
+  }
+  /// A rank failed: every rank's next (or current) collective throws.
+  void breaks() {
+    const std::lock_guard lock(mutex_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+  const int size_;
+  std::vector<float*> floats_;               // each rank's all_reduce buffer, during one
+  std::vector<std::vector<char>*> bytes_;    // each rank's broadcast buffer, during one
+
+ private:
+  void check() const {
+    if (broken_) throw Error("communicator: another rank of the group failed; this collective cannot complete");
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  long generation_ = 0;
+  bool broken_ = false;
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<ThreadGroupState> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size_; }
+  ThreadGroupState& group() { return *group_; }
+
+ protected:
+  void all_reduce_sum(float* data, long n) override {
+    ThreadGroupState& g = *group_;
+    g.floats_[rank_] = data;
+    g.barrier();  // every buffer shown
+    std::vector<float> sum(data, data + n);
+    for (int r = 0; r < g.size_; ++r) {  // in rank order on every rank: the same floats everywhere
+      if (r == 0) std::copy(g.floats_[0], g.floats_[0] + n, sum.begin());
+      else
+        for (long i = 0; i < n; ++i) sum[i] += g.floats_[r][i];
+    }
+    g.barrier();  // every rank has read every buffer
+    std::copy(sum.begin(), sum.end(), data);
+  }
+  void broadcast_bytes(std::vector<char>& bytes, int root) override {
+    ThreadGroupState& g = *group_;
+    g.bytes_[rank_] = &bytes;
+    g.barrier();
+    std::vector<char> copy;
+    if (rank_ != root) copy = *g.bytes_[root];
+    g.barrier();
+    if (rank_ != root) bytes = std::move(copy);
+  }
+
+ private:
+  std::shared_ptr<ThreadGroupState> group_;
+  int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> thread_group(int size) {
+  require(size >= 1, "thread_group: a group of ", size, " ranks");
+  auto state = std::make_shared<ThreadGroupState>(size);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<ThreadCommunicator>(state, r));
+  return out;
+}
+
+void run_ranks(int size, const std::function<void(Communicator&)>& work) {
+  std::vector<std::unique_ptr<Communicator>> comms = thread_group(size);
+  std::mutex mutex;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        omp_set_num_threads(1);  // this rank's OpenMP regions: one thread (the ranks are the parallelism)
+        work(*comms[r]);
+      } catch (...) {
+        {
+          const std::lock_guard lock(mutex);
+          if (!first) first = std::current_exception();
+        }
+        static_cast<ThreadCommunicator&>(*comms[r]).group().breaks();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+// ------------------------------------------------------------------------- MPI --
+
+#if COURSE_HAVE_MPI
+namespace {
+
+/// MPI_COMM_WORLD: each rank a process, started by mpirun.
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    int ready = 0;
+    MPI_Initialized(&ready);
+    if (!ready) {
+      // One thread of a rank calls MPI at a time, but not always the main thread: a server loads
+      // its shard on the main thread and runs its engine on another (SERIALIZED, not FUNNELED).
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      if (provided < MPI_THREAD_SERIALIZED)
+        throw Error("this MPI library cannot be called from more than one thread of a process "
+                    "(MPI_THREAD_SERIALIZED), which the engine's server needs");
+      std::atexit([] {
+        int done = 0;
+        MPI_Finalized(&done);
+        if (!done) MPI_Finalize();
+      });
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+ protected:
+  void all_reduce_sum(float* data, long n) override {
+    require(n <= std::numeric_limits<int>::max(), "all_reduce: ", n, " floats in one call");
+    MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  void broadcast_bytes(std::vector<char>& bytes, int root) override {
+    long n = static_cast<long>(bytes.size());
+    MPI_Bcast(&n, 1, MPI_LONG, root, MPI_COMM_WORLD);
+    bytes.resize(static_cast<size_t>(n));
+    if (n > 0) MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_CHAR, root, MPI_COMM_WORLD);
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool have_mpi() { return true; }
+
+Communicator& mpi_world() {
+  static MpiCommunicator world;
+  return world;
+}
+#else
+bool have_mpi() { return false; }
+
+Communicator& mpi_world() {
+  throw Error("tensor parallelism across processes needs MPI, and this build has none (install openmpi-bin and "
+              "libopenmpi-dev: ./course setup)");
+}
+#endif
+
+int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
+  require(ranks >= 1, program, ": --tensor-parallel-size ", ranks, " (at least 1)");
+  // Open MPI tells each process it starts its place in the job through the environment.
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  if (under_mpirun) {
+    Communicator& world = mpi_world();
+    require(world.size() == ranks, program, ": --tensor-parallel-size ", ranks, ", but mpirun started ", world.size(),
+            " ranks");
+    return -1;
+  }
+  if (!have_mpi()) mpi_world();  // throws, saying what to install
+  std::vector<std::string> args{"mpirun", "-n", std::to_string(ranks)};
+  if (geteuid() == 0) args.push_back("--allow-run-as-root");  // containers often run as root
+  args.push_back("--oversubscribe");  // mpirun counts slots by cores, and the ranks may share them
+  args.insert(args.end(), {"--stdin", "none"});
+  for (int i = 0; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> raw;
+  for (std::string& a : args) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  const pid_t child = fork();
+  require(child >= 0, program, ": cannot start mpirun");
+  if (child == 0) {
+    // mpirun in a process group of its own: Ctrl-C reaches this process alone, which passes it
+    // on (below). Were mpirun to take SIGINT itself, it would abort the job: SIGTERM to every
+    // rank, SIGKILL a second later, exit status 1, whatever the ranks were doing. It starts with
+    // no signal blocked (a server blocks them before it gets here) and reads no stdin (a process
+    // group in the background that reads the terminal is stopped).
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvp("mpirun", raw.data());
+    std::fprintf(stderr, "error: %s: cannot run mpirun (install openmpi-bin: ./course setup)\n", program.c_str());
+    _exit(127);
+  }
+  setpgid(child, child);  // also here, so that it holds before the first signal arrives
+  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1, which
+  // mpirun forwards to every rank: a program that waits for it stops cleanly (the server), one
+  // that does not ends there. A second one is passed on as SIGTERM: mpirun aborts the job.
+  static volatile sig_atomic_t mpirun_pid = 0, stops = 0;
+  mpirun_pid = child;
+  stops = 0;
+  struct sigaction pass_on {}, old_int {}, old_term {};
+  sigemptyset(&pass_on.sa_mask);
+  pass_on.sa_handler = [](int) {
+    kill(mpirun_pid, stops == 0 ? SIGUSR1 : SIGTERM);
+    stops = 1;
+  };
+  sigaction(SIGINT, &pass_on, &old_int);
+  sigaction(SIGTERM, &pass_on, &old_term);
+  sigset_t stop_signals, old_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &stop_signals, &old_mask);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// ------------------------------------------------------------------ weight sources --
+
+namespace {
+
+/// Every tensor name a model of shape `c` has, with its shape (rows, cols; cols 0 for a vector).
+std::map<std::string, std::pair<long, long>> expected_tensors(const ModelConfig& c) {
+  const long d = c.hidden_size, q = long(c.num_attention_heads) * c.head_dim,
+             kv = long(c.num_key_value_heads) * c.head_dim, h = c.intermediate_size;
+  std::map<std::string, std::pair<long, long>> t{{"model.embed_tokens.weight", {c.vocab_size, d}},
+                                                 {"model.norm.weight", {d, 0}},
+                                                 {"lm_head.weight", {c.vocab_size, d}}};
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    t[p + "input_layernorm.weight"] = {d, 0};
+    t[p + "post_attention_layernorm.weight"] = {d, 0};
+    t[p + "self_attn.q_proj.weight"] = {q, d};
+    t[p + "self_attn.k_proj.weight"] = {kv, d};
+    t[p + "self_attn.v_proj.weight"] = {kv, d};
+    t[p + "self_attn.o_proj.weight"] = {d, q};
+    t[p + "mlp.gate_proj.weight"] = {h, d};
+    t[p + "mlp.up_proj.weight"] = {h, d};
+    t[p + "mlp.down_proj.weight"] = {d, h};
+  }
+  return t;
+}
+
+/// The common checks: a known matrix, a range inside it.
+std::pair<long, long> matrix_shape(const std::map<std::string, std::pair<long, long>>& shapes, const std::string& name,
+                                   const char* who) {
+  const auto it = shapes.find(name);
+  require(it != shapes.end() && it->second.second > 0, who, ": '", name, "' is not a matrix of the model");
+  return it->second;
+}
+
+void check_range(long first, long count, long n, const std::string& name, const char* what) {
+  require(first >= 0 && count >= 0 && first + count <= n, "weights: ", what, " [", first, ", ", first + count,
+          ") of '", name, "', which has ", n);
+}
+
+class MemoryWeights final : public WeightSource {
+ public:
+  explicit MemoryWeights(const ModelWeights& model) : model_(model), shapes_(expected_tensors(model.config)) {
+    matrices_["model.embed_tokens.weight"] = &model.embed_tokens;
+    matrices_["lm_head.weight"] = &model.lm_head;
+    vectors_["model.norm.weight"] = &model.norm;
+    for (int i = 0; i < model.config.num_hidden_layers; ++i) {
+      const std::string p = cat("model.layers.", i, ".");
+      const LayerWeights& l = model.layers[static_cast<size_t>(i)];
+      vectors_[p + "input_layernorm.weight"] = &l.input_layernorm;
+      vectors_[p + "post_attention_layernorm.weight"] = &l.post_attention_layernorm;
+      matrices_[p + "self_attn.q_proj.weight"] = &l.q_proj;
+      matrices_[p + "self_attn.k_proj.weight"] = &l.k_proj;
+      matrices_[p + "self_attn.v_proj.weight"] = &l.v_proj;
+      matrices_[p + "self_attn.o_proj.weight"] = &l.o_proj;
+      matrices_[p + "mlp.gate_proj.weight"] = &l.gate_proj;
+      matrices_[p + "mlp.up_proj.weight"] = &l.up_proj;
+      matrices_[p + "mlp.down_proj.weight"] = &l.down_proj;
+    }
+  }
+  const ModelConfig& config() const override { return model_.config; }
+  Matrix rows(const std::string& name, long first, long count) override {
+    const Matrix& m = find(name);
+    check_range(first, count, m.rows(), name, "rows");
+    bytes_read_ += count * m.cols() * static_cast<long>(sizeof(float));
+    return m.middleRows(first, count);
+  }
+  Matrix cols(const std::string& name, long first, long count) override {
+    const Matrix& m = find(name);
+    check_range(first, count, m.cols(), name, "columns");
+    bytes_read_ += count * m.rows() * static_cast<long>(sizeof(float));
+    return m.middleCols(first, count);
+  }
+  Matrix matrix(const std::string& name) override { return rows(name, 0, find(name).rows()); }
+  Vector vector(const std::string& name) override {
+    const auto it = vectors_.find(name);
+    require(it != vectors_.end(), "memory_weights: '", name, "' is not a vector of the model");
+    bytes_read_ += it->second->size() * static_cast<long>(sizeof(float));
+    return *it->second;
+  }
+
+ private:
+  const Matrix& find(const std::string& name) const {
+    matrix_shape(shapes_, name, "memory_weights");
+    return *matrices_.at(name);
+  }
+  const ModelWeights& model_;
+  std::map<std::string, std::pair<long, long>> shapes_;
+  std::map<std::string, const Matrix*> matrices_;
+  std::map<std::string, const Vector*> vectors_;
+};
+
+class FileWeights final : public WeightSource {
+ public:
+  explicit FileWeights(const std::string& dir)
+      : config_(load_config((std::filesystem::path(dir) / "config.json").string())),
+        file_((std::filesystem::path(dir) / "model.safetensors").string()),
+        shapes_(expected_tensors(config_)),
+        where_("model '" + (std::filesystem::path(dir) / "model.safetensors").string() + "'") {
+    tied_ = config_.tie_word_embeddings && !file_.has("lm_head.weight");
+    for (const auto& [name, shape] : shapes_) {
+      if (name == "lm_head.weight" && tied_) continue;
+      const std::vector<long> expected =
+          shape.second > 0 ? std::vector<long>{shape.first, shape.second} : std::vector<long>{shape.first};
+      require(file_.has(name), where_, ": missing tensor '", name, "' (expected shape ", shape_string(expected), ")");
+      require(file_.shape(name) == expected, where_, ": tensor '", name, "' has shape ", shape_string(file_.shape(name)),
+              ", expected ", shape_string(expected), " from config.json");
+    }
+  }
+  const ModelConfig& config() const override { return config_; }
+  Matrix rows(const std::string& name, long first, long count) override {
+    const auto [r, c] = matrix_shape(shapes_, name, "file_weights");
+    check_range(first, count, r, name, "rows");
+    return take(file_.read(stored(name), first, count, 0, c));
+  }
+  Matrix cols(const std::string& name, long first, long count) override {
+    const auto [r, c] = matrix_shape(shapes_, name, "file_weights");
+    check_range(first, count, c, name, "columns");
+    return take(file_.read(stored(name), 0, r, first, count));
+  }
+  Matrix matrix(const std::string& name) override {
+    const auto [r, c] = matrix_shape(shapes_, name, "file_weights");
+    return rows(name, 0, r);
+  }
+  Vector vector(const std::string& name) override {
+    const auto it = shapes_.find(name);
+    require(it != shapes_.end() && it->second.second == 0, "file_weights: '", name, "' is not a vector of the model");
+    Tensor t = file_.read(name);
+    bytes_read_ += static_cast<long>(t.data.size() * sizeof(float));
+    return Eigen::Map<Vector>(t.data.data(), static_cast<long>(t.data.size()));
+  }
+
+ private:
+  std::string stored(const std::string& name) const {
+    return name == "lm_head.weight" && tied_ ? "model.embed_tokens.weight" : name;
+  }
+  Matrix take(Tensor t) {
+    bytes_read_ += static_cast<long>(t.data.size() * sizeof(float));
+    return Eigen::Map<Matrix>(t.data.data(), t.shape[0], t.shape[1]);
+  }
+  ModelConfig config_;
+  SafetensorsFile file_;
+  std::map<std::string, std::pair<long, long>> shapes_;
+  std::string where_;
+  bool tied_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> file_weights(const std::string& dir) {
+  require(std::filesystem::is_directory(dir), "model: '", dir,
+          "' is not a directory (expected config.json and model.safetensors in it)");
+  return std::make_unique<FileWeights>(dir);
+}
+
+std::unique_ptr<WeightSource> memory_weights(const ModelWeights& model) { return std::make_unique<MemoryWeights>(model); }
+
+ModelWeights load_model_for(const std::string& dir, Communicator* comm) {
+  if (!comm) return load_model(dir);
+  auto file = file_weights(dir);
+  return load_shard(*file, shard_plan(file->config(), comm->rank(), comm->size()));
+}
+
+ModelConfig rank_config(const ModelConfig& config, const ShardPlan& plan) {
+  ModelConfig c = config;
+  c.num_attention_heads = static_cast<int>(plan.heads.size());
+  c.num_key_value_heads = static_cast<int>(plan.kv_heads.size());
+  c.intermediate_size = static_cast<int>(plan.units.size());
+  require(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.intermediate_size > 0 &&
+              c.num_attention_heads % c.num_key_value_heads == 0,
+          "rank_config: a shard of ", c.num_attention_heads, " query heads, ", c.num_key_value_heads, " K/V heads and ",
+          c.intermediate_size, " units (each must be positive, the K/V heads dividing the query heads)");
+  return c;
+}
+
+// ------------------------------------------------------------ the engine's runner --
+
+namespace {
+
+/// A step as bytes: what rank 0 broadcasts.
+class Writer {
+ public:
+  void put(int v) { append(&v, sizeof v); }
+  void append(const void* p, size_t n) {
+    const auto* c = static_cast<const char*>(p);
+    bytes.insert(bytes.end(), c, c + n);
+  }
+  std::vector<char> bytes;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  int get() {
+    int v = 0;
+    take(&v, sizeof v);
+    return v;
+  }
+  void take(void* p, size_t n) {
+    require(at_ + n <= bytes_.size(), "TensorParallelRunner: a step message ends early");
+    std::memcpy(p, bytes_.data() + at_, n);
+    at_ += n;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
+  size_t at_ = 0;
+};
+
+/// Runs `work` with this thread's OpenMP regions on one thread, as before afterwards.
+template <typename Work>
+auto on_one_thread(Work&& work) {
+  struct Restore {
+    int threads;
+    ~Restore() { omp_set_num_threads(threads); }
+  } restore{omp_get_max_threads()};
+  omp_set_num_threads(1);
+  return work();
+}
+
+}  // namespace
+
+TensorParallelRunner::TensorParallelRunner(const ModelWeights& shard, ModelProjections projections, Communicator& comm,
+                                           int slots)
+    : shard_(shard), projections_(std::move(projections)), comm_(comm) {
+  require(slots >= 1, "TensorParallelRunner: ", slots, " slots");
+  projections_.check(shard_.config);
+  for (int i = 0; i < slots; ++i) {
+    own_.push_back(std::make_unique<KVCache>(shard_.config, shard_.config.max_position_embeddings));
+    slots_.push_back(own_.back().get());
+  }
+}
+
+TensorParallelRunner::~TensorParallelRunner() {
+  if (comm_.rank() != 0 || stopped_) return;
+  try {
+    std::vector<char> stop;  // an empty step: the followers return
+    comm_.broadcast(stop, 0);
+  } catch (const std::exception&) {  // a broken group: the followers are gone already
+  }
+}
+
+std::unique_ptr<KVManager> TensorParallelRunner::memory() {
+  require(comm_.rank() == 0, "TensorParallelRunner::memory: rank 0's engine holds the memory (this is rank ",
+          comm_.rank(), ")");
+  require(!own_.empty(), "TensorParallelRunner::memory: already handed out");
+  return std::make_unique<SlotKVManager>(std::move(own_));
+}
+
+Matrix TensorParallelRunner::forward(const StepInput& step) {
+  require(comm_.rank() == 0, "TensorParallelRunner::forward: rank 0 runs the engine; rank ", comm_.rank(),
+          " follows it (follow())");
+  check_step(shard_.config, step, "TensorParallelRunner");
+  Writer w;
+  w.put(static_cast<int>(step.chunks.size()));
+  for (const Chunk& c : step.chunks) {
+    const auto slot = std::find(slots_.begin(), slots_.end(), c.cache);
+    require(slot != slots_.end(), "TensorParallelRunner: a chunk's cache is not one of memory()'s slots");
+    w.put(static_cast<int>(slot - slots_.begin()));
+    w.put(c.cache->length());
+    w.put(static_cast<int>(c.tokens.size()));
+    w.append(c.tokens.data(), c.tokens.size() * sizeof(int));
+    w.put(c.logits);
+    w.put(c.id);
+    w.put(c.mask ? 1 : 0);
+    if (c.mask)
+      for (Eigen::Index i = 0; i < c.mask->size(); ++i) w.bytes.push_back((*c.mask)(i) ? 1 : 0);
+  }
+  comm_.broadcast(w.bytes, 0);
+  return run(step);
+}
+
+void TensorParallelRunner::follow() {
+  require(comm_.rank() != 0, "TensorParallelRunner::follow: rank 0 runs the engine, the others follow it");
+  for (;;) {
+    std::vector<char> bytes;
+    comm_.broadcast(bytes, 0);
+    if (bytes.empty()) return;  // rank 0 stopped
+    Reader r(bytes);
+    const int chunks = r.get();
+    std::vector<std::vector<int>> tokens(static_cast<size_t>(chunks));
+    std::vector<TreeMask> masks(static_cast<size_t>(chunks));
+    StepInput step;
+    for (int i = 0; i < chunks; ++i) {
+      const int slot = r.get(), length = r.get(), n = r.get();
+      require(slot >= 0 && slot < static_cast<int>(slots_.size()) && n > 0, "TensorParallelRunner: a bad step message");
+      tokens[i].resize(static_cast<size_t>(n));
+      r.take(tokens[i].data(), tokens[i].size() * sizeof(int));
+      Chunk c;
+      c.tokens = tokens[i];
+      c.logits = r.get();
+      c.id = r.get();
+      if (r.get() != 0) {
+        masks[i].resize(n, n);
+        for (Eigen::Index j = 0; j < masks[i].size(); ++j) {
+          char b = 0;
+          r.take(&b, 1);
+          masks[i](j) = b != 0;
+        }
+        c.mask = &masks[i];
+      }
+      // This rank's cache of the slot holds what rank 0's held before it: a new sequence in the
+      // slot (length 0) or a speculative round's rollback makes it shorter, never longer.
+      KVStore& cache = *slots_[static_cast<size_t>(slot)];
+      require(cache.length() >= length, "TensorParallelRunner: rank ", comm_.rank(), "'s slot ", slot, " holds ",
+              cache.length(), " positions, rank 0's ", length);
+      if (cache.length() > length) cache.truncate(length);
+      c.cache = &cache;
+      step.chunks.push_back(c);
+    }
+    run(step);
+  }
+}
+
+Matrix TensorParallelRunner::run(const StepInput& step) {
+  return on_one_thread([&] { return forward_step(shard_, projections_, step); });
+}
+
+}  // namespace infer

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The HTTP server over lesson 12's MPI ranks, end to end: options it cannot combine with ranks are
+refused before mpirun starts; on 2 ranks (mpirun started by the server) concurrent greedy requests
+get the single-process server's texts; SIGTERM to the server stops every rank, exit status 0.
+
+    serve_cli_test.py LESSON10_SERVE_BINARY REPOSITORY_ROOT
+"""
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+binary, root = sys.argv[1], sys.argv[2]
+model = os.path.join(root, "models", "tiny-fortunes")
+PROMPTS = ["The ", "A man ", "Never ", "Love is ", "You will ", "It is "]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_with(word):
+    """Processes whose command line holds `word` (the server and its ranks, by their port)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if word.encode() in f.read().replace(b"\0", b" "):
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def start(port, *extra):
+    server = subprocess.Popen([binary, "--model", model, "--port", str(port)] + list(extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(300):
+        if server.poll() is not None:
+            err = server.stderr.read()
+            if "needs MPI" in err and "--tensor-parallel-size" in extra:
+                print("serve --tensor-parallel-size 2: refused, this build has no MPI")
+                sys.exit(0)
+            sys.exit(f"the server {list(extra)} exited {server.returncode}: {err}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    sys.exit(f"the server {list(extra)} did not answer /health in 30 s")
+
+
+def complete(port, prompt):
+    body = json.dumps({"model": "tiny-fortunes", "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)["choices"][0]["text"]
+
+
+def texts(port):
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # all at once: one batch
+        return list(pool.map(lambda p: complete(port, p), PROMPTS))
+
+
+def stop(server, what):
+    server.send_signal(signal.SIGTERM)
+    try:
+        out, err = server.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        sys.exit(f"{what}: still running 30 s after SIGTERM")
+    if server.returncode != 0:
+        sys.exit(f"{what}: exit status {server.returncode} after SIGTERM: {err}")
+    return out
+
+
+refused = subprocess.run([binary, "--model", model, "--tensor-parallel-size", "2", "--naive"],
+                         capture_output=True, text=True, timeout=30)
+if refused.returncode != 1 or "drop --naive" not in refused.stderr:
+    sys.exit(f"--tensor-parallel-size 2 --naive: expected exit 1 saying to drop --naive, got "
+             f"{refused.returncode}: {refused.stderr!r}")
+if "mpirun" in refused.stdout + refused.stderr:
+    sys.exit(f"a refused option must be said once, before mpirun starts: {refused.stderr!r}")
+print("serve --tensor-parallel-size 2 --naive: refused before any rank starts")
+
+port = free_port()
+one = start(port)
+expected = texts(port)
+stop(one, "the single-process server")
+
+port = free_port()
+ranks = start(port, "--tensor-parallel-size", "2")
+got = texts(port)
+if got != expected:
+    ranks.kill()
+    sys.exit(f"on 2 ranks the greedy texts differ:\n got      {got}\n expected {expected}")
+if len(processes_with(f"--port {port} --tensor-parallel-size 2")) < 4:  # this server, mpirun, 2 ranks
+    ranks.kill()
+    sys.exit("the server on 2 ranks should run as itself, mpirun and two ranks")
+out = stop(ranks, "the server on 2 ranks")
+if "tensor parallel over 2 MPI ranks" not in out:
+    sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
+for _ in range(50):
+    left = processes_with(f"--port {port} --tensor-parallel-size 2")
+    if not left:
+        break
+    time.sleep(0.1)
+else:
+    sys.exit(f"processes left running after the server stopped: {left}")
+print(f"serve --tensor-parallel-size 2: {len(PROMPTS)} concurrent greedy requests answered as by one process; "
+      "SIGTERM stopped every rank, exit 0")
