@@ -179,9 +179,9 @@ int main(int argc, char** argv) {
     // Lesson 12: the engine on rank 0 of N ranks, each holding a shard of the model. Checked
     // before mpirun starts the ranks, so that a mistake is said once.
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
-    if (tp > 1 && (paged || device == "cuda" || opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
-      throw infer::Error("generate: --tensor-parallel-size runs the engine over whole-context slots on the CPU; drop "
-                         "--paged, --prefix-cache, --device cuda, --kv-cache, --kv-dtype and --speculative tree");
+    if (tp > 1 && (device == "cuda" || opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
+      throw infer::Error("generate: --tensor-parallel-size runs the engine on the CPU, over whole-context slots or "
+                         "--paged blocks; drop --device cuda, --kv-cache, --kv-dtype and --speculative tree");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "generate");  // this process: mpirun's status
       if (status >= 0) return status;
@@ -196,14 +196,19 @@ int main(int argc, char** argv) {
     // model's columns is refused here.
     infer::ModelProjections projections;
     if (quantized) projections = infer::quantize_model(model, weight.format, group);
+    const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
+    // The engine's memory: one sequence's room, in blocks with --paged (twice that with
+    // --prefix-cache, for the cached copy), unless --num-blocks says.
+    const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
+    const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
     std::unique_ptr<infer::TensorParallelRunner> tp_runner;
     if (comm) {
-      tp_runner = std::make_unique<infer::TensorParallelRunner>(
-          model, infer::tensor_parallel(quantized ? std::move(projections) : infer::float_projections(model), *comm), *comm, 1);
+      auto shards = infer::tensor_parallel(quantized ? std::move(projections) : infer::float_projections(model), *comm);
+      tp_runner = paged ? std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, blocks, block_size)
+                        : std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, 1);
       if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
     }
     infer::Sampler sampler(params);
-    const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     if (!print_ids) std::cout << prompt << std::flush;
 
     infer::Stopwatch clock;
@@ -226,13 +231,14 @@ int main(int argc, char** argv) {
                                std::round(100 * spec.tokens_per_round()) / 100, " tokens per round");
     } else if (engine_mode) {
       // The engine, one request at a time: what serve-offline and serve run, with one user.
-      const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
-      const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
       std::unique_ptr<infer::KVBlockPool> pool;
       std::unique_ptr<infer::KVManager> memory;
       std::unique_ptr<infer::ModelRunner> runner;
-      if (tp_runner) {
-        memory = tp_runner->memory();
+      if (tp_runner) {  // rank 0's memory: its pool (paged) or its slot
+        if (paged)
+          pool = tp_runner->pool();
+        else
+          memory = tp_runner->memory();
         runner = std::move(tp_runner);
       } else {
         runner = quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
@@ -250,7 +256,7 @@ int main(int argc, char** argv) {
         runner = std::make_unique<infer::gpu::CudaForward>(
             model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32, std::move(attention));
 #endif
-      if (paged && device == "cpu") pool = std::make_unique<infer::PagedKVPool>(model.config, blocks, block_size);
+      if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, blocks, block_size);
       infer::PrefixKVManager* prefix = nullptr;
       if (prefix_cache) {
         auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));

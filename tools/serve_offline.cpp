@@ -155,40 +155,23 @@ int main(int argc, char** argv) {
       throw infer::Error("serve_offline: --draft needs --speculative draft");
     const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64));
 
+    const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
+    const bool paged = opts.has("--paged");
+    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
+      throw infer::Error("serve_offline: --block-size, --num-blocks and --prefix-cache need --paged");
+    const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
+
     // Lesson 12: the engine on rank 0 of N MPI ranks, each holding a shard of the model; checked
     // before mpirun starts them, so that a mistake is said once.
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
-    if (tp > 1 && (opts.has("--paged") || device == "cuda"))
-      throw infer::Error("serve_offline: --tensor-parallel-size runs the engine over whole-context slots on the CPU; "
-                         "drop --paged, --prefix-cache and --device cuda");
+    if (tp > 1 && device == "cuda")
+      throw infer::Error("serve_offline: --tensor-parallel-size runs the engine on the CPU; drop --device cuda");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "serve_offline");  // this process: mpirun's status
       if (status >= 0) return status;
     }
     infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     const infer::ModelWeights model = infer::load_model_for(model_dir, comm);  // a rank's shard, with ranks
-    std::unique_ptr<infer::TensorParallelRunner> tp_runner;
-    if (comm) {
-      const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
-      tp_runner = std::make_unique<infer::TensorParallelRunner>(
-          model,
-          infer::tensor_parallel(quantized ? infer::quantize_model(model, weight.format, group) : infer::float_projections(model),
-                                 *comm),
-          *comm, slots);
-      if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
-    }
-    infer::ModelWeights draft;
-    std::unique_ptr<infer::Speculator> speculator;
-    if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
-    if (speculative == "draft") {
-      draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
-      speculator = infer::draft_speculator(draft, model.config.vocab_size);
-    }
-    const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
-    const bool paged = opts.has("--paged");
-    if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
-      throw infer::Error("serve_offline: --block-size, --num-blocks and --prefix-cache need --paged");
-    const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
     const int context = model.config.max_position_embeddings;
     // By default the pool gets the bytes the slots would have reserved: max_batch whole contexts.
     const long slot_blocks = static_cast<long>(max_batch) * infer::blocks_for(context, block_size);
@@ -198,27 +181,46 @@ int main(int argc, char** argv) {
     const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
     // A slot per sequence that can run at once: never more than there are prompts.
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
+    if (paged && device == "cpu")  // a GPU's pool is checked by its allocation; a rank's holds its K/V heads
+      require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
+                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
+                   infer::cat("a pool of ", num_blocks, " blocks of ", block_size, " positions"));
+    std::unique_ptr<infer::TensorParallelRunner> tp_runner;
+    if (comm) {
+      auto shards = infer::tensor_parallel(
+          quantized ? infer::quantize_model(model, weight.format, group) : infer::float_projections(model), *comm);
+      tp_runner = paged ? std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, num_blocks, block_size)
+                        : std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, slots);
+      if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
+    }
+    infer::ModelWeights draft;
+    std::unique_ptr<infer::Speculator> speculator;
+    if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
+    if (speculative == "draft") {
+      draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
+      speculator = infer::draft_speculator(draft, model.config.vocab_size);
+    }
     std::unique_ptr<infer::KVManager> memory;
     std::unique_ptr<infer::ModelRunner> forward;
-    if (tp_runner) {
-      memory = tp_runner->memory();
+    // The pool's rows live on the device that runs the forward (over ranks, each rank's pool holds
+    // its own K/V heads); the bookkeeping (lesson 04's tables and preemption, lesson 05's prefix
+    // cache) is the same on all.
+    std::unique_ptr<infer::KVBlockPool> pool;
+    if (tp_runner) {  // rank 0's memory: its pool (paged) or its slots
+      if (paged)
+        pool = tp_runner->pool();
+      else
+        memory = tp_runner->memory();
       forward = std::move(tp_runner);
     } else {
       forward = quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
                           : std::make_unique<infer::CpuRunner>(model);
     }
     infer::PrefixKVManager* prefix = nullptr;
-    if (paged && device == "cpu")  // a GPU's pool is checked by its allocation
-      require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
-                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
-                   infer::cat("a pool of ", num_blocks, " blocks of ", block_size, " positions"));
-    // The pool's rows live on the device that runs the forward; the bookkeeping (lesson 04's
-    // tables and preemption, lesson 05's prefix cache) is the same on both.
-    std::unique_ptr<infer::KVBlockPool> pool;
 #if COURSE_HAVE_CUDA
     std::unique_ptr<infer::gpu::DeviceAttention> attention;
 #endif
-    if (paged && device == "cpu") pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
+    if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
 #if COURSE_HAVE_CUDA
     if (paged && device == "cuda") {
       auto device_pool = std::make_unique<infer::gpu::CudaPagedKVPool>(model.config, num_blocks, block_size);

@@ -74,6 +74,10 @@ class KVStore {
   /// and values(layer). A store that can read its rows where they lie overrides it (lesson 04's
   /// paged cache does, instead of gathering them into one matrix first).
   virtual Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const;
+  /// Whether attend() is the given one, over keys() and values(): lesson 03's forward_step() then
+  /// shares one chunk's query heads out over its threads, each reading keys() and values() itself.
+  /// Given: true unless the store is paged(); another store that overrides attend() says false.
+  virtual bool attends_over_keys() const { return paged() == nullptr; }
 
   /// This store as lesson 04's paged cache (its block table, its pool), or nullptr for a store
   /// whose rows are its own. How the engine's memory and lesson 08's GPU forward read a step's

@@ -194,7 +194,7 @@ Matrix forward_step(const ModelWeights& model, const ModelProjections& projectio
   // A step of one chunk shares out its query heads instead, a group per thread over the K/V head
   // they read, when its store attends as KVStore::attend() does, over keys() and values() (a paged
   // store reads through its block table, and a masked chunk has its own attention: one thread).
-  const bool heads_apart = chunks.size() == 1 && !chunks[0].mask && chunks[0].cache->paged() == nullptr;
+  const bool heads_apart = chunks.size() == 1 && !chunks[0].mask && chunks[0].cache->attends_over_keys();
   std::optional<std::pair<ConstMatrixRef, ConstMatrixRef>> split_heads;  // that chunk's K and V, for every thread
 
   // One parallel region for the whole step. Every product is split over the threads by rows of W

@@ -21,9 +21,8 @@
 // client has to send a request's headers, and then its body (10 s), before its connection is
 // closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
 // INT4 in groups of G columns, 32 by default). --tensor-parallel-size N runs the engine over N MPI
-// ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler, every
-// rank holds 1/N of each layer and its K/V heads in --max-running whole-context slots (no paged
-// memory, no prefix cache).
+// ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler and the
+// memory, every rank holds 1/N of each layer and, in its own pool, its K/V heads of every block.
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>
@@ -99,9 +98,8 @@ int main(int argc, char** argv) {
     // Lesson 12: every option is checked before mpirun starts the ranks, so that a mistake is
     // said once. Rank 0 goes on to serve; the others follow its steps until it stops.
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
-    if (tp > 1 && (opts.has("--naive") || opts.has("--kv-blocks") || opts.has("--block-size")))
-      throw Error("lesson10_serve: --tensor-parallel-size runs the engine over whole-context slots on the CPU "
-                  "(lesson 12): drop --naive, --kv-blocks and --block-size");
+    if (tp > 1 && opts.has("--naive"))
+      throw Error("lesson10_serve: --tensor-parallel-size runs the engine (lesson 12) over the ranks; drop --naive");
     Communicator* comm = nullptr;
     if (tp > 1) {
       const int status = launch_ranks(tp, argc, argv, "lesson10_serve");  // this process: mpirun's status
@@ -110,12 +108,14 @@ int main(int argc, char** argv) {
     }
     const ModelWeights model = load_model_for(dir, comm);  // with ranks, this rank's shard
     const ModelConfig& c = model.config;
+    const int per_seq = (c.max_position_embeddings + block - 1) / block;
+    const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
     // Quantized at load (lesson 11), before the server opens its port.
     ModelProjections projections = quantize_model(model, weights.format, weights.group);
     std::unique_ptr<TensorParallelRunner> tp_runner;
-    if (comm) {
+    if (comm) {  // every rank's pool holds its own K/V heads of the blocks rank 0's memory decides
       tp_runner = std::make_unique<TensorParallelRunner>(model, tensor_parallel(std::move(projections), *comm), *comm,
-                                                         engine_opts.max_running);
+                                                         blocks, block);
       if (comm->rank() != 0) return tp_runner->follow(), 0;
     }
     ModelWeights draft;  // outlives the server, whose speculator reads it
@@ -125,8 +125,6 @@ int main(int argc, char** argv) {
       draft = load_model(opts.text("--draft", dir + "-draft"));
       speculator = draft_speculator(draft, c.vocab_size);
     }
-    const int per_seq = (c.max_position_embeddings + block - 1) / block;
-    const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
 
     std::unique_ptr<Server> server;
     std::string what;
@@ -135,24 +133,25 @@ int main(int argc, char** argv) {
     if (opts.has("--naive")) {
       server = std::make_unique<Server>(model, ApiModel{name, c}, so);
       what = "naive: one request at a time, lesson 00's forward, no cache";
-    } else if (tp_runner) {
-      std::unique_ptr<KVManager> memory = tp_runner->memory();
-      auto engine = serving_engine(std::move(tp_runner), std::move(memory), engine_opts, std::move(speculator));
-      server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine on ", weights.name, " weights, tensor parallel over ", tp, " MPI ranks: ", engine_opts.max_running,
-                 " at once in whole-context slots, ", engine_opts.token_budget, " tokens a step", speculation);
     } else {
+      // Lesson 05's prefix cache over lesson 04's pool: this process's, or rank 0's of the group.
+      std::unique_ptr<KVBlockPool> pool =
+          tp_runner ? tp_runner->pool() : std::make_unique<PagedKVPool>(c, blocks, block);
       std::unique_ptr<KVManager> memory;
       if (opts.has("--no-prefix-cache"))
-        memory = std::make_unique<PagedKVManager>(c, blocks, block);
+        memory = std::make_unique<PagedKVManager>(std::move(pool));
       else
-        memory = std::make_unique<PrefixKVManager>(c, blocks, block);
-      auto engine = serving_engine(std::make_unique<CpuRunner>(model, std::move(projections)), std::move(memory), engine_opts,
-                                   std::move(speculator));
+        memory = std::make_unique<PrefixKVManager>(std::move(pool));
+      std::unique_ptr<ModelRunner> runner;
+      if (tp_runner)
+        runner = std::move(tp_runner);
+      else
+        runner = std::make_unique<CpuRunner>(model, std::move(projections));
+      auto engine = serving_engine(std::move(runner), std::move(memory), engine_opts, std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine on ", weights.name, " weights: ", engine_opts.max_running, " at once, ", engine_opts.token_budget,
-                 " tokens a step, ", blocks, " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache",
-                 speculation);
+      what = cat("engine on ", weights.name, " weights", tp > 1 ? cat(", tensor parallel over ", tp, " MPI ranks") : "",
+                 ": ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
+                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);
     }
     const int port = server->start();
     std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());

@@ -18,7 +18,9 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
+#include <utility>
 #include <csignal>
 #include <pthread.h>
 #include <sys/wait.h>
@@ -507,6 +509,85 @@ auto on_one_thread(Work&& work) {
   return work();
 }
 
+/// Rank 0's paged pool: PagedKVPool's rows, with every copy_block() (copy-on-write, decided by
+/// rank 0's memory) remembered until the next step tells the other ranks.
+class RecordingPool final : public KVBlockPool {
+ public:
+  RecordingPool(const ModelConfig& config, int num_blocks, int block_size)
+      : KVBlockPool(config, num_blocks, block_size), rows_(config, num_blocks, block_size) {}
+  void write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) override {
+    rows_.write(layer, slots, k, v);
+  }
+  void read(int layer, std::span<const int> slots, bool keys, Matrix& out) const override {
+    rows_.read(layer, slots, keys, out);
+  }
+  void copy_block(int src, int dst) override {
+    rows_.copy_block(src, dst);
+    copies_.push_back(src);
+    copies_.push_back(dst);
+  }
+  Matrix attend(int layer, ConstMatrixRef q, std::span<const int> block_table, int length, int num_heads,
+                int num_kv_heads, int head_dim) const override {
+    return rows_.attend(layer, q, block_table, length, num_heads, num_kv_heads, head_dim);
+  }
+  /// The copies since the last call, as (src, dst) pairs flattened.
+  std::vector<int> take_copies() { return std::exchange(copies_, {}); }
+
+ private:
+  PagedKVPool rows_;
+  std::vector<int> copies_;
+};
+
+/// A follower's view of one sequence in its pool for one step: rank 0's block table and length,
+/// over this rank's rows (the blocks rank 0 reserved for the step cover every position it writes).
+class MirroredStore final : public KVStore {
+ public:
+  MirroredStore(KVBlockPool& pool, std::vector<int> table, int length)
+      : pool_(pool), table_(std::move(table)), length_(static_cast<size_t>(pool.num_layers()), length) {}
+  using KVStore::length;
+  int num_layers() const override { return pool_.num_layers(); }
+  int length(int layer) const override { return length_.at(static_cast<size_t>(layer)); }
+  int max_tokens() const override {
+    return std::min(pool_.context(), static_cast<int>(table_.size()) * pool_.block_size());
+  }
+  void append(int layer, ConstMatrixRef k, ConstMatrixRef v) override {
+    const int first = length(layer), n = static_cast<int>(k.rows());
+    require(first + n <= max_tokens(), "TensorParallelRunner: rank 0's block table holds ", max_tokens(),
+            " positions, and the step appends up to position ", first + n);
+    std::vector<int> slots(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+      slots[static_cast<size_t>(i)] = table_[static_cast<size_t>((first + i) / pool_.block_size())] * pool_.block_size() +
+                                      (first + i) % pool_.block_size();
+    pool_.write(layer, slots, k, v);
+    length_[static_cast<size_t>(layer)] += n;
+  }
+  ConstMatrixRef keys(int layer) const override { return gather(layer, true, keys_); }
+  ConstMatrixRef values(int layer) const override { return gather(layer, false, values_); }
+  void reset() override { std::fill(length_.begin(), length_.end(), 0); }
+  Matrix attend(int layer, ConstMatrixRef q, int num_heads, int num_kv_heads, int head_dim) const override {
+    return pool_.attend(layer, q, table_, length(layer), num_heads, num_kv_heads, head_dim);
+  }
+  bool attends_over_keys() const override { return false; }  // as rank 0's paged caches: the same sums
+  size_t bytes_used() const override {
+    return static_cast<size_t>(length()) * pool_.bytes_per_block() / static_cast<size_t>(pool_.block_size());
+  }
+  size_t bytes_reserved() const override { return table_.size() * pool_.bytes_per_block(); }
+
+ private:
+  ConstMatrixRef gather(int layer, bool keys, Matrix& out) const {
+    std::vector<int> slots(static_cast<size_t>(length(layer)));
+    for (size_t p = 0; p < slots.size(); ++p)
+      slots[p] = table_[p / static_cast<size_t>(pool_.block_size())] * pool_.block_size() +
+                 static_cast<int>(p % static_cast<size_t>(pool_.block_size()));
+    pool_.read(layer, slots, keys, out);
+    return out;
+  }
+  KVBlockPool& pool_;
+  std::vector<int> table_;
+  std::vector<int> length_;
+  mutable Matrix keys_, values_;
+};
+
 }  // namespace
 
 TensorParallelRunner::TensorParallelRunner(const ModelWeights& shard, ModelProjections projections, Communicator& comm,
@@ -518,6 +599,17 @@ TensorParallelRunner::TensorParallelRunner(const ModelWeights& shard, ModelProje
     own_.push_back(std::make_unique<KVCache>(shard_.config, shard_.config.max_position_embeddings));
     slots_.push_back(own_.back().get());
   }
+}
+
+TensorParallelRunner::TensorParallelRunner(const ModelWeights& shard, ModelProjections projections, Communicator& comm,
+                                           int num_blocks, int block_size)
+    : shard_(shard), projections_(std::move(projections)), comm_(comm) {
+  projections_.check(shard_.config);
+  if (comm_.rank() == 0)
+    own_pool_ = std::make_unique<RecordingPool>(shard_.config, num_blocks, block_size);
+  else
+    own_pool_ = std::make_unique<PagedKVPool>(shard_.config, num_blocks, block_size);
+  pool_ = own_pool_.get();
 }
 
 TensorParallelRunner::~TensorParallelRunner() {
@@ -532,8 +624,17 @@ TensorParallelRunner::~TensorParallelRunner() {
 std::unique_ptr<KVManager> TensorParallelRunner::memory() {
   require(comm_.rank() == 0, "TensorParallelRunner::memory: rank 0's engine holds the memory (this is rank ",
           comm_.rank(), ")");
+  require(pool_ == nullptr, "TensorParallelRunner::memory: this runner's memory is paged (pool())");
   require(!own_.empty(), "TensorParallelRunner::memory: already handed out");
   return std::make_unique<SlotKVManager>(std::move(own_));
+}
+
+std::unique_ptr<KVBlockPool> TensorParallelRunner::pool() {
+  require(comm_.rank() == 0, "TensorParallelRunner::pool: rank 0's engine holds the memory (this is rank ",
+          comm_.rank(), ")");
+  require(pool_ != nullptr, "TensorParallelRunner::pool: this runner's memory is slots (memory())");
+  require(own_pool_ != nullptr, "TensorParallelRunner::pool: already handed out");
+  return std::move(own_pool_);
 }
 
 Matrix TensorParallelRunner::forward(const StepInput& step) {
@@ -541,11 +642,28 @@ Matrix TensorParallelRunner::forward(const StepInput& step) {
           " follows it (follow())");
   check_step(shard_.config, step, "TensorParallelRunner");
   Writer w;
+  if (pool_) {  // the blocks rank 0's memory copied since the last step, in order
+    const std::vector<int> copies = static_cast<RecordingPool*>(pool_)->take_copies();
+    w.put(static_cast<int>(copies.size()));
+    w.append(copies.data(), copies.size() * sizeof(int));
+  }
   w.put(static_cast<int>(step.chunks.size()));
   for (const Chunk& c : step.chunks) {
-    const auto slot = std::find(slots_.begin(), slots_.end(), c.cache);
-    require(slot != slots_.end(), "TensorParallelRunner: a chunk's cache is not one of memory()'s slots");
-    w.put(static_cast<int>(slot - slots_.begin()));
+    if (pool_) {  // where its K/V lies: its block table
+      const PagedKVCache* paged = c.cache->paged();
+      require(paged != nullptr && &paged->pool() == pool_,
+              "TensorParallelRunner: a chunk's cache is not a paged cache over pool()");
+      const std::vector<int>& table = paged->block_table();
+      require(static_cast<long>(table.size()) * pool_->block_size() >= paged->length() + static_cast<long>(c.tokens.size()),
+              "TensorParallelRunner: a chunk's cache has not reserved its positions (reserve() them before the step, as "
+              "the engine does: the other ranks write into the blocks rank 0 holds when the step starts)");
+      w.put(static_cast<int>(table.size()));
+      w.append(table.data(), table.size() * sizeof(int));
+    } else {  // its slot
+      const auto slot = std::find(slots_.begin(), slots_.end(), c.cache);
+      require(slot != slots_.end(), "TensorParallelRunner: a chunk's cache is not one of memory()'s slots");
+      w.put(static_cast<int>(slot - slots_.begin()));
+    }
     w.put(c.cache->length());
     w.put(static_cast<int>(c.tokens.size()));
     w.append(c.tokens.data(), c.tokens.size() * sizeof(int));
@@ -566,13 +684,28 @@ void TensorParallelRunner::follow() {
     comm_.broadcast(bytes, 0);
     if (bytes.empty()) return;  // rank 0 stopped
     Reader r(bytes);
+    if (pool_) {  // rank 0's copy-on-write, on this rank's rows
+      std::vector<int> copies(static_cast<size_t>(r.get()));
+      r.take(copies.data(), copies.size() * sizeof(int));
+      for (size_t i = 0; i + 1 < copies.size(); i += 2) pool_->copy_block(copies[i], copies[i + 1]);
+    }
     const int chunks = r.get();
     std::vector<std::vector<int>> tokens(static_cast<size_t>(chunks));
     std::vector<TreeMask> masks(static_cast<size_t>(chunks));
+    std::vector<std::unique_ptr<KVStore>> mirrored;
     StepInput step;
     for (int i = 0; i < chunks; ++i) {
-      const int slot = r.get(), length = r.get(), n = r.get();
-      require(slot >= 0 && slot < static_cast<int>(slots_.size()) && n > 0, "TensorParallelRunner: a bad step message");
+      int slot = 0;
+      std::vector<int> table;
+      if (pool_) {
+        table.resize(static_cast<size_t>(r.get()));
+        r.take(table.data(), table.size() * sizeof(int));
+      } else {
+        slot = r.get();
+      }
+      const int length = r.get(), n = r.get();
+      require(slot >= 0 && slot < std::max<int>(1, static_cast<int>(slots_.size())) && n > 0,
+              "TensorParallelRunner: a bad step message");
       tokens[i].resize(static_cast<size_t>(n));
       r.take(tokens[i].data(), tokens[i].size() * sizeof(int));
       Chunk c;
@@ -587,6 +720,12 @@ void TensorParallelRunner::follow() {
           masks[i](j) = b != 0;
         }
         c.mask = &masks[i];
+      }
+      if (pool_) {  // the same blocks of this rank's pool, for this step
+        mirrored.push_back(std::make_unique<MirroredStore>(*pool_, std::move(table), length));
+        c.cache = mirrored.back().get();
+        step.chunks.push_back(c);
+        continue;
       }
       // This rank's cache of the slot holds what rank 0's held before it: a new sequence in the
       // slot (length 0) or a speculative round's rollback makes it shorter, never longer.

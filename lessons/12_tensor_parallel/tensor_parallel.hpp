@@ -32,6 +32,7 @@
 #include "common/tensor.hpp"
 #include "common/weights.hpp"
 #include "lessons/03_batching/engine.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
 
 namespace infer {
 
@@ -223,25 +224,44 @@ ModelProjections tensor_parallel(ModelProjections projections, Communicator& com
 // ===================================================== the engine on the group (given) ==
 
 /// The forward seam over a tensor-parallel group. Every rank builds one over its shard and its
-/// communicator; rank 0's goes to the Engine (with memory()), the others call follow().
+/// communicator; rank 0's goes to the Engine (with its memory), the others call follow().
 ///
-/// Rank 0's forward() checks the step (check_step()), broadcasts it (each chunk's slot, its
-/// cache's length, tokens, logits and mask), then runs forward_step() over its shard; every
-/// follower runs the same step over its own caches, which hold its own K/V heads. Each rank's
-/// step runs on one thread (the ranks are the parallelism). The logits are rank 0's.
+/// Rank 0's forward() checks the step (check_step()), broadcasts it (each chunk's tokens, logits
+/// and mask, and where its K/V lies), then runs forward_step() over its shard; every follower
+/// runs the same step over its own K/V memory, which holds its own K/V heads. Each rank's step
+/// runs on one thread (the ranks are the parallelism). The logits are rank 0's.
+///
+/// The memory comes in two kinds, the same on every rank:
+/// - slots (lesson 03): `slots` whole-context KV caches; rank 0's engine takes them as memory(),
+///   and a chunk is named by its slot's index;
+/// - paged (lessons 04 and 05): a pool of num_blocks blocks of block_size positions on every
+///   rank; rank 0's engine takes its pool as pool() (for PagedKVManager, or PrefixKVManager with
+///   its prefix cache), and every decision about blocks (which block a position lies in, which
+///   blocks a prefix shares, preemption) is rank 0's. A chunk is sent with its block table, and
+///   the blocks rank 0's pool copied since the last step (copy-on-write) are copied on every rank
+///   before the step: each follower's pool holds its own heads of the same positions in the same
+///   blocks as rank 0's.
 class TensorParallelRunner final : public ModelRunner {
  public:
   /// Over `shard` (rank_config()'s shape) and `projections` (tensor_parallel()'s), with `slots`
   /// whole-context KV caches of the shard's shape. `shard` and `comm` must outlive it.
   TensorParallelRunner(const ModelWeights& shard, ModelProjections projections, Communicator& comm, int slots);
+  /// The same with paged memory: a pool of `num_blocks` blocks of `block_size` positions of the
+  /// shard's shape on this rank.
+  TensorParallelRunner(const ModelWeights& shard, ModelProjections projections, Communicator& comm, int num_blocks,
+                       int block_size);
   /// Rank 0: tells the followers to stop (they return from follow()).
   ~TensorParallelRunner() override;
   /// The shard's shape (its K/V heads: what the memory's caches hold).
   const ModelConfig& config() const override { return shard_.config; }
-  /// Rank 0 only: one step on every rank (see the class).
+  /// Rank 0 only: one step on every rank (see the class). With paged memory, each chunk's cache
+  /// must have reserve()d the step's positions (the engine does): throws infer::Error otherwise.
   Matrix forward(const StepInput& step) override;
-  /// Rank 0 only, once: the engine's KV memory, a SlotKVManager over this runner's slots.
+  /// Rank 0 only, once, with slots: the engine's KV memory, a SlotKVManager over them.
   std::unique_ptr<KVManager> memory();
+  /// Rank 0 only, once, with paged memory: the pool for the engine's memory (PagedKVManager or
+  /// PrefixKVManager over it), whose block copies this runner passes on to the other ranks.
+  std::unique_ptr<KVBlockPool> pool();
   /// The other ranks: runs rank 0's steps until it stops.
   void follow();
   /// What a decode step reads of this rank's weights, in bytes.
@@ -254,6 +274,8 @@ class TensorParallelRunner final : public ModelRunner {
   Communicator& comm_;
   std::vector<std::unique_ptr<KVStore>> own_;  // a follower's slots
   std::vector<KVStore*> slots_;                // every slot, by index (rank 0's are in its memory)
+  std::unique_ptr<KVBlockPool> own_pool_;      // paged: this rank's pool until rank 0's engine takes it
+  KVBlockPool* pool_ = nullptr;                // paged: this rank's pool (rank 0's is in its memory)
   bool stopped_ = false;
 };
 

@@ -1,6 +1,8 @@
 // Lesson 12: the model over a group of ranks. Its logits equal the whole model's at 1, 2 and 4
 // ranks; a step costs exactly two all-reduces a layer; each rank's KV memory holds its own heads;
 // and the engine driving the group from rank 0 generates the single-process engine's greedy text.
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "common/testing/compare.hpp"
@@ -9,6 +11,8 @@
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/03_batching/engine.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/12_tensor_parallel/tensor_parallel.hpp"
 
@@ -83,11 +87,19 @@ GRADED_TEST(Lesson12Model, EachRanksKvCacheHoldsItsOwnHeads, 1) {
   }
 }
 
+/// Lesson 05's memory for greedy_ids(): a pool too small for three sequences at once (so the
+/// engine preempts), in blocks of 4 (so that prompts sharing 20 bytes share 5 blocks).
+constexpr int kPagedBlocks = 24, kPagedBlockSize = 4;
+
 /// Greedy ids of `prompts` from the engine on one process, or on `world` ranks (rank 0's engine
-/// over TensorParallelRunner, the others following), with prompt lookup when `speculate`.
-std::vector<std::vector<int>> greedy_ids(int world, bool speculate) {
+/// over TensorParallelRunner, the others following), with prompt lookup when `speculate`; over
+/// whole-context slots, or when `paged` over lesson 05's prefix cache in a small pool.
+std::vector<std::vector<int>> greedy_ids(int world, bool speculate, bool paged = false) {
   const ModelWeights& model = testing::bundled_model();
-  const std::vector<std::string> prompts = {"The quick brown fox", "Love is", "A", "To be or not to be, that is"};
+  const std::vector<std::string> prompts =
+      paged ? std::vector<std::string>{"To be or not to be, that is", "To be or not to be, said the", "Love is",
+                                       "To be or not to be, that is the question"}
+            : std::vector<std::string>{"The quick brown fox", "Love is", "A", "To be or not to be, that is"};
   const auto submit_all = [&](Engine& engine) {
     for (size_t i = 0; i < prompts.size(); ++i)
       engine.submit({.id = static_cast<int>(i), .prompt = ByteTokenizer::encode(prompts[i]), .max_new_tokens = 24,
@@ -99,7 +111,12 @@ std::vector<std::vector<int>> greedy_ids(int world, bool speculate) {
     for (const GenerationResult& r : engine.run()) ids[static_cast<size_t>(r.id)] = r.tokens;
   };
   if (world == 0) {
-    Engine engine(std::make_unique<CpuRunner>(model), std::make_unique<SlotKVManager>(model.config, 3), options, nullptr,
+    std::unique_ptr<KVManager> memory;
+    if (paged)
+      memory = std::make_unique<PrefixKVManager>(model.config, kPagedBlocks, kPagedBlockSize);
+    else
+      memory = std::make_unique<SlotKVManager>(model.config, 3);
+    Engine engine(std::make_unique<CpuRunner>(model), std::move(memory), options, nullptr,
                   speculate ? prompt_lookup_speculator() : nullptr);
     submit_all(engine);
     collect(engine);
@@ -108,9 +125,16 @@ std::vector<std::vector<int>> greedy_ids(int world, bool speculate) {
   run_ranks(world, [&](Communicator& comm) {
     auto source = memory_weights(model);
     const ModelWeights shard = load_shard(*source, shard_plan(model.config, comm.rank(), world));
-    auto runner = std::make_unique<TensorParallelRunner>(shard, tensor_parallel(float_projections(shard), comm), comm, 3);
+    auto projections = tensor_parallel(float_projections(shard), comm);
+    auto runner = paged ? std::make_unique<TensorParallelRunner>(shard, std::move(projections), comm, kPagedBlocks,
+                                                                 kPagedBlockSize)
+                        : std::make_unique<TensorParallelRunner>(shard, std::move(projections), comm, 3);
     if (comm.rank() != 0) return runner->follow();
-    auto memory = runner->memory();
+    std::unique_ptr<KVManager> memory;
+    if (paged)
+      memory = std::make_unique<PrefixKVManager>(runner->pool());
+    else
+      memory = runner->memory();
     Engine engine(std::move(runner), std::move(memory), options, nullptr, speculate ? prompt_lookup_speculator() : nullptr);
     submit_all(engine);
     collect(engine);
@@ -129,6 +153,50 @@ GRADED_TEST(Lesson12Model, TheEngineOnTwoAndFourRanksGeneratesTheSameGreedyText,
         EXPECT_EQ(got[i], want[i]) << world << " ranks, request " << i << (speculate ? ", prompt lookup" : "");
     }
   }
+}
+
+GRADED_TEST(Lesson12Model, PagedMemoryWithAPrefixCacheOnRanksGeneratesTheSameGreedyText, 2) {
+  // Lesson 05's memory on rank 0 decides every block; each rank's pool holds its own heads of the
+  // same blocks. Three prompts share a 20-byte prefix (blocks found in the cache), and 24 blocks of
+  // 4 cannot hold three sequences to the end (the engine preempts and recomputes).
+  for (bool speculate : {false, true}) {
+    const auto want = greedy_ids(0, speculate, true);
+    for (int world : {2, 4}) {
+      const auto got = greedy_ids(world, speculate, true);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(got[i], want[i]) << world << " ranks, request " << i << (speculate ? ", prompt lookup" : "");
+    }
+  }
+}
+
+TEST(Lesson12Given, ABlockCopiedOnRankZeroIsCopiedOnEveryRank) {
+  // The given runner's paged memory: a sequence of 10 positions in blocks of 4 is forked, so the
+  // two share a partly filled block; reserving the fork's next position copies that block in rank
+  // 0's pool (copy-on-write), and the next step must find the copy on every rank.
+  const ModelWeights& model = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("To be or n", false);
+  const std::vector<int> next_a = {ByteTokenizer::encode("o", false)[0]}, next_b = {ByteTokenizer::encode("e", false)[0]};
+  const auto steps = [&](KVBlockPool& pool, const std::function<Matrix(const StepInput&)>& forward) {
+    PagedKVCache a(pool, 64);
+    a.reserve(static_cast<int>(prompt.size()));  // as the engine does before every step
+    forward(StepInput{{{prompt, &a}}});
+    const std::unique_ptr<PagedKVCache> b = a.fork();
+    b->reserve(b->length() + 1);  // the shared last block is copied here
+    a.reserve(a.length() + 1);
+    return forward(StepInput{{{next_a, &a}, {next_b, b.get()}}});
+  };
+  PagedKVPool whole(model.config, 16, 4);
+  const Matrix want = steps(whole, [&](const StepInput& step) { return forward_step(model, step); });
+  Matrix got;
+  run_ranks(2, [&](Communicator& comm) {
+    auto source = memory_weights(model);
+    const ModelWeights shard = load_shard(*source, shard_plan(model.config, comm.rank(), 2));
+    TensorParallelRunner runner(shard, tensor_parallel(float_projections(shard), comm), comm, 16, 4);
+    if (comm.rank() != 0) return runner.follow();
+    const std::unique_ptr<KVBlockPool> pool = runner.pool();
+    got = steps(*pool, [&](const StepInput& step) { return runner.forward(step); });
+  });
+  EXPECT_TRUE(testing::all_close(want, got, 1e-4, 1e-4, "the step after a copy-on-write, on 2 ranks"));
 }
 
 }  // namespace

@@ -58,17 +58,22 @@ for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
     print(f"generate --ids {' '.join(extra)}: the golden greedy ids")
 
 # Lesson 12's ranks: generate starts mpirun itself; on 2 ranks (and on 2 with prompt lookup,
-# whose rejected guesses roll every rank's cache back) rank 0 prints the golden ids. Where the
-# build has no MPI, the option is refused with what to install.
-for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "--speculative", "ngram"]):
+# whose rejected guesses roll every rank's cache back, and over paged blocks with the prefix cache,
+# whose second run finds the prompt's blocks cached) rank 0 prints the golden ids. Where the build
+# has no MPI, the option is refused with what to install.
+for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "--speculative", "ngram"],
+              ["--tensor-parallel-size", "2", "--paged", "--block-size", "4", "--prefix-cache"]):
+    runs = 2 if "--prefix-cache" in extra else 1  # --repeat's default: the ids of both runs
     run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
                           "--temperature", "0", "--ids", "--stats"] + extra, capture_output=True, text=True,
                          check=False, timeout=120)
     if run.returncode != 0 and "needs MPI" in run.stderr:
         print(f"generate {' '.join(extra)}: refused, this build has no MPI ({run.stderr.strip()})")
         break
-    if run.returncode != 0 or [int(x) for x in run.stdout.split()] != want or "over 2 MPI ranks" not in run.stderr:
+    if run.returncode != 0 or [int(x) for x in run.stdout.split()] != want * runs or "over 2 MPI ranks" not in run.stderr:
         sys.exit(f"generate --ids {' '.join(extra)} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
+    if runs == 2 and ("[run 2, seed 1: " not in run.stderr or "[run 2, seed 1: 0 of" in run.stderr):
+        sys.exit(f"generate {' '.join(extra)}: the second run found nothing cached: {run.stderr!r}")
     print(f"generate --ids {' '.join(extra)}: rank 0 prints the golden greedy ids")
 
 # Lesson 11's weights: INT8 per output channel keeps this prompt's 64 greedy ids (measured: so do
@@ -83,7 +88,7 @@ for weights, golden_ids in (("int8", True), ("int4", False)):
         sys.exit(f"generate --weights {weights} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
     print(f"generate --weights {weights}: {len(got)} ids" + (", the golden greedy ones" if golden_ids else ""))
 
-for bad, fragment in [(["--tensor-parallel-size", "2", "--paged"], "drop --paged"),
+for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --device cuda, --kv-cache"),
                       (["--tensor-parallel-size", "0"], "--tensor-parallel-size"),
                       (["--weights", "int9"], "f32, int8 or int4"), (["--weights", "bf16"], "needs --device cuda"),
                       (["--weights", "int8", "--group", "32"], "--group needs --weights int4"),

@@ -47,6 +47,14 @@ with tempfile.TemporaryDirectory() as tmp:
                  f"{tp.stderr!r}; expected {run.stdout!r}")
     else:
         print("serve_offline --tensor-parallel-size 2: the same texts from rank 0 of 2 MPI ranks")
+        # Over paged blocks with lesson 05's prefix cache: rank 0's memory decides the blocks,
+        # every rank holds its heads of them.
+        paged = ["--paged", "--block-size", "4", "--prefix-cache"]
+        one, tp = serve(path, *paged), serve(path, "--tensor-parallel-size", "2", *paged)
+        if tp.returncode != 1 or tp.stdout != one.stdout:
+            sys.exit(f"serve_offline --tensor-parallel-size 2 {' '.join(paged)} (exit {tp.returncode}) printed "
+                     f"{tp.stdout!r} and {tp.stderr!r}; expected {one.stdout!r}")
+        print(f"serve_offline --tensor-parallel-size 2 {' '.join(paged)}: the same texts as one process")
 
     for extra, path_arg, says in [([], tmp, "is a directory"),
                                   (["--paged", "--num-blocks", "2000000000"], path, "GB of KV memory; this machine has")]:
