@@ -48,7 +48,7 @@ struct CommStats {
 
 /// The seam between the ranks of a tensor-parallel group: each rank holds one Communicator and
 /// calls the same collectives in the same order as every other rank (a collective returns only
-/// once every rank has called it). ThreadGroup's run in one process (threads); MPI's are processes
+/// once every rank has called it). thread_group()'s run in one process (threads); mpi_world()'s are processes
 /// (`mpirun -n N`), on one machine or several. A GPU engine would put NCCL's ncclAllReduce behind
 /// the same calls, on device buffers and a stream (the lesson's text says what changes).
 class Communicator {
@@ -134,13 +134,15 @@ struct ShardPlan {
 /// Rank `rank`'s share of a model shaped `config`, over `world` ranks: query heads and MLP units
 /// split into `world` equal contiguous ranges, rank r holding the r-th; K/V heads those its query
 /// heads read under grouped-query attention (query head h reads K/V head h / config.group_size()).
-/// When there are at least as many K/V heads as ranks, each rank holds world-th of them, its own;
+/// When there are at least as many K/V heads as ranks, each rank holds num_key_value_heads / world
+/// of them, its own;
 /// when there are fewer (vLLM's case of 8 K/V heads on 16 GPUs), each K/V head is held by
 /// world / num_key_value_heads ranks (replicated), every rank holding exactly one.
 ///
-/// Throws infer::Error (naming the count that does not divide) for world < 1, a rank outside
-/// [0, world), and a world that does not divide the query heads or the MLP units, or that neither
-/// divides nor is a multiple of the K/V heads.
+/// Throws infer::Error for world < 1 (naming it), a rank outside [0, world) (the message says
+/// "rank"), a world that does not divide the query heads or the MLP units (naming the count that
+/// it does not divide), and one that neither divides nor is a multiple of the K/V heads (the
+/// message says "K/V").
 ShardPlan shard_plan(const ModelConfig& config, int rank, int world);
 
 /// The shape of rank plan.rank's shard (given): `config` with plan.heads.size() query heads,
@@ -202,8 +204,8 @@ class RowParallelProjection final : public Projection {
   /// y[:, first + i] = x W[first + i]^T summed over every rank's shard, i in [0, count) (+= with
   /// `accumulate`: what y held is added once, not once per rank); y's other columns are left as
   /// they are. x holds this rank's columns only ([x.rows, cols()]); y is the whole output
-  /// ([x.rows, >= first + count]), and its columns [first, first + count) are not contiguous in
-  /// memory when y is wider than count. Every rank calls it with the same first and count, in the
+  /// ([x.rows, rows()], refused otherwise), and its columns [first, first + count) are not
+  /// contiguous in memory when count < rows(). Every rank calls it with the same first and count, in the
   /// same order, on one thread: it takes part in exactly one all-reduce, of x.rows * count floats.
   /// Throws infer::Error for shapes the shard refuses.
   void rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const override;
