@@ -473,6 +473,7 @@ class Writer {
  public:
   void put(int v) { append(&v, sizeof v); }
   void append(const void* p, size_t n) {
+    if (n == 0) return;
     const auto* c = static_cast<const char*>(p);
     bytes.insert(bytes.end(), c, c + n);
   }
@@ -489,7 +490,7 @@ class Reader {
   }
   void take(void* p, size_t n) {
     require(at_ + n <= bytes_.size(), "TensorParallelRunner: a step message ends early");
-    std::memcpy(p, bytes_.data() + at_, n);
+    if (n > 0) std::memcpy(p, bytes_.data() + at_, n);  // an empty vector's data() may be null
     at_ += n;
   }
 
