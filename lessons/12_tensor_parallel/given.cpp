@@ -106,12 +106,9 @@ class ThreadCommunicator final : public Communicator {
     ThreadGroupState& g = *group_;
     g.floats_[rank_] = data;
     g.barrier();  // every buffer shown
-    std::vector<float> sum(data, data + n);
-    for (int r = 0; r < g.size_; ++r) {  // in rank order on every rank: the same floats everywhere
-      if (r == 0) std::copy(g.floats_[0], g.floats_[0] + n, sum.begin());
-      else
-        for (long i = 0; i < n; ++i) sum[i] += g.floats_[r][i];
-    }
+    std::vector<float> sum(g.floats_[0], g.floats_[0] + n);
+    for (int r = 1; r < g.size_; ++r)  // in rank order on every rank: the same floats everywhere
+      for (long i = 0; i < n; ++i) sum[i] += g.floats_[r][i];
     g.barrier();  // every rank has read every buffer
     std::copy(sum.begin(), sum.end(), data);
   }
@@ -555,11 +552,7 @@ class MirroredStore final : public KVStore {
     const int first = length(layer), n = static_cast<int>(k.rows());
     require(first + n <= max_tokens(), "TensorParallelRunner: rank 0's block table holds ", max_tokens(),
             " positions, and the step appends up to position ", first + n);
-    std::vector<int> slots(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i)
-      slots[static_cast<size_t>(i)] = table_[static_cast<size_t>((first + i) / pool_.block_size())] * pool_.block_size() +
-                                      (first + i) % pool_.block_size();
-    pool_.write(layer, slots, k, v);
+    pool_.write(layer, slots(first, n), k, v);
     length_[static_cast<size_t>(layer)] += n;
   }
   ConstMatrixRef keys(int layer) const override { return gather(layer, true, keys_); }
@@ -575,12 +568,15 @@ class MirroredStore final : public KVStore {
   size_t bytes_reserved() const override { return table_.size() * pool_.bytes_per_block(); }
 
  private:
+  /// The pool slots of positions [first, first + n): PagedKVCache::slot()'s rule over rank 0's table.
+  std::vector<int> slots(int first, int n) const {
+    const int b = pool_.block_size();
+    std::vector<int> out(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) out[static_cast<size_t>(i)] = table_[static_cast<size_t>((first + i) / b)] * b + (first + i) % b;
+    return out;
+  }
   ConstMatrixRef gather(int layer, bool keys, Matrix& out) const {
-    std::vector<int> slots(static_cast<size_t>(length(layer)));
-    for (size_t p = 0; p < slots.size(); ++p)
-      slots[p] = table_[p / static_cast<size_t>(pool_.block_size())] * pool_.block_size() +
-                 static_cast<int>(p % static_cast<size_t>(pool_.block_size()));
-    pool_.read(layer, slots, keys, out);
+    pool_.read(layer, slots(0, length(layer)), keys, out);
     return out;
   }
   KVBlockPool& pool_;
