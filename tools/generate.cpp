@@ -245,16 +245,14 @@ int main(int argc, char** argv) {
                            : std::make_unique<infer::CpuRunner>(model);
       }
 #if COURSE_HAVE_CUDA
-      std::unique_ptr<infer::gpu::DeviceAttention> attention;
-      if (device == "cuda" && paged) {
-        auto device_pool = std::make_unique<infer::gpu::CudaPagedKVPool>(model.config, blocks, block_size);
-        attention = infer::gpu::device_paged_attention(*device_pool);
-        pool = std::move(device_pool);
+      const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
+      if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
+        infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, blocks, block_size);
+        runner = std::move(gpu.forward), pool = std::move(gpu.pool);
+      } else if (device == "cuda") {  // lesson 07's slot
+        runner = std::make_unique<infer::gpu::CudaForward>(model, type);
+        memory = infer::gpu::cuda_slots(model.config, 1, room);
       }
-      if (device == "cuda" && !paged) memory = infer::gpu::cuda_slots(model.config, 1, room);  // lesson 07's slot
-      if (device == "cuda")
-        runner = std::make_unique<infer::gpu::CudaForward>(
-            model, weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32, std::move(attention));
 #endif
       if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, blocks, block_size);
       infer::PrefixKVManager* prefix = nullptr;

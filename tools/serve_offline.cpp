@@ -217,15 +217,15 @@ int main(int argc, char** argv) {
                           : std::make_unique<infer::CpuRunner>(model);
     }
     infer::PrefixKVManager* prefix = nullptr;
-#if COURSE_HAVE_CUDA
-    std::unique_ptr<infer::gpu::DeviceAttention> attention;
-#endif
     if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
 #if COURSE_HAVE_CUDA
-    if (paged && device == "cuda") {
-      auto device_pool = std::make_unique<infer::gpu::CudaPagedKVPool>(model.config, num_blocks, block_size);
-      attention = infer::gpu::device_paged_attention(*device_pool);
-      pool = std::move(device_pool);
+    const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
+    if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
+      infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, num_blocks, block_size);
+      forward = std::move(gpu.forward), pool = std::move(gpu.pool);
+    } else if (device == "cuda") {  // lesson 07's whole-context slots
+      forward = std::make_unique<infer::gpu::CudaForward>(model, type);
+      memory = infer::gpu::cuda_slots(model.config, slots);
     }
 #endif
     if (paged && opts.has("--prefix-cache")) {
@@ -239,13 +239,6 @@ int main(int argc, char** argv) {
       require_fits(bytes, infer::cat(slots, " whole-context KV slots"));
       memory = std::make_unique<infer::SlotKVManager>(model.config, slots);
     }
-#if COURSE_HAVE_CUDA
-    if (device == "cuda") {
-      const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
-      forward = std::make_unique<infer::gpu::CudaForward>(model, type, std::move(attention));
-      if (!paged) memory = infer::gpu::cuda_slots(model.config, max_batch);
-    }
-#endif
     const int guesses = speculator ? num_spec : 0;  // (before the speculator is moved away)
     infer::Engine engine(std::move(forward), std::move(memory),
                          {.policy = policy, .max_running = max_batch, .speculative_tokens = guesses}, nullptr,

@@ -10,8 +10,10 @@
 /// appended to its own cache, decode_attention per sequence, a batched GEMV and add, rms_norm,
 /// two batched GEMVs, swiglu, a batched GEMV and add; then rms_norm and the lm_head's batched
 /// GEMV. At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, gemv_batch_*,
-/// which read each weight once for the batch. A prompt is run as one step per token: this lesson
-/// is about decode (lesson 09 writes a prefill kernel).
+/// which read each weight once for the batch. A prompt (or a piece of one) is a chunk of several
+/// rows in the same step: its rows go through the weights with everyone else's, and each of its
+/// rows attends causally over its own sequence (lesson 09 writes a prefill kernel that does that
+/// one tile of rows at a time).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +52,8 @@ class CudaKVStore final : public KVStore {
   ConstMatrixRef keys(int layer) const override;
   ConstMatrixRef values(int layer) const override;
   void reset() override;
+  /// Keeps the first `length` positions by moving the end (speculative decoding's rollback): no copy.
+  void truncate(int length) override;
   size_t bytes_used() const override;
   size_t bytes_reserved() const override;
   CudaKVStore* cuda() override { return this; }
@@ -68,24 +72,31 @@ class CudaKVStore final : public KVStore {
 };
 
 /// The part of CudaForward that depends on how the KV memory is laid out: where a step's new keys
-/// and values go, and the decode attention over them. Lesson 07's (the default) keeps one
-/// contiguous CudaKVStore per sequence and runs decode_attention once per sequence; lesson 08's
-/// reads a paged pool through block tables, the whole batch in one launch.
+/// and values go, and the attention over them. Lesson 07's (the default) keeps one contiguous
+/// CudaKVStore per sequence and runs decode_attention once per row; lesson 08's reads a paged
+/// pool through block tables, every row of the step in one launch.
+///
+/// A step is a flat batch of N rows, chunk after chunk (StepInput's order): chunk i's n_i tokens
+/// are rows [r_i, r_i + n_i), and its token t sits at position L_i + t, where L_i is its cache's
+/// length before the step. Row r_i + t attends over its sequence's positions 0 .. L_i + t (the
+/// cached ones and the chunk's tokens up to itself: causal).
 class DeviceAttention {
  public:
   virtual ~DeviceAttention() = default;
-  /// Readies a step that appends one position to each of `caches` in every layer. Throws
-  /// infer::Error, naming `who` and the cache's index, for a cache this attention cannot read (not
-  /// its kind of store, or another model's shape) or one without room for another position.
-  virtual void begin_step(std::span<KVStore* const> caches, const char* who) = 0;
-  /// In `layer`: appends row b of k and v [B, kv_dim] (device arrays) as cache b's next position,
-  /// then writes into out [B, heads * head_dim] the decode attention of q's row b [B, heads *
-  /// head_dim] over cache b's positions, the new one included.
+  /// Readies a step of `chunks` (each appends its tokens' positions to its cache in every layer;
+  /// causal chains: CudaForward refuses masks before calling). Throws infer::Error, naming `who`
+  /// and the chunk's index, for a cache this attention cannot read (not its kind of store, or
+  /// another model's shape) or one without room for the chunk's positions.
+  virtual void begin_step(std::span<const Chunk> chunks, const char* who) = 0;
+  /// In `layer`: appends rows of k and v [N, kv_dim] (device arrays) as their chunks' next
+  /// positions, then writes into out [N, heads * head_dim] the attention of q's rows [N, heads *
+  /// head_dim] over their sequences' positions, as the class comment says.
   virtual void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) = 0;
 };
 
-/// Lesson 07's DeviceAttention: each cache a CudaKVStore of `config`'s shape, one
-/// decode_attention launch per sequence. What CudaForward uses when given none.
+/// Lesson 07's DeviceAttention: each cache a CudaKVStore of `config`'s shape; a chunk's rows
+/// appended to its store in one copy, then one decode_attention launch per row (row t of a chunk
+/// over the first L + t + 1 positions). What CudaForward uses when given none.
 std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config);
 
 /// Lesson 03's slot memory with device caches: a SlotKVManager over `slots` CudaKVStores of
@@ -112,15 +123,18 @@ class CudaForward final : public ModelRunner {
   CudaForward& operator=(const CudaForward&) = delete;
 
   const ModelConfig& config() const override;
-  /// A step of the engine (forward_step()'s contract, validated the same way first): in waves,
-  /// wave t one decode() over every chunk that has a token t, so a step of B decodes is one
-  /// batched decode and a prompt of n tokens is n of them; rows of logits as forward_step() gives
-  /// them. Throws infer::Error for a chunk with a mask (a tree of guesses: not on the GPU yet).
+  /// A step of the engine (forward_step()'s contract, validated the same way first), in one pass
+  /// over the weights whatever its shape: the N rows of every chunk stacked (a decode is one row,
+  /// a prompt chunk n of them), every weight matrix read once for all N (gemv_f32/gemv_bf16 at
+  /// N = 1, gemv_batch_* above), RoPE at each row's own position, the attention's
+  /// append_and_attend() over the N rows, then the final norm and the output head over the
+  /// wanted rows only (each chunk's last `logits`). Rows of logits as forward_step() gives them.
+  /// Throws infer::Error for a chunk with a mask (a tree of guesses: not on the GPU yet).
   Matrix forward(const StepInput& step) override;
-  /// One step per token (B = 1); the logits of the last.
+  /// A step of one chunk (all of `tokens` on `cache`); the logits of its last token.
   Vector prefill(std::span<const int> tokens, KVStore& cache);
-  /// One step for B sequences: forward_batch's contract, validated the same way first (ids,
-  /// equal counts, room in every cache, no cache twice; and every cache a CudaKVStore).
+  /// A step of B one-token chunks: forward_batch's contract, validated the same way first (ids,
+  /// equal counts, room in every cache, no cache twice; and every cache one the attention reads).
   Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches);
   /// Bytes of weight matrices a decode step reads (every matrix but the embedding table).
   double weight_bytes_per_step() const;
@@ -143,6 +157,9 @@ class CudaModel {
   /// Runs `token` at position length(), appends its K/V, and returns its logits [vocab].
   /// Throws infer::Error for a bad id, or when the cache is full.
   Vector decode(int token);
+  /// Runs `tokens` in one step at positions length() onward, appends their K/V, and returns the
+  /// last one's logits [vocab]. Throws infer::Error for no tokens, a bad id, or no room for them.
+  Vector prefill(std::span<const int> tokens);
   /// Positions in the cache.
   int length() const;
   /// Positions the cache can hold.

@@ -71,23 +71,27 @@ DeviceMatrix pattern(int rows, int cols, WeightType type, const std::vector<floa
 }
 
 
-/// Activations of a batch of B rows, grown when a larger batch comes.
+/// Activations of a step of N rows (W of them wanting logits), grown when a larger step comes.
 struct Scratch {
-  int capacity = 0;
+  int capacity = 0, logit_capacity = 0;
   DeviceArray<float> x, h, q, k, v, attn, tmp, gate, up, logits;
   DeviceArray<int> tokens, positions;
 
-  void ensure(const ModelConfig& c, int batch) {
-    if (batch <= capacity) return;
-    const size_t b = batch, hidden = c.hidden_size, qd = static_cast<size_t>(c.num_attention_heads) * c.head_dim,
-                 kvd = static_cast<size_t>(c.num_key_value_heads) * c.head_dim, inter = c.intermediate_size;
-    x = DeviceArray<float>(b * hidden), h = DeviceArray<float>(b * hidden), tmp = DeviceArray<float>(b * hidden);
-    q = DeviceArray<float>(b * qd), attn = DeviceArray<float>(b * qd);
-    k = DeviceArray<float>(b * kvd), v = DeviceArray<float>(b * kvd);
-    gate = DeviceArray<float>(b * inter), up = DeviceArray<float>(b * inter);
-    logits = DeviceArray<float>(b * c.vocab_size);
-    tokens = DeviceArray<int>(b), positions = DeviceArray<int>(b);
-    capacity = batch;
+  void ensure(const ModelConfig& c, int rows, int wanted) {
+    if (rows > capacity) {
+      const size_t b = rows, hidden = c.hidden_size, qd = static_cast<size_t>(c.num_attention_heads) * c.head_dim,
+                   kvd = static_cast<size_t>(c.num_key_value_heads) * c.head_dim, inter = c.intermediate_size;
+      x = DeviceArray<float>(b * hidden), h = DeviceArray<float>(b * hidden), tmp = DeviceArray<float>(b * hidden);
+      q = DeviceArray<float>(b * qd), attn = DeviceArray<float>(b * qd);
+      k = DeviceArray<float>(b * kvd), v = DeviceArray<float>(b * kvd);
+      gate = DeviceArray<float>(b * inter), up = DeviceArray<float>(b * inter);
+      tokens = DeviceArray<int>(b), positions = DeviceArray<int>(b);
+      capacity = rows;
+    }
+    if (wanted > logit_capacity) {
+      logits = DeviceArray<float>(static_cast<size_t>(wanted) * c.vocab_size);
+      logit_capacity = wanted;
+    }
   }
 };
 
@@ -172,6 +176,11 @@ ConstMatrixRef CudaKVStore::values(int layer) const {
   return impl_->download(impl_->v[layer], layer);
 }
 void CudaKVStore::reset() { std::fill(impl_->length.begin(), impl_->length.end(), 0); }
+void CudaKVStore::truncate(int length) {
+  require(length >= 0 && length <= this->length(), "CudaKVStore::truncate: length ", length, " is outside [0, ",
+          this->length(), "]");
+  for (int& l : impl_->length) l = std::min(l, length);  // the rows past it are simply written over later
+}
 size_t CudaKVStore::bytes_used() const {
   size_t n = 0;
   for (int len : impl_->length) n += 2 * static_cast<size_t>(len) * impl_->kv_dim * sizeof(float);
@@ -203,39 +212,45 @@ std::unique_ptr<KVManager> cuda_slots(const ModelConfig& c, int slots, int max_t
 
 namespace {
 
-/// One CudaKVStore per sequence: each row's K/V copied to the end of its store, then one
-/// decode_attention launch per sequence.
+/// One CudaKVStore per sequence: a chunk's K/V rows copied to the end of its store, then one
+/// decode_attention launch per row, over the positions up to its own.
 class ContiguousAttention final : public DeviceAttention {
  public:
   explicit ContiguousAttention(const ModelConfig& c) : c_(c) {}
 
-  void begin_step(std::span<KVStore* const> caches, const char* who) override {
-    stores_.clear();
-    for (size_t i = 0; i < caches.size(); ++i) {
-      CudaKVStore* d = caches[i] ? caches[i]->cuda() : nullptr;
+  void begin_step(std::span<const Chunk> chunks, const char* who) override {
+    stores_.clear(), rows_.clear();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      CudaKVStore* d = chunks[i].cache ? chunks[i].cache->cuda() : nullptr;
       require(d != nullptr, who, ": cache ", i, " is not a CudaKVStore (the CUDA forward reads its caches on the device;",
               " take them from cuda_slots())");
       require(d->num_layers() == c_.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
               c_.num_hidden_layers);
-      require(d->length() + 1 <= std::min(d->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
-              " at position ", d->length(), " would exceed its cache of ", d->max_tokens(), " positions or the context");
-      stores_.push_back(d);
+      const int n = static_cast<int>(chunks[i].tokens.size());
+      require(d->length() + n <= std::min(d->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
+              " at position ", d->length(), " would exceed its cache of ", d->max_tokens(), " positions or the context with ",
+              n, " more");
+      stores_.push_back(d), rows_.push_back(n);
     }
   }
 
   void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) override {
     const int hd = c_.head_dim, qd = c_.num_attention_heads * hd, kvd = c_.num_key_value_heads * hd;
-    for (size_t b = 0; b < stores_.size(); ++b) {  // each sequence's K/V into its own cache, then its attention
-      CudaKVStore& kv = *stores_[b];
-      kv.append_device(layer, k + b * kvd, v + b * kvd, 1);
-      decode_attention(q + b * qd, kv.device_keys(layer), kv.device_values(layer), out + b * qd, kv.length(layer),
-                       c_.num_attention_heads, c_.num_key_value_heads, hd);
+    size_t row = 0;
+    for (size_t i = 0; i < stores_.size(); ++i) {  // each chunk's K/V into its own cache, then its rows' attention
+      CudaKVStore& kv = *stores_[i];
+      const int n = rows_[i], before = kv.length(layer);
+      kv.append_device(layer, k + row * kvd, v + row * kvd, n);
+      for (int t = 0; t < n; ++t, ++row)
+        decode_attention(q + row * qd, kv.device_keys(layer), kv.device_values(layer), out + row * qd, before + t + 1,
+                         c_.num_attention_heads, c_.num_key_value_heads, hd);
     }
   }
 
  private:
   ModelConfig c_;
   std::vector<CudaKVStore*> stores_;
+  std::vector<int> rows_;  // each chunk's tokens
 };
 
 }  // namespace
@@ -258,41 +273,61 @@ struct CudaForward::Impl {
   std::unique_ptr<DeviceAttention> attention;
   Scratch s;
 
-  /// One step of B = stores.size() rows, after attention->begin_step(stores); logits left in
-  /// s.logits [B, vocab].
-  void step(std::span<const int> tokens, std::span<KVStore* const> stores) {
-    const int B = static_cast<int>(tokens.size()), hidden = c.hidden_size, hd = c.head_dim;
-    s.ensure(c, B);
-    std::vector<int> positions(B);
-    for (int b = 0; b < B; ++b) positions[b] = stores[b]->length();
-    s.tokens.upload(tokens.data(), B);
-    s.positions.upload(positions.data(), B);
+  /// One step of `chunks` (checked, and attention->begin_step() called): their N rows through
+  /// every layer, then the final norm and the output head over each chunk's last `logits` rows,
+  /// gathered (W rows in all). Returns the logits [W, vocab] on the host.
+  Matrix step(std::span<const Chunk> chunks, int wanted) {
+    const int hidden = c.hidden_size, hd = c.head_dim;
+    std::vector<int> tokens, positions;
+    for (const Chunk& ch : chunks) {
+      const int at = ch.cache->length();
+      for (size_t t = 0; t < ch.tokens.size(); ++t) {
+        tokens.push_back(ch.tokens[t]);
+        positions.push_back(at + static_cast<int>(t));
+      }
+    }
+    const int N = static_cast<int>(tokens.size());
+    s.ensure(c, N, wanted);
+    s.tokens.upload(tokens.data(), N);
+    s.positions.upload(positions.data(), N);
 
-    embedding(embed.get(), s.tokens.get(), s.x.get(), B, c.vocab_size, hidden);
+    embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
-      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
-      l.q.gemv(s.h.get(), s.q.get(), B);
-      l.k.gemv(s.h.get(), s.k.get(), B);
-      l.v.gemv(s.h.get(), s.v.get(), B);
-      rope(s.q.get(), s.positions.get(), B, c.num_attention_heads, hd, c.rope_theta);
-      rope(s.k.get(), s.positions.get(), B, c.num_key_value_heads, hd, c.rope_theta);
+      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      l.q.gemv(s.h.get(), s.q.get(), N);
+      l.k.gemv(s.h.get(), s.k.get(), N);
+      l.v.gemv(s.h.get(), s.v.get(), N);
+      rope(s.q.get(), s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
+      rope(s.k.get(), s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
       attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
-      l.o.gemv(s.attn.get(), s.tmp.get(), B);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(B) * hidden);
-      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
-      l.gate.gemv(s.h.get(), s.gate.get(), B);
-      l.up.gemv(s.h.get(), s.up.get(), B);
-      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(B) * c.intermediate_size);
-      l.down.gemv(s.gate.get(), s.tmp.get(), B);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(B) * hidden);
+      l.o.gemv(s.attn.get(), s.tmp.get(), N);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
+      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      l.gate.gemv(s.h.get(), s.gate.get(), N);
+      l.up.gemv(s.h.get(), s.up.get(), N);
+      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(N) * c.intermediate_size);
+      l.down.gemv(s.gate.get(), s.tmp.get(), N);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
     }
-    rms_norm(s.x.get(), final_norm.get(), s.h.get(), B, hidden, c.rms_norm_eps);
-    lm_head.gemv(s.h.get(), s.logits.get(), B);
-  }
-
-  Matrix logits(int B) const {
-    Matrix out(B, c.vocab_size);  // row-major, as the device holds them; the copy waits for the step
+    // The wanted rows (each chunk's last `logits`, contiguous within it) gathered into tmp, so the
+    // norm and the largest matrix, the output head, run over W rows, not N.
+    const float* from = s.x.get();
+    if (wanted < N) {
+      int row = 0, into = 0;
+      for (const Chunk& ch : chunks) {
+        row += static_cast<int>(ch.tokens.size());
+        INFER_CUDA_CHECK(cudaMemcpyAsync(s.tmp.get() + static_cast<size_t>(into) * hidden,
+                                         s.x.get() + static_cast<size_t>(row - ch.logits) * hidden,
+                                         static_cast<size_t>(ch.logits) * hidden * sizeof(float),
+                                         cudaMemcpyDeviceToDevice));
+        into += ch.logits;
+      }
+      from = s.tmp.get();
+    }
+    rms_norm(from, final_norm.get(), s.h.get(), wanted, hidden, c.rms_norm_eps);
+    lm_head.gemv(s.h.get(), s.logits.get(), wanted);
+    Matrix out(wanted, c.vocab_size);  // row-major, as the device holds them; the copy waits for the step
     INFER_CUDA_CHECK(cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
   }
@@ -354,56 +389,22 @@ CudaForward::~CudaForward() = default;
 const ModelConfig& CudaForward::config() const { return impl_->c; }
 
 Matrix CudaForward::forward(const StepInput& step) {
-  const ModelConfig& c = impl_->c;
-  const int wanted = check_step(c, step, "CudaForward::forward");
-  const std::vector<Chunk>& chunks = step.chunks;
-  for (size_t i = 0; i < chunks.size(); ++i)
-    require(chunks[i].mask == nullptr, "CudaForward::forward: chunk ", i,
+  Impl& m = *impl_;
+  const int wanted = check_step(m.c, step, "CudaForward::forward");
+  for (size_t i = 0; i < step.chunks.size(); ++i)
+    require(step.chunks[i].mask == nullptr, "CudaForward::forward: chunk ", i,
             " is a tree (a mask); the GPU forward runs chains of tokens only (run trees on the CPU: CpuRunner)");
-  size_t longest = 0;
-  std::vector<Eigen::Index> first_row(chunks.size());  // each chunk's first row of logits in `out`
-  Eigen::Index rows = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    longest = std::max(longest, chunks[i].tokens.size());
-    first_row[i] = rows;
-    rows += chunks[i].logits;
-  }
-  Matrix out(wanted, c.vocab_size);
-  std::vector<int> tokens;
-  std::vector<KVStore*> caches;
-  std::vector<size_t> chunk_of;  // the chunk behind each row of the wave
-  for (size_t t = 0; t < longest; ++t) {
-    tokens.clear(), caches.clear(), chunk_of.clear();
-    for (size_t i = 0; i < chunks.size(); ++i)
-      if (chunks[i].tokens.size() > t) {
-        tokens.push_back(chunks[i].tokens[t]);
-        caches.push_back(chunks[i].cache);
-        chunk_of.push_back(i);
-      }
-    const Matrix logits = decode(tokens, caches);
-    for (size_t row = 0; row < chunk_of.size(); ++row) {  // a chunk's wanted rows: its last `logits` tokens
-      const Chunk& ch = chunks[chunk_of[row]];
-      const long from_end = static_cast<long>(ch.tokens.size()) - static_cast<long>(t);  // 1 for its last token
-      if (from_end <= ch.logits)
-        out.row(first_row[chunk_of[row]] + ch.logits - from_end) = logits.row(static_cast<Eigen::Index>(row));
-    }
-  }
-  return out;
+  m.attention->begin_step(step.chunks, "CudaForward::forward");
+  return m.step(step.chunks, wanted);
 }
 
 Vector CudaForward::prefill(std::span<const int> tokens, KVStore& cache) {
-  Impl& m = *impl_;
   require(!tokens.empty(), "CudaForward::prefill: no tokens");
-  check_tokens(m.c, tokens, "CudaForward::prefill");
-  require(cache.length() + tokens.size() <= static_cast<size_t>(std::min(cache.max_tokens(), m.c.max_position_embeddings)),
-          "CudaForward::prefill: ", tokens.size(), " tokens after ", cache.length(), " would exceed the cache of ",
-          cache.max_tokens(), " positions or the context");
-  KVStore* one[] = {&cache};
-  for (int t : tokens) {
-    m.attention->begin_step(one, "CudaForward::prefill");
-    m.step(std::span<const int>(&t, 1), one);
-  }
-  return m.logits(1).row(0).transpose();
+  StepInput step;
+  step.chunks.push_back({.tokens = tokens, .cache = &cache});
+  check_step(impl_->c, step, "CudaForward::prefill");
+  impl_->attention->begin_step(step.chunks, "CudaForward::prefill");
+  return impl_->step(step.chunks, 1).row(0).transpose();
 }
 
 Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const> caches) {
@@ -413,12 +414,16 @@ Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const
           caches.size(), " caches (expected one token per cache, at least one)");
   require(std::set<KVStore*>(caches.begin(), caches.end()).size() == caches.size(),
           "CudaForward::decode: two sequences share a cache (each sequence needs its own)");
-  for (size_t i = 0; i < tokens.size(); ++i)
+  StepInput step;
+  for (size_t i = 0; i < tokens.size(); ++i) {
     require(tokens[i] >= 0 && tokens[i] < c.vocab_size, "CudaForward::decode: token ", tokens[i], " of sequence ", i,
             " is outside the vocabulary [0, ", c.vocab_size, ")");
-  m.attention->begin_step(caches, "CudaForward::decode");
-  m.step(tokens, caches);
-  return m.logits(static_cast<int>(tokens.size()));
+    require(caches[i] != nullptr, "CudaForward::decode: cache ", i, " is null");
+    step.chunks.push_back({.tokens = tokens.subspan(i, 1), .cache = caches[i]});
+  }
+  check_step(c, step, "CudaForward::decode");
+  m.attention->begin_step(step.chunks, "CudaForward::decode");
+  return m.step(step.chunks, static_cast<int>(tokens.size()));
 }
 
 double CudaForward::weight_bytes_per_step() const {
@@ -452,6 +457,8 @@ Vector CudaModel::decode(int token) {
   KVStore* caches[] = {cache_.get()};
   return forward_->decode(std::span<const int>(&token, 1), caches).row(0).transpose();
 }
+
+Vector CudaModel::prefill(std::span<const int> tokens) { return forward_->prefill(tokens, *cache_); }
 
 int CudaModel::length() const { return cache_->length(); }
 int CudaModel::max_tokens() const { return cache_->max_tokens(); }

@@ -58,11 +58,40 @@ class CudaPagedKVPool final : public KVBlockPool {
   std::unique_ptr<Impl> impl_;
 };
 
+/// A step's rows as lesson 08's kernels read them: chunk i's n_i tokens after L_i cached positions
+/// are n_i rows of a PagedBatch, row t with chunk i's block table and length L_i + t + 1 (it sees
+/// its sequence up to itself: causal attention through the table, with the decode kernel), and
+/// its new K/V going to slot(L_i + t). Host-side, checked on every machine.
+struct PagedStepRows {
+  int rows = 0;               ///< N, the step's tokens
+  int max_blocks = 1;         ///< columns of `tables`
+  int max_length = 1;         ///< the largest of `lengths`
+  std::vector<int> tables;    ///< [rows, max_blocks]: each row its sequence's block table, zeros past its end
+  std::vector<int> lengths;   ///< [rows]
+  std::vector<int> slots;     ///< [rows]: where each row's new K/V go
+};
+
+/// Reserves each of `caches` room for its chunk (`tokens[i]` more positions: PagedKVCache::reserve,
+/// which copies a shared block first), then lays out the step's rows (PagedStepRows). Given.
+/// Throws infer::Error for sizes that differ, a null cache or a count below 1, and as reserve().
+PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens);
+
 /// The forward's DeviceAttention over `pool`: paged attention with your kernels, the batch in one
 /// launch per layer, split over the context by choose_splits() (`num_splits` > 0 fixes the count
 /// instead). The caches it is given must be PagedKVCaches over `pool` (KVStore::paged()); it
 /// reserves each one's next position (a no-op under the engine, which reserved it while
 /// planning). The pool must outlive it.
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0);
+
+/// What a program needs to run the engine on a GPU over paged memory: a CudaPagedKVPool of
+/// `num_blocks` blocks of `block_size` positions, and lesson 07's forward over `model` (matrices
+/// as `type`) reading it through device_paged_attention(). Give the pool to a PagedKVManager (or
+/// lesson 05's PrefixKVManager) and both to the Engine; the forward refers to the pool, so keep
+/// them in the same engine. Throws infer::Error as their constructors do (no device, bad sizes).
+struct CudaPagedEngine {
+  std::unique_ptr<CudaForward> forward;   ///< the ModelRunner
+  std::unique_ptr<CudaPagedKVPool> pool;  ///< the KV rows on the device
+};
+CudaPagedEngine cuda_paged_engine(const ModelWeights& model, WeightType type, int num_blocks, int block_size = 16);
 
 }  // namespace infer::gpu

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "common/errors.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 
@@ -30,6 +31,37 @@ void check_paged_batch(const PagedBatch& a, const char* who) {
           static_cast<long>(a.max_blocks) * a.block_size, "]");
   require(a.q && a.k_pool && a.v_pool && a.block_tables && a.lengths && a.out, who,
           ": a null pointer among q, k_pool, v_pool, block_tables, lengths, out");
+}
+
+PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens) {
+  require(caches.size() == tokens.size() && !caches.empty(), "paged_step_rows: ", caches.size(), " caches and ",
+          tokens.size(), " token counts (expected the same number, at least one)");
+  for (size_t i = 0; i < caches.size(); ++i) {
+    require(caches[i] != nullptr, "paged_step_rows: cache ", i, " is null");
+    require(tokens[i] >= 1, "paged_step_rows: chunk ", i, " has ", tokens[i], " tokens (expected at least one)");
+  }
+  // Every sequence's new positions get their blocks first (the engine reserved them while
+  // planning, copying a shared block; a direct caller gets them here): the tables are final.
+  for (size_t i = 0; i < caches.size(); ++i) caches[i]->reserve(caches[i]->length() + tokens[i]);
+  PagedStepRows r;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    r.rows += tokens[i];
+    r.max_blocks = std::max(r.max_blocks, static_cast<int>(caches[i]->block_table().size()));
+    r.max_length = std::max(r.max_length, caches[i]->length() + tokens[i]);
+  }
+  r.tables.assign(static_cast<size_t>(r.rows) * r.max_blocks, 0);
+  r.lengths.resize(r.rows), r.slots.resize(r.rows);
+  int row = 0;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const std::vector<int>& table = caches[i]->block_table();
+    const int before = caches[i]->length();
+    for (int t = 0; t < tokens[i]; ++t, ++row) {
+      std::copy(table.begin(), table.end(), r.tables.begin() + static_cast<size_t>(row) * r.max_blocks);
+      r.lengths[row] = before + t + 1;
+      r.slots[row] = caches[i]->slot(before + t);
+    }
+  }
+  return r;
 }
 
 }  // namespace infer::gpu

@@ -103,8 +103,11 @@ Matrix CudaPagedKVPool::attend(int, ConstMatrixRef, std::span<const int>, int, i
 
 namespace {
 
-/// The paged DeviceAttention: per step, the batch's block tables, lengths and slots uploaded once;
-/// per layer, one write_kv_slots and one paged attention (split when choose_splits says so).
+/// The paged DeviceAttention: per step, the rows' block tables, lengths and slots uploaded once;
+/// per layer, one write_kv_slots and one paged attention (split when choose_splits says so) over
+/// every row of the step. A chunk of n tokens is n rows of the kernel's batch, each with its
+/// sequence's block table and its own length (row t of a chunk after L cached positions sees
+/// L + t + 1 of them): causal attention through the table with the decode kernel, no copy.
 class PagedAttention final : public DeviceAttention {
  public:
   PagedAttention(CudaPagedKVPool& pool, int num_splits) : c_(pool.config()), pool_(pool), fixed_splits_(num_splits) {
@@ -113,52 +116,41 @@ class PagedAttention final : public DeviceAttention {
     INFER_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
   }
 
-  void begin_step(std::span<KVStore* const> caches, const char* who) override {
-    const int B = static_cast<int>(caches.size());
-    seqs_.clear();
-    for (int i = 0; i < B; ++i) {
-      PagedKVCache* s = caches[i] != nullptr ? caches[i]->paged() : nullptr;
+  void begin_step(std::span<const Chunk> chunks, const char* who) override {
+    seqs_.clear(), rows_.clear();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      PagedKVCache* s = chunks[i].cache != nullptr ? chunks[i].cache->paged() : nullptr;
       require(s != nullptr && &s->pool() == &pool_, who, ": cache ", i,
               " is not a PagedKVCache over this attention's CudaPagedKVPool (open the caches with a manager over the "
               "same pool)");
-      require(s->length() + 1 <= std::min(s->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
-              " at position ", s->length(), " would exceed its cache of ", s->max_tokens(), " positions or the context");
-      seqs_.push_back(s);
+      const int n = static_cast<int>(chunks[i].tokens.size());
+      require(s->length() + n <= std::min(s->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
+              " at position ", s->length(), " would exceed its cache of ", s->max_tokens(), " positions or the context with ",
+              n, " more");
+      seqs_.push_back(s), rows_.push_back(n);
     }
-    // Every sequence's next position has its block (the engine reserved it while planning; a
-    // direct caller gets it here), then the step's tables are laid out.
-    for (PagedKVCache* s : seqs_) s->reserve(s->length() + 1);
-    max_blocks_ = 1, max_length_ = 1;
-    for (PagedKVCache* s : seqs_) {
-      max_blocks_ = std::max(max_blocks_, static_cast<int>(s->block_table().size()));
-      max_length_ = std::max(max_length_, s->length() + 1);
-    }
-    std::vector<int> tables(static_cast<size_t>(B) * max_blocks_, 0), lengths(B), slots(B);
-    for (int i = 0; i < B; ++i) {
-      const std::vector<int>& t = seqs_[i]->block_table();
-      std::copy(t.begin(), t.end(), tables.begin() + static_cast<size_t>(i) * max_blocks_);
-      lengths[i] = seqs_[i]->length() + 1;
-      slots[i] = seqs_[i]->slot(seqs_[i]->length());
-    }
-    grow(tables_, tables.size()), grow(lengths_, B), grow(slots_, B);
-    tables_.upload(tables.data(), tables.size());
-    lengths_.upload(lengths.data(), B);
-    slots_.upload(slots.data(), B);
-    splits_ = fixed_splits_ > 0 ? fixed_splits_ : choose_splits(B, c_.num_key_value_heads, max_length_, multiprocessors_);
+    const PagedStepRows r = paged_step_rows(seqs_, rows_);
+    rows_total_ = r.rows, max_blocks_ = r.max_blocks, max_length_ = r.max_length;
+    const int N = r.rows;
+    grow(tables_, r.tables.size()), grow(lengths_, N), grow(slots_, N);
+    tables_.upload(r.tables.data(), r.tables.size());
+    lengths_.upload(r.lengths.data(), N);
+    slots_.upload(r.slots.data(), N);
+    splits_ = fixed_splits_ > 0 ? fixed_splits_ : choose_splits(N, c_.num_key_value_heads, max_length_, multiprocessors_);
     if (splits_ > 1) {
-      grow(partial_out_, static_cast<size_t>(B) * c_.num_attention_heads * splits_ * c_.head_dim);
-      grow(partial_lse_, static_cast<size_t>(B) * c_.num_attention_heads * splits_);
+      grow(partial_out_, static_cast<size_t>(N) * c_.num_attention_heads * splits_ * c_.head_dim);
+      grow(partial_lse_, static_cast<size_t>(N) * c_.num_attention_heads * splits_);
     }
   }
 
   void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) override {
-    const int B = static_cast<int>(seqs_.size());
-    write_kv_slots(k, v, pool_.device_keys(layer), pool_.device_values(layer), slots_.get(), B, pool_.kv_dim());
-    for (PagedKVCache* s : seqs_) s->advance(layer, 1);
+    const int N = rows_total_;
+    write_kv_slots(k, v, pool_.device_keys(layer), pool_.device_values(layer), slots_.get(), N, pool_.kv_dim());
+    for (size_t i = 0; i < seqs_.size(); ++i) seqs_[i]->advance(layer, rows_[i]);
     PagedBatch a;
     a.q = q, a.k_pool = pool_.device_keys(layer), a.v_pool = pool_.device_values(layer);
     a.block_tables = tables_.get(), a.lengths = lengths_.get(), a.out = out;
-    a.batch = B, a.max_blocks = max_blocks_, a.block_size = pool_.block_size();
+    a.batch = N, a.max_blocks = max_blocks_, a.block_size = pool_.block_size();
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
     a.max_length = max_length_;
     if (splits_ > 1) paged_decode_attention_split(a, splits_, partial_out_.get(), partial_lse_.get());
@@ -175,6 +167,8 @@ class PagedAttention final : public DeviceAttention {
   CudaPagedKVPool& pool_;
   int fixed_splits_, multiprocessors_ = 1;
   std::vector<PagedKVCache*> seqs_;
+  std::vector<int> rows_;  // each chunk's tokens
+  int rows_total_ = 0;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
   DeviceArray<int> tables_, lengths_, slots_;
   DeviceArray<float> partial_out_, partial_lse_;
@@ -185,6 +179,13 @@ class PagedAttention final : public DeviceAttention {
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits) {
   require(num_splits >= 0, "device_paged_attention: num_splits must be >= 0 (0 chooses), got ", num_splits);
   return std::make_unique<PagedAttention>(pool, num_splits);
+}
+
+CudaPagedEngine cuda_paged_engine(const ModelWeights& model, WeightType type, int num_blocks, int block_size) {
+  CudaPagedEngine parts;
+  parts.pool = std::make_unique<CudaPagedKVPool>(model.config, num_blocks, block_size);
+  parts.forward = std::make_unique<CudaForward>(model, type, device_paged_attention(*parts.pool));
+  return parts;
 }
 
 }  // namespace infer::gpu

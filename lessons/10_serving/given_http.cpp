@@ -81,7 +81,7 @@ struct Server::Impl {
   ApiModel model;
   ServerOptions options;
   std::unique_ptr<Engine> engine;         // engine mode
-  const ModelWeights* weights = nullptr;  // naive mode
+  NaiveForward naive;  // naive mode: what runs every token
   Metrics metrics;
   Mailbox mailbox{metrics};
   std::atomic<int> answering{0};  ///< requests queued for the engine whose answer is not written yet
@@ -499,8 +499,13 @@ Server::Server(std::unique_ptr<Engine> engine, ApiModel model, ServerOptions opt
 }
 
 Server::Server(const ModelWeights& weights, ApiModel model, ServerOptions options)
+    : Server([&weights](std::span<const int> tokens) -> Matrix { return forward(weights, tokens).bottomRows(1); },
+             std::move(model), std::move(options)) {}
+
+Server::Server(NaiveForward forward, ApiModel model, ServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
-  impl_->weights = &weights;
+  require(forward != nullptr, "Server: no naive forward");
+  impl_->naive = std::move(forward);
 }
 
 Server::~Server() { stop(); }
@@ -533,7 +538,7 @@ int Server::start() {
   s.started = true;
   s.worker = std::thread([&s] {
     if (s.engine) server::run_engine(*s.engine, s.mailbox, s.metrics);
-    else server::run_naive(*s.weights, s.mailbox, s.metrics);
+    else server::run_naive(s.naive, s.model.config.eos_token_id, s.mailbox, s.metrics);
   });
   s.accept();
   for (int i = 0; i < s.options.http_threads; ++i)

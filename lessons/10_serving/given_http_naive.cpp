@@ -1,10 +1,11 @@
 // Lesson 10's server, the naive thread (given): the baseline of the lesson's table. One job at a
-// time, each token from lesson 00's forward() over the whole sequence: no cache, no batching.
+// time, each token from a forward over the whole sequence (lesson 00's on the CPU): no cache, no
+// batching.
 #include "lessons/10_serving/server_parts.hpp"
 
 namespace infer::server {
 
-void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
+void run_naive(const NaiveForward& forward, int eos_token, Mailbox& mailbox, Metrics& metrics) {
   while (std::shared_ptr<Job> job = mailbox.wait_one()) {
     metrics.set({.running = 1, .waiting = static_cast<int>(mailbox.queued())});
     std::vector<int> tokens = job->request.prompt;
@@ -20,12 +21,12 @@ void run_naive(const ModelWeights& m, Mailbox& mailbox, Metrics& metrics) {
           reason = "cancelled";
           break;
         }
-        const Matrix logits = forward(m, tokens);  // the whole sequence, every token: no cache
+        const Matrix logits = forward(tokens);  // the whole sequence, every token: no cache
         const int next = sampler.next(logits.row(logits.rows() - 1).transpose());
         TokenEvent event{job->id, next};
         fill_logprobs(event, logits.bottomRows(1), job->request.logprobs);
         tokens.push_back(next);
-        const bool eos = next == m.config.eos_token_id;
+        const bool eos = next == eos_token;
         if (eos) reason = "stop";
         const bool last = eos || i + 1 == job->request.max_tokens;
         metrics.step();

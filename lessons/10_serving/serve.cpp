@@ -4,7 +4,7 @@
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
-//       [--tensor-parallel-size N]
+//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -23,6 +23,9 @@
 // INT4 in groups of G columns, 32 by default). --tensor-parallel-size N runs the engine over N MPI
 // ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler and the
 // memory, every rank holds 1/N of each layer and, in its own pool, its K/V heads of every block.
+// --device cuda runs the same engine on a GPU (lesson 07's forward, lesson 08's paged attention,
+// the pool's rows in device memory; the bookkeeping and the prefix cache stay on the host), its
+// weight matrices in float32 or bf16; with --naive, the naive baseline's forward runs there too.
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>
@@ -38,6 +41,11 @@
 #include "lessons/10_serving/server.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "lessons/12_tensor_parallel/tensor_parallel.hpp"
+#if COURSE_HAVE_CUDA
+#include "common/cuda_check.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#endif
 
 using namespace infer;
 
@@ -57,7 +65,7 @@ int main(int argc, char** argv) {
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group",
-                        "--tensor-parallel-size"},
+                        "--tensor-parallel-size", "--device"},
                        {"--naive", "--no-prefix-cache"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
@@ -85,7 +93,16 @@ int main(int argc, char** argv) {
       throw Error("lesson10_serve: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw Error("lesson10_serve: --draft needs --speculative draft");
     if (!speculative.empty() && opts.has("--naive")) throw Error("lesson10_serve: --naive serves without speculation");
-    const WeightChoice weights = weight_choice(opts, "lesson10_serve", "");
+    const std::string device = opts.text("--device", "cpu");
+    if (device != "cpu" && device != "cuda")
+      throw Error(cat("lesson10_serve: --device must be cpu or cuda, got '", device, "'"));
+#if COURSE_HAVE_CUDA
+    if (device == "cuda" && !cuda_device_available())
+      throw Error("lesson10_serve: --device cuda, but this machine has no CUDA device");
+#else
+    if (device == "cuda") throw Error("lesson10_serve: this build has no CUDA (no CUDA compiler was found)");
+#endif
+    const WeightChoice weights = weight_choice(opts, "lesson10_serve", device);
     if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
     const ServingOptions engine_opts{
@@ -100,6 +117,8 @@ int main(int argc, char** argv) {
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
     if (tp > 1 && opts.has("--naive"))
       throw Error("lesson10_serve: --tensor-parallel-size runs the engine (lesson 12) over the ranks; drop --naive");
+    if (tp > 1 && device == "cuda")
+      throw Error("lesson10_serve: --tensor-parallel-size runs the engine on the CPU; drop --device cuda");
     Communicator* comm = nullptr;
     if (tp > 1) {
       const int status = launch_ranks(tp, argc, argv, "lesson10_serve");  // this process: mpirun's status
@@ -130,28 +149,53 @@ int main(int argc, char** argv) {
     std::string what;
     const std::string speculation = speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
                                                                    engine_opts.speculative_tokens, " guesses a decode)");
-    if (opts.has("--naive")) {
+#if COURSE_HAVE_CUDA
+    const auto type = weights.name == "bf16" ? gpu::WeightType::BF16 : gpu::WeightType::F32;
+#endif
+    if (opts.has("--naive") && device == "cpu") {
       server = std::make_unique<Server>(model, ApiModel{name, c}, so);
       what = "naive: one request at a time, lesson 00's forward, no cache";
+    } else if (opts.has("--naive")) {
+#if COURSE_HAVE_CUDA
+      // The same baseline on the GPU: every token, the whole sequence from an emptied store.
+      auto gpu_model = std::make_shared<gpu::CudaModel>(model, type, c.max_position_embeddings);
+      server = std::make_unique<Server>(
+          [gpu_model](std::span<const int> tokens) -> Matrix {
+            gpu_model->reset();
+            return gpu_model->prefill(tokens).transpose();
+          },
+          ApiModel{name, c}, so);
+      what = cat("naive on the GPU (", weights.name, " weights): one request at a time, no cache");
+#endif
     } else {
-      // Lesson 05's prefix cache over lesson 04's pool: this process's, or rank 0's of the group.
-      std::unique_ptr<KVBlockPool> pool =
-          tp_runner ? tp_runner->pool() : std::make_unique<PagedKVPool>(c, blocks, block);
+      // Lesson 05's prefix cache over lesson 04's pool: this process's, rank 0's of the group, or
+      // one on the GPU.
+      std::unique_ptr<KVBlockPool> pool;
+      std::unique_ptr<ModelRunner> runner;
+      if (tp_runner) {
+        pool = tp_runner->pool();
+        runner = std::move(tp_runner);
+      } else if (device == "cuda") {
+#if COURSE_HAVE_CUDA
+        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, type, blocks, block);
+        pool = std::move(parts.pool);
+        runner = std::move(parts.forward);
+#endif
+      } else {
+        pool = std::make_unique<PagedKVPool>(c, blocks, block);
+        runner = std::make_unique<CpuRunner>(model, std::move(projections));
+      }
       std::unique_ptr<KVManager> memory;
       if (opts.has("--no-prefix-cache"))
         memory = std::make_unique<PagedKVManager>(std::move(pool));
       else
         memory = std::make_unique<PrefixKVManager>(std::move(pool));
-      std::unique_ptr<ModelRunner> runner;
-      if (tp_runner)
-        runner = std::move(tp_runner);
-      else
-        runner = std::make_unique<CpuRunner>(model, std::move(projections));
       auto engine = serving_engine(std::move(runner), std::move(memory), engine_opts, std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
-      what = cat("engine on ", weights.name, " weights", tp > 1 ? cat(", tensor parallel over ", tp, " MPI ranks") : "",
-                 ": ", engine_opts.max_running, " at once, ", engine_opts.token_budget, " tokens a step, ", blocks,
-                 " KV blocks of ", block, opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);
+      what = cat("engine", device == "cuda" ? " on the GPU" : "", " on ", weights.name, " weights",
+                 tp > 1 ? cat(", tensor parallel over ", tp, " MPI ranks") : "", ": ", engine_opts.max_running,
+                 " at once, ", engine_opts.token_budget, " tokens a step, ", blocks, " KV blocks of ", block,
+                 opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);
     }
     const int port = server->start();
     std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());

@@ -36,6 +36,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ struct ServerOptions {
   std::string api_key = "";
 };
 
+/// What naive serving runs for every token: the logits [1, vocab] after all of `tokens`,
+/// computed from nothing (no cache kept between calls). On the CPU, lesson 00's forward(); on a
+/// GPU, a CUDA forward over a store emptied before each call.
+using NaiveForward = std::function<Matrix(std::span<const int> tokens)>;
+
 /// The HTTP server. Given.
 class Server {
  public:
@@ -73,6 +79,8 @@ class Server {
   /// lesson 00's forward() over the whole sequence (no cache, no batching). `weights` must outlive
   /// the server.
   Server(const ModelWeights& weights, ApiModel model, ServerOptions options = {});
+  /// Naive serving through `forward` (the same loop, another device: see NaiveForward).
+  Server(NaiveForward forward, ApiModel model, ServerOptions options = {});
   /// Stops.
   ~Server();
   Server(const Server&) = delete;

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lessons/10_serving/api.hpp"
+#include "lessons/10_serving/server.hpp"
 #include "lessons/10_serving/serving.hpp"
 
 namespace infer::server {
@@ -228,8 +229,9 @@ class Mailbox {
 /// throws (failing everything, the mailbox marked broken).
 void run_engine(Engine& engine, Mailbox& mailbox, Metrics& metrics);
 
-/// The naive thread: one job at a time, each token from lesson 00's forward() over the whole
-/// sequence (no cache, no batching). Returns when the mailbox stops.
-void run_naive(const ModelWeights& weights, Mailbox& mailbox, Metrics& metrics);
+/// The naive thread: one job at a time, each token from `forward` over the whole sequence (no
+/// cache, no batching: lesson 00's forward() on the CPU). `eos` ends a job. Returns when the
+/// mailbox stops.
+void run_naive(const NaiveForward& forward, int eos, Mailbox& mailbox, Metrics& metrics);
 
 }  // namespace infer::server

@@ -1,0 +1,99 @@
+// Lesson 08's varlen step, the part every machine can check (given code, not graded): the GPU
+// forward runs a chunk of n tokens as n rows of the paged decode kernel, row t with its
+// sequence's block table and length L + t + 1. Here the same rows go through lesson 04's CPU
+// paged_attention() and must equal lesson 00's causal attention over the whole chunk, and the
+// layout must reserve (copying a shared block first) before it reads the tables.
+// Tolerance: 1e-5 + 1e-4 |ref| (float sums in another order).
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/rng.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+
+namespace infer::gpu {
+namespace {
+
+Matrix random_rows(long rows, long cols, Rng& rng) {
+  Matrix m(rows, cols);
+  for (long i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(rng.normal());
+  return m;
+}
+
+TEST(Lesson08StepRows, AChunkAsRowsOfTheDecodeKernelIsCausalAttention) {
+  const ModelConfig& c = testing::bundled_model().config;
+  const int B = 4, kv_dim = c.num_key_value_heads * c.head_dim, q_dim = c.num_attention_heads * c.head_dim;
+  PagedKVPool pool(c, 32, B);
+  Rng rng(11);
+  // a: nothing cached, a prompt of 7; b: 10 cached, a decode; f: b forked (sharing b's blocks,
+  // the last one half full), a chunk of 3. Both b and f write into that half-full block.
+  PagedKVCache a(pool, c.max_position_embeddings), b(pool, c.max_position_embeddings);
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer)
+    b.append(layer, random_rows(10, kv_dim, rng), random_rows(10, kv_dim, rng));
+  std::unique_ptr<PagedKVCache> f = b.fork();
+  const std::vector<int> shared = f->block_table();
+  PagedKVCache* caches[] = {&a, &b, f.get()};
+  const int tokens[] = {7, 1, 3};
+
+  const PagedStepRows r = paged_step_rows(caches, tokens);
+  ASSERT_EQ(r.rows, 11);
+  EXPECT_EQ(r.lengths, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 11, 11, 12, 13}));
+  EXPECT_EQ(r.max_length, 13);
+  EXPECT_EQ(r.max_blocks, 4);
+  EXPECT_EQ(b.block_table()[0], f->block_table()[0]) << "a full shared block stays shared";
+  EXPECT_NE(b.block_table()[2], shared[2]) << "b, reserved first, copies the half-full block both hold before writing";
+  EXPECT_EQ(f->block_table()[2], shared[2]) << "then the fork holds the original alone, and writes into it";
+  for (int row = 0, i = 0; i < 3; ++i)
+    for (int t = 0; t < tokens[i]; ++t, ++row) {
+      const int before = caches[i]->length();
+      EXPECT_EQ(r.slots[row], caches[i]->slot(before + t)) << "row " << row;
+      const std::vector<int>& table = caches[i]->block_table();
+      for (int j = 0; j < r.max_blocks; ++j)
+        EXPECT_EQ(r.tables[static_cast<size_t>(row) * r.max_blocks + j], j < static_cast<int>(table.size()) ? table[j] : 0)
+            << "row " << row << ", column " << j;
+    }
+
+  // The step's new K/V written to the rows' slots (what write_kv_slots does), then every row's
+  // attention through its table against causal attention over its sequence.
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    SCOPED_TRACE(cat("layer ", layer));
+    const Matrix k = random_rows(r.rows, kv_dim, rng), v = random_rows(r.rows, kv_dim, rng);
+    const Matrix q = random_rows(r.rows, q_dim, rng);
+    pool.write(layer, r.slots, k, v);
+    for (int i = 0; i < 3; ++i) caches[i]->advance(layer, tokens[i]);
+    for (int row = 0, i = 0; i < 3; ++i) {
+      const Matrix want = causal_attention(q.middleRows(row, tokens[i]), caches[i]->keys(layer),
+                                           caches[i]->values(layer), c.num_attention_heads, c.num_key_value_heads,
+                                           c.head_dim);
+      for (int t = 0; t < tokens[i]; ++t, ++row) {
+        const std::span<const int> table(r.tables.data() + static_cast<size_t>(row) * r.max_blocks, r.max_blocks);
+        const Matrix got = paged_attention(q.middleRows(row, 1), pool, table, layer, r.lengths[row],
+                                           c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        EXPECT_TRUE(testing::all_close(want.middleRows(t, 1), got, 1e-5, 1e-4, cat("row ", row)));
+      }
+    }
+  }
+}
+
+TEST(Lesson08StepRows, BadStepsAreRefused) {
+  const ModelConfig& c = testing::bundled_model().config;
+  PagedKVPool pool(c, 2, 4);
+  PagedKVCache a(pool, c.max_position_embeddings);
+  PagedKVCache* one[] = {&a};
+  PagedKVCache* none[] = {nullptr};
+  const int zero[] = {0}, nine[] = {9}, two[] = {1, 1};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(one, zero); }, "at least one"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(none, two); }, "the same number"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(none, std::span(two, 1)); }, "null"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(one, nine); }, "out of KV blocks"));
+  EXPECT_EQ(a.block_table().size(), 0u) << "a refused reservation takes nothing";
+}
+
+}  // namespace
+}  // namespace infer::gpu

@@ -1,0 +1,292 @@
+// The whole engine on a CUDA device (issue: "the engine on CUDA"): lesson 10's serving engine
+// over lesson 07's forward and lesson 08's paged pool, against the same engine on the CPU.
+// What the CPU engine does, the GPU engine must do with the same tokens: chunked prefill under a
+// token budget mixed with decodes, lesson 05's prefix cache, lesson 04's preemption, lesson 06's
+// speculation, cancellation. These cases check the given engine, not a lesson's kernels: they are
+// not graded. Without a device every case skips (`./course gpu-check` runs them on a GPU).
+//
+// Tolerances: logits within 1e-3 + 1e-3 |ref| of the CPU's (the device sums in another order
+// through four layers; the logits are of order 10), as lessons 07 and 08's model tests. Greedy
+// ids equal. bf16 weights are compared with the CPU engine over the same weights rounded to bf16,
+// so that only the order of the sums differs.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/cuda_check.hpp"
+#include "common/testing/compare.hpp"
+#include "common/testing/models.hpp"
+#include "common/tokenizer.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/02_kv_cache/kv_cache.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
+#include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/10_serving/serving.hpp"
+
+namespace infer::gpu {
+namespace {
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
+
+/// Greedy requests with prompts from 3 to about 130 bytes (several chunks under a budget of 16),
+/// arriving over the first steps.
+std::vector<GenerationRequest> requests(int n = 8, int max_new = 20) {
+  const std::string long_one =
+      "Q: What does a wise person say about the sea, the sky, the wind and the long road home? A: It is said that ";
+  const char* prompts[] = {"Q: What is a", "A duck walks", "The best way to", "Q: Why", "Fortune favours",
+                           "Q: How do", "You will", "Never"};
+  std::vector<GenerationRequest> r;
+  for (int i = 0; i < n; ++i) {
+    const std::string text = (i % 3 == 1 ? long_one : std::string()) + prompts[i % 8];
+    r.push_back({i, ByteTokenizer::encode(text), max_new + 3 * (i % 4), SamplingParams{.temperature = 0.0f}, i / 2});
+  }
+  return r;
+}
+
+/// Runs `rs` through `engine` to the end.
+std::vector<GenerationResult> serve(Engine& engine, const std::vector<GenerationRequest>& rs) {
+  for (const auto& r : rs) engine.submit(r);
+  return engine.run();
+}
+
+/// Asserts the same tokens, finishing steps, preemptions and cache hits, request by request.
+void expect_same_results(const std::vector<GenerationResult>& got, const std::vector<GenerationResult>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].id, want[i].id);
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << want[i].id << ": \"" << ByteTokenizer::decode(got[i].tokens)
+                                             << "\" on the GPU, \"" << ByteTokenizer::decode(want[i].tokens)
+                                             << "\" on the CPU";
+    EXPECT_EQ(got[i].finish_step, want[i].finish_step) << "request " << want[i].id;
+    EXPECT_EQ(got[i].preemptions, want[i].preemptions) << "request " << want[i].id;
+    EXPECT_EQ(got[i].cached_tokens, want[i].cached_tokens) << "request " << want[i].id;
+  }
+}
+
+/// The serving engine on the GPU over a device pool of `blocks` blocks of `block_size`.
+std::unique_ptr<Engine> gpu_engine(const ModelWeights& m, WeightType type, int blocks, int block_size, bool prefix,
+                                   ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
+  CudaPagedEngine parts = cuda_paged_engine(m, type, blocks, block_size);
+  std::unique_ptr<KVManager> memory;
+  if (prefix) memory = std::make_unique<PrefixKVManager>(std::move(parts.pool));
+  else memory = std::make_unique<PagedKVManager>(std::move(parts.pool));
+  return serving_engine(std::move(parts.forward), std::move(memory), options, std::move(speculator));
+}
+
+/// The same engine on the CPU.
+std::unique_ptr<Engine> cpu_engine(const ModelWeights& m, int blocks, int block_size, bool prefix,
+                                   ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
+  std::unique_ptr<KVManager> memory;
+  if (prefix) memory = std::make_unique<PrefixKVManager>(m.config, blocks, block_size);
+  else memory = std::make_unique<PagedKVManager>(m.config, blocks, block_size);
+  return serving_engine(std::make_unique<CpuRunner>(m), std::move(memory), options, std::move(speculator));
+}
+
+/// `m` with every weight matrix rounded to bf16 and back: what the GPU's bf16 weights hold.
+ModelWeights rounded_to_bf16(const ModelWeights& m) {
+  ModelWeights r = m;
+  const auto round = [](Matrix& w) {
+    for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = bf16_to_float(float_to_bf16(w.data()[i]));
+  };
+  round(r.lm_head);
+  for (LayerWeights& l : r.layers)
+    for (Matrix* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) round(*w);
+  return r;
+}
+
+// ----------------------------------------------------------------- the step --
+
+/// One step mixing a prompt chunk (after a cached prefix), a fresh prompt, a decode and a
+/// verification chunk (every row's logits), on the GPU through `attention`-shaped caches, against
+/// forward_step() on the CPU.
+void check_mixed_step(CudaForward& gpu, std::vector<std::unique_ptr<KVStore>>& stores) {
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prefix = ByteTokenizer::encode("Q: What is the difference between a duck");
+  const std::vector<int> rest = ByteTokenizer::encode(" and a goose? A: Neither");
+  const std::vector<int> fresh = ByteTokenizer::encode("Fortune favours the bold, and the bold say");
+  const std::vector<int> before_decode = ByteTokenizer::encode("You will meet");
+  const std::vector<int> decode = {ByteTokenizer::encode(" a").back()};
+  const std::vector<int> before_verify = ByteTokenizer::encode("Never trust");
+  const std::vector<int> verify = ByteTokenizer::encode(" a cat wit");
+  std::vector<KVCache> cpu;
+  for (int i = 0; i < 4; ++i) cpu.emplace_back(m.config, 256);
+  // The cached parts, on both sides.
+  const std::vector<int>* cached[] = {&prefix, nullptr, &before_decode, &before_verify};
+  for (int i = 0; i < 4; ++i)
+    if (cached[i]) {
+      forward_cached(m, *cached[i], cpu[i]);
+      gpu.prefill(*cached[i], *stores[i]);
+    }
+  StepInput cs, gs;
+  const std::vector<int>* fed[] = {&rest, &fresh, &decode, &verify};
+  for (int i = 0; i < 4; ++i) {
+    const int logits = i == 3 ? static_cast<int>(verify.size()) : 1;
+    cs.chunks.push_back({.tokens = *fed[i], .cache = &cpu[i], .id = i, .logits = logits});
+    gs.chunks.push_back({.tokens = *fed[i], .cache = stores[i].get(), .id = i, .logits = logits});
+  }
+  const Matrix want = forward_step(m, cs), got = gpu.forward(gs);
+  ASSERT_EQ(got.rows(), want.rows());
+  EXPECT_TRUE(testing::all_close(want, got, 1e-3, 1e-3, "the mixed step's logits"));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(stores[i]->length(), cpu[i].length()) << "store " << i;
+  // And a decode step after it, reading what the mixed step wrote.
+  StepInput cd, gd;
+  const int next[] = {65, 66, 67, 68};
+  for (int i = 0; i < 4; ++i) {
+    cd.chunks.push_back({.tokens = std::span(&next[i], 1), .cache = &cpu[i]});
+    gd.chunks.push_back({.tokens = std::span(&next[i], 1), .cache = stores[i].get()});
+  }
+  EXPECT_TRUE(testing::all_close(forward_step(m, cd), gpu.forward(gd), 1e-3, 1e-3, "the decode step after it"));
+}
+
+TEST(Lesson10OnTheGpu, AMixedStepOverContiguousCachesEqualsTheCpuStep) {
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  CudaForward gpu(m, WeightType::F32);
+  std::vector<std::unique_ptr<KVStore>> stores;
+  for (int i = 0; i < 4; ++i) stores.push_back(std::make_unique<CudaKVStore>(m.config, 256));
+  check_mixed_step(gpu, stores);
+}
+
+TEST(Lesson10OnTheGpu, AMixedStepOverPagedCachesEqualsTheCpuStep) {
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  for (int splits : {0, 1, 4}) {  // chosen, one pass, split four ways
+    SCOPED_TRACE(cat(splits, " splits (0: chosen)"));
+    auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
+    CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits));
+    PagedKVManager kv(std::move(pool));
+    std::vector<std::unique_ptr<KVStore>> stores;
+    for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
+    check_mixed_step(gpu, stores);
+  }
+}
+
+// --------------------------------------------------------------- the engine --
+
+TEST(Lesson10OnTheGpu, ChunkedPrefillWithPreemptionGivesTheCpuEnginesTokens) {
+  // A budget of 16 tokens a step (long prompts go in pieces beside the decodes) and a pool of 24
+  // blocks of 8 positions: too small for everyone, so sequences are preempted and recomputed.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const ServingOptions o{.max_running = 4, .token_budget = 16};
+  auto cpu = cpu_engine(m, 24, 8, false, o);
+  auto gpu = gpu_engine(m, WeightType::F32, 24, 8, false, o);
+  const auto rs = requests();
+  const auto want = serve(*cpu, rs), got = serve(*gpu, rs);
+  expect_same_results(got, want);
+  int preempted = 0, mixed = 0;
+  for (const auto& r : want) preempted += r.preemptions;
+  for (const auto& e : gpu->log()) mixed += e.prefills > 0 && e.decodes > 0 && e.prefill_tokens > e.prefills;
+  EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt someone";
+  EXPECT_GT(mixed, 0) << "some step was meant to carry a prompt chunk beside decodes";
+  EXPECT_EQ(gpu->memory().reserved_tokens(), 0) << "every block is back in the pool";
+}
+
+TEST(Lesson10OnTheGpu, ThePrefixCacheSavesTheSamePrefillOnTheGpu) {
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const std::string system = "Q: What does a wise person say about the sea? A: The sea is wide and the ship is small, so ";
+  std::vector<GenerationRequest> rs;
+  for (int i = 0; i < 6; ++i)
+    rs.push_back({i, ByteTokenizer::encode(system + std::string(1, static_cast<char>('a' + i))), 12,
+                  SamplingParams{.temperature = 0.0f}, 3 * i});
+  const ServingOptions o{.max_running = 4, .token_budget = 32};
+  auto cpu = cpu_engine(m, 80, 8, true, o);
+  auto gpu = gpu_engine(m, WeightType::F32, 80, 8, true, o);
+  const auto want = serve(*cpu, rs), got = serve(*gpu, rs);
+  expect_same_results(got, want);
+  int cached = 0;
+  for (const auto& r : got) cached += r.cached_tokens;
+  EXPECT_GT(cached, 0) << "later requests were meant to find the shared prompt in the cache";
+}
+
+TEST(Lesson10OnTheGpu, SpeculativeDecodingGivesPlainGreedyTokens) {
+  // Prompt lookup and the bundled draft, 4 guesses a decode, verified in one step on the GPU:
+  // greedy speculation keeps the target's own tokens.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const ServingOptions plain{.max_running = 4, .token_budget = 32};
+  ServingOptions spec = plain;
+  spec.speculative_tokens = 4;
+  const auto rs = requests(6, 30);
+  auto cpu = cpu_engine(m, 128, 8, false, plain);
+  const auto want = serve(*cpu, rs);
+  for (const char* how : {"ngram", "draft"}) {
+    SCOPED_TRACE(how);
+    const auto speculator = [&] {
+      return std::string(how) == "ngram" ? prompt_lookup_speculator()
+                                         : draft_speculator(testing::bundled_draft(), m.config.vocab_size);
+    };
+    auto gpu = gpu_engine(m, WeightType::F32, 128, 8, false, spec, speculator());
+    const auto got = serve(*gpu, rs);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    long accepted = 0;
+    for (const auto& e : gpu->log()) accepted += e.accepted;
+    EXPECT_GT(accepted, 0) << "some guesses were meant to be kept";
+  }
+}
+
+TEST(Lesson10OnTheGpu, Bf16WeightsGiveTheTokensOfTheCpuOverTheSameRoundedWeights) {
+  REQUIRE_DEVICE();
+  const ModelWeights rounded = rounded_to_bf16(testing::bundled_model());
+  const ServingOptions o{.max_running = 4, .token_budget = 16};
+  auto cpu = cpu_engine(rounded, 96, 8, true, o);
+  auto gpu = gpu_engine(testing::bundled_model(), WeightType::BF16, 96, 8, true, o);
+  const auto rs = requests();
+  expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+}
+
+TEST(Lesson10OnTheGpu, APoolThatRunsDryLosesNothing) {
+  // Twelve requests, a pool of 20 blocks of 8 (enough for the longest alone): everyone finishes,
+  // with every token asked for (or EOS), and the pool is whole at the end.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  auto gpu = gpu_engine(m, WeightType::F32, 20, 8, false, {.max_running = 6, .token_budget = 24});
+  const auto rs = requests(12, 24);
+  const auto got = serve(*gpu, rs);
+  ASSERT_EQ(got.size(), rs.size());
+  int preempted = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const bool eos = !got[i].tokens.empty() && got[i].tokens.back() == m.config.eos_token_id;
+    EXPECT_TRUE(eos || static_cast<int>(got[i].tokens.size()) == rs[i].max_new_tokens) << "request " << i;
+    preempted += got[i].preemptions;
+  }
+  EXPECT_GT(preempted, 0) << "the pool was meant to run dry";
+  EXPECT_EQ(gpu->memory().reserved_tokens(), 0);
+}
+
+TEST(Lesson10OnTheGpu, CancellingFreesTheDeviceBlocks) {
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  auto gpu = gpu_engine(m, WeightType::F32, 64, 8, false, {.max_running = 4, .token_budget = 16});
+  for (const auto& r : requests(4, 40)) gpu->submit(r);
+  for (int i = 0; i < 6; ++i) gpu->step();
+  EXPECT_GT(gpu->memory().reserved_tokens(), 0);
+  for (int id = 0; id < 4; ++id) gpu->cancel(id);
+  while (!gpu->idle()) gpu->step();
+  EXPECT_EQ(gpu->memory().reserved_tokens(), 0) << "cancelled sequences give their blocks back";
+}
+
+TEST(Lesson10OnTheGpu, TheNaiveGpuForwardEqualsLesson00) {
+  // What `serve --naive --device cuda` runs every token: the whole sequence from an emptied store.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  CudaModel gpu(m, WeightType::F32, m.config.max_position_embeddings);
+  for (const char* text : {"Q", "Q: What is a duck?", "Fortune favours the bold, and the bold say so twice."}) {
+    const std::vector<int> tokens = ByteTokenizer::encode(text);
+    gpu.reset();
+    const Matrix want = forward(m, tokens);
+    EXPECT_TRUE(testing::all_close(want.bottomRows(1), gpu.prefill(tokens).transpose(), 1e-3, 1e-3, text));
+  }
+}
+
+}  // namespace
+}  // namespace infer::gpu
