@@ -265,9 +265,18 @@ int main(int argc, char** argv) {
       infer::ModelWeights draft;
       std::unique_ptr<infer::Speculator> speculator;
       if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
+#if COURSE_HAVE_CUDA
+      infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too
+#endif
       if (speculative == "draft") {
         draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
         speculator = infer::draft_speculator(draft, model.config.vocab_size);
+#if COURSE_HAVE_CUDA
+        if (device == "cuda") {
+          gpu_draft = infer::gpu::cuda_draft(draft, type);
+          speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
+        }
+#endif
       }
       const int guesses = speculator ? num_spec : 0;
       infer::Engine engine(std::move(runner), std::move(memory),

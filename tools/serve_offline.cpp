@@ -227,6 +227,11 @@ int main(int argc, char** argv) {
       forward = std::make_unique<infer::gpu::CudaForward>(model, type);
       memory = infer::gpu::cuda_slots(model.config, slots);
     }
+    infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too
+    if (device == "cuda" && speculative == "draft") {
+      gpu_draft = infer::gpu::cuda_draft(draft, type);
+      speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
+    }
 #endif
     if (paged && opts.has("--prefix-cache")) {
       auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));

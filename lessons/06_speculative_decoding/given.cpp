@@ -17,8 +17,15 @@ NgramProposer::NgramProposer(int max_n, int min_n) : max_n_(max_n), min_n_(min_n
 }
 
 DraftProposer::DraftProposer(const ModelWeights& draft, const SamplingParams& params, int max_tokens)
-    : draft_(&draft), params_(params), rng_(params.seed), cache_(draft.config, max_tokens) {
+    : draft_(draft), params_(params), rng_(params.seed), cache_(std::make_unique<KVCache>(draft.config, max_tokens)) {
   params.validate();
+}
+
+DraftProposer::DraftProposer(ModelRunner& draft, std::unique_ptr<KVStore> cache, const SamplingParams& params)
+    : draft_(draft), params_(params), rng_(params.seed), cache_(std::move(cache)) {
+  params.validate();
+  require(cache_ != nullptr, "DraftProposer: no cache");
+  require(cache_->length() == 0, "DraftProposer: the cache must start empty, it holds ", cache_->length(), " positions");
 }
 
 TargetModel::TargetModel(const ModelWeights& model)
@@ -151,6 +158,18 @@ std::unique_ptr<Speculator> draft_speculator(const ModelWeights& draft, int voca
     SamplingParams params = seq.request.sampling;
     params.seed ^= 0x5bd1e995u;  // the draft's own draws
     return std::make_unique<DraftProposer>(draft, params, draft.config.max_position_embeddings);
+  });
+}
+
+std::unique_ptr<Speculator> draft_speculator(ModelRunner& draft, std::function<std::unique_ptr<KVStore>()> new_cache,
+                                             int vocab_size) {
+  require(draft.config().vocab_size == vocab_size, "draft_speculator: the draft's vocabulary has ",
+          draft.config().vocab_size, " tokens, the target's ", vocab_size);
+  require(new_cache != nullptr, "draft_speculator: no way to make the draft's caches");
+  return std::make_unique<ProposerSpeculator>([&draft, new_cache](const Sequence& seq) {
+    SamplingParams params = seq.request.sampling;
+    params.seed ^= 0x5bd1e995u;  // the draft's own draws
+    return std::make_unique<DraftProposer>(draft, new_cache(), params);
   });
 }
 

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -151,63 +152,10 @@ class NgramProposer final : public Proposer {
   int max_n_, min_n_;
 };
 
-/// A small model of the same vocabulary proposes by sampling from itself, one token at a time
-/// (greedy at temperature 0), keeping its own KV cache.
-///
-/// What it keeps true: its cache holds the K/V of cached_tokens(), a prefix of the context it was
-/// last given. catch_up(context) makes the cache hold exactly the context but its last token:
-/// it drops whatever disagrees with the context and runs what is missing. propose() catches up,
-/// runs the context's last token, then draws k tokens, feeding each but the last back to get the
-/// next one's distribution: its cache then also holds the last token and the first k - 1
-/// guesses (fewer if the cache or the context runs out of room). q's rows are
-/// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
-/// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
-/// rollback(length) keeps at most the first `length` cached tokens, in the cache and in
-/// cached_tokens(); the loop relies on it, so do not leave it to the next catch_up().
-class DraftProposer final : public Proposer {
- public:
-  /// Samples with `params` (its Rng seeded with params.seed); a cache of max_tokens positions.
-  /// Throws infer::Error for bad params or max_tokens below 1.
-  DraftProposer(const ModelWeights& draft, const SamplingParams& params, int max_tokens);
-  Proposal propose(std::span<const int> context, int k) override;
-  void rollback(int length) override;
-  /// Makes the cache hold exactly context[0 .. size - 1): keeps the cached tokens that agree
-  /// with it, drops the rest, runs what is missing (one forward, none if nothing is). Throws
-  /// infer::Error for an empty context.
-  void catch_up(std::span<const int> context);
-
-  /// A tree of guesses after `context`, greedy: the root is the context's last token; each
-  /// node of depth below `depth` gets `branches` children, the draft's most likely tokens after
-  /// the path to it (ranked by its logits, ties to the lower id), in rank order. Built level by
-  /// level, one forward_tree() of the draft per level over the tree so far; the draft's cache is
-  /// caught up first and holds the context but its last token again at the end. Nodes are
-  /// numbered level by level, so the first child of every node lies on the first branch: the
-  /// draft's greedy chain. Throws infer::Error for branches or depth below 1.
-  TokenTree propose_tree(std::span<const int> context, int branches, int depth);
-
-  /// The draft's KV cache (for tests).
-  const KVStore& cache() const { return cache_; }
-  /// The tokens whose K/V the cache holds, in order.
-  const std::vector<int>& cached_tokens() const { return cached_; }
-  /// Draft forward calls so far (each over one or more tokens): one for a catch_up() that runs
-  /// something; then propose(k >= 1) one per token it feeds (the context's last token and every
-  /// guess but the last: k, fewer when the room runs out), propose_tree() one per level (depth).
-  long forwards() const { return forwards_; }
-
- private:
-  const ModelWeights* draft_;   ///< the draft model (not owned)
-  SamplingParams params_;       ///< how it samples its guesses
-  Rng rng_;                     ///< its draws, seeded with params.seed
-  KVCache cache_;               ///< the draft's K/V
-  std::vector<int> cached_;     ///< the tokens in cache_
-  long forwards_ = 0;           ///< what forwards() reports
-};
-
-// ================================================================= the loop ==
-
-/// The target model as the engine runs it: lesson 03's forward seam (a ModelRunner: CpuRunner on
-/// the CPU, lesson 07's CudaForward on a GPU) fed one chunk of one sequence per call (given). It
-/// counts the forwards it is asked for, which is how the tests check "one forward per round".
+/// A model as the engine runs it: lesson 03's forward seam (a ModelRunner: CpuRunner on the CPU,
+/// lesson 07's CudaForward on a GPU) fed one chunk of one sequence per call (given). The target
+/// of the loops below, and the draft inside DraftProposer. It counts the forwards it is asked
+/// for, which is how the tests check "one forward per round".
 class TargetModel {
  public:
   /// Runs `model` on the CPU (a CpuRunner; `model` must outlive this).
@@ -232,6 +180,63 @@ class TargetModel {
   ModelRunner* runner_;
   long forwards_ = 0, positions_ = 0;
 };
+
+/// A small model of the same vocabulary proposes by sampling from itself, one token at a time
+/// (greedy at temperature 0), keeping its own KV cache.
+///
+/// What it keeps true: its cache holds the K/V of cached_tokens(), a prefix of the context it was
+/// last given. catch_up(context) makes the cache hold exactly the context but its last token:
+/// it drops whatever disagrees with the context and runs what is missing. propose() catches up,
+/// runs the context's last token, then draws k tokens, feeding each but the last back to get the
+/// next one's distribution: its cache then also holds the last token and the first k - 1
+/// guesses (fewer if the cache or the context runs out of room). q's rows are
+/// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
+/// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
+/// rollback(length) keeps at most the first `length` cached tokens, in the cache and in
+/// cached_tokens(); the loop relies on it, so do not leave it to the next catch_up().
+class DraftProposer final : public Proposer {
+ public:
+  /// Samples with `params` (its Rng seeded with params.seed); on the CPU, a cache of max_tokens
+  /// positions. Throws infer::Error for bad params or max_tokens below 1.
+  DraftProposer(const ModelWeights& draft, const SamplingParams& params, int max_tokens);
+  /// The same over any forward seam: `draft` (not owned: it must outlive this; a GPU's CudaForward,
+  /// say) with `cache`, an empty store that runner reads (its max_tokens() is the room). Given.
+  DraftProposer(ModelRunner& draft, std::unique_ptr<KVStore> cache, const SamplingParams& params);
+  Proposal propose(std::span<const int> context, int k) override;
+  void rollback(int length) override;
+  /// Makes the cache hold exactly context[0 .. size - 1): keeps the cached tokens that agree
+  /// with it, drops the rest, runs what is missing (one forward, none if nothing is). Throws
+  /// infer::Error for an empty context.
+  void catch_up(std::span<const int> context);
+
+  /// A tree of guesses after `context`, greedy: the root is the context's last token; each
+  /// node of depth below `depth` gets `branches` children, the draft's most likely tokens after
+  /// the path to it (ranked by its logits, ties to the lower id), in rank order. Built level by
+  /// level, one forward_tree() of the draft per level over the tree so far; the draft's cache is
+  /// caught up first and holds the context but its last token again at the end. Nodes are
+  /// numbered level by level, so the first child of every node lies on the first branch: the
+  /// draft's greedy chain. Throws infer::Error for branches or depth below 1.
+  TokenTree propose_tree(std::span<const int> context, int branches, int depth);
+
+  /// The draft's KV cache (for tests).
+  const KVStore& cache() const { return *cache_; }
+  /// The tokens whose K/V the cache holds, in order.
+  const std::vector<int>& cached_tokens() const { return cached_; }
+  /// Draft forward calls so far (each over one or more tokens): one for a catch_up() that runs
+  /// something; then propose(k >= 1) one per token it feeds (the context's last token and every
+  /// guess but the last: k, fewer when the room runs out), propose_tree() one per level (depth).
+  long forwards() const { return forwards_; }
+
+ private:
+  TargetModel draft_;              ///< the draft model through the forward seam: draft_.forward(tokens, *cache_)
+  SamplingParams params_;          ///< how it samples its guesses
+  Rng rng_;                        ///< its draws, seeded with params.seed
+  std::unique_ptr<KVStore> cache_; ///< the draft's K/V (a KVCache on the CPU)
+  std::vector<int> cached_;        ///< the tokens in *cache_
+  long forwards_ = 0;              ///< what forwards() reports
+};
+
+// ================================================================= the loop ==
 
 /// What a speculative generation did.
 struct SpecStats {
@@ -308,5 +313,10 @@ std::unique_ptr<Speculator> prompt_lookup_speculator(int max_n = 3, int min_n = 
 /// (its seed mixed), with a cache of the draft's context. `draft` must outlive the speculator.
 /// Throws infer::Error unless the draft's vocabulary is `vocab_size`, the target's.
 std::unique_ptr<Speculator> draft_speculator(const ModelWeights& draft, int vocab_size);
+/// The same with the draft run through `draft` (a GPU's CudaForward, say; not owned, it must outlive
+/// the speculator), each sequence's proposer with a store from `new_cache` (an empty store that
+/// runner reads), freed when the sequence leaves.
+std::unique_ptr<Speculator> draft_speculator(ModelRunner& draft, std::function<std::unique_ptr<KVStore>()> new_cache,
+                                             int vocab_size);
 
 }  // namespace infer

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -144,6 +145,16 @@ class CudaForward final : public ModelRunner {
   explicit CudaForward(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// A draft model (lesson 06) on the device: its forward, and a maker of empty whole-context
+/// CudaKVStores, one per sequence it proposes for. draft_speculator(*d.forward, d.new_cache,
+/// vocab) speculates with it; keep `d` alive as long as the speculator.
+struct CudaDraft {
+  std::unique_ptr<CudaForward> forward;                        ///< the draft's weights on the device
+  std::function<std::unique_ptr<KVStore>()> new_cache;         ///< a fresh store for one sequence
+};
+/// Uploads `draft` (matrices as `type`). Throws infer::Error if there is no device.
+CudaDraft cuda_draft(const ModelWeights& draft, WeightType type);
 
 /// One sequence's decoder on the device: a CudaForward and one CudaKVStore.
 class CudaModel {

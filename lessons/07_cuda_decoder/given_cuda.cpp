@@ -433,6 +433,14 @@ double CudaForward::weight_bytes_per_step() const {
   return bytes;
 }
 
+CudaDraft cuda_draft(const ModelWeights& draft, WeightType type) {
+  CudaDraft d;
+  d.forward = std::make_unique<CudaForward>(draft, type);
+  const ModelConfig c = draft.config;
+  d.new_cache = [c] { return std::make_unique<CudaKVStore>(c, c.max_position_embeddings); };
+  return d;
+}
+
 // ----------------------------------------------------------- one sequence --
 
 CudaModel::CudaModel(std::unique_ptr<CudaForward> forward, int max_tokens) : forward_(std::move(forward)) {

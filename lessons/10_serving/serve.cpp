@@ -145,13 +145,18 @@ int main(int argc, char** argv) {
       speculator = draft_speculator(draft, c.vocab_size);
     }
 
+#if COURSE_HAVE_CUDA
+    const auto type = weights.name == "bf16" ? gpu::WeightType::BF16 : gpu::WeightType::F32;
+    gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too; it outlives the server
+    if (device == "cuda" && speculative == "draft") {
+      gpu_draft = gpu::cuda_draft(draft, type);
+      speculator = draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, c.vocab_size);
+    }
+#endif
     std::unique_ptr<Server> server;
     std::string what;
     const std::string speculation = speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
                                                                    engine_opts.speculative_tokens, " guesses a decode)");
-#if COURSE_HAVE_CUDA
-    const auto type = weights.name == "bf16" ? gpu::WeightType::BF16 : gpu::WeightType::F32;
-#endif
     if (opts.has("--naive") && device == "cpu") {
       server = std::make_unique<Server>(model, ApiModel{name, c}, so);
       what = "naive: one request at a time, lesson 00's forward, no cache";

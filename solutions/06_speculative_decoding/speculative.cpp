@@ -79,7 +79,7 @@ void DraftProposer::catch_up(std::span<const int> context) {
   while (keep < cached_.size() && keep < want && cached_[keep] == context[keep]) ++keep;
   rollback(static_cast<int>(keep));
   if (keep == want) return;
-  forward_cached(*draft_, context.subspan(keep, want - keep), cache_);
+  draft_.forward(context.subspan(keep, want - keep), *cache_);
   ++forwards_;
   cached_.assign(context.begin(), context.begin() + static_cast<std::ptrdiff_t>(want));
 }
@@ -88,10 +88,10 @@ Proposal DraftProposer::propose(std::span<const int> context, int k) {
   catch_up(context);
   Proposal out;
   if (k <= 0) return out;
-  const int n = static_cast<int>(context.size()), vocab = draft_->config.vocab_size;
-  const int limit = std::min(cache_.max_tokens(), draft_->config.max_position_embeddings);
+  const int n = static_cast<int>(context.size()), vocab = draft_.config().vocab_size;
+  const int limit = std::min(cache_->max_tokens(), draft_.config().max_position_embeddings);
   out.q.resize(k, vocab);
-  Matrix logits = forward_cached(*draft_, context.last(1), cache_);  // its logits give the first guess
+  Matrix logits = draft_.forward(context.last(1), *cache_);  // its logits give the first guess
   ++forwards_;
   cached_.push_back(context.back());
   for (int i = 0; i < k; ++i) {
@@ -100,7 +100,7 @@ Proposal DraftProposer::propose(std::span<const int> context, int k) {
     out.q.row(i) = dist.transpose();
     out.tokens.push_back(token);
     if (i + 1 == k || n + i + 1 > limit) break;  // the last guess, or no room to feed this one back
-    logits = forward_cached(*draft_, std::span(&out.tokens.back(), 1), cache_);
+    logits = draft_.forward(std::span(&out.tokens.back(), 1), *cache_);
     ++forwards_;
     cached_.push_back(token);
   }
@@ -111,7 +111,7 @@ Proposal DraftProposer::propose(std::span<const int> context, int k) {
 void DraftProposer::rollback(int length) {
   require(length >= 0, "DraftProposer::rollback: length must be >= 0, got ", length);
   if (length >= static_cast<int>(cached_.size())) return;
-  cache_.truncate(length);
+  cache_->truncate(length);
   cached_.resize(static_cast<size_t>(length));
 }
 
@@ -136,12 +136,12 @@ TokenTree DraftProposer::propose_tree(std::span<const int> context, int branches
           branches, " and ", depth);
   catch_up(context);
   TokenTree tree{{context.back()}, {-1}};
-  const int start = cache_.length();
+  const int start = cache_->length();
   size_t level_begin = 0;  // the nodes of the deepest level so far
   for (int d = 0; d < depth; ++d) {
-    const Matrix logits = infer::forward_tree(*draft_, tree, cache_);
+    const Matrix logits = draft_.forward_tree(tree, *cache_);
     ++forwards_;
-    cache_.truncate(start);
+    cache_->truncate(start);
     const size_t level_end = tree.tokens.size();
     for (size_t node = level_begin; node < level_end; ++node) {
       std::vector<int> order(static_cast<size_t>(logits.cols()));

@@ -7,6 +7,7 @@
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
 #include "common/tokenizer.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 
 namespace infer {
@@ -62,6 +63,27 @@ GRADED_TEST(Lesson06Engine, SpeculatingRequestsGetPlainGreedyTokensInFewerSteps,
     EXPECT_GT(spec.accepted, 0) << "no guess was ever kept";
     EXPECT_LT(spec.forwards, plain.forwards) << "kept guesses are tokens that cost no step of their own";
   }
+}
+
+TEST(Lesson06Given, ADraftThroughTheForwardSeamProposesWhatTheDraftWeightsDo) {
+  // The GPU runs the draft through the forward seam (a CudaForward and a device store per
+  // sequence); here the seam is a CpuRunner and the stores are paged, and the engine must make
+  // the same steps with the same tokens as the draft on its weights and its own KVCache.
+  const ModelWeights& d = testing::bundled_draft();
+  const int vocab = testing::bundled_model().config.vocab_size;
+  const EngineRun direct = run(draft_speculator(d, vocab), 4);
+  CpuRunner runner(d);
+  PagedKVPool pool(d.config, 256, 8);
+  const EngineRun seam = run(
+      draft_speculator(runner, [&] { return std::make_unique<PagedKVCache>(pool, d.config.max_position_embeddings); },
+                       vocab),
+      4);
+  ASSERT_EQ(seam.results.size(), direct.results.size());
+  for (size_t i = 0; i < direct.results.size(); ++i)
+    EXPECT_EQ(seam.results[i].tokens, direct.results[i].tokens) << "request " << i;
+  EXPECT_EQ(seam.forwards, direct.forwards);
+  EXPECT_EQ(seam.accepted, direct.accepted);
+  EXPECT_EQ(pool.allocator().num_free(), pool.num_blocks()) << "each sequence's draft store went back when it left";
 }
 
 }  // namespace

@@ -208,8 +208,8 @@ TEST(Lesson10OnTheGpu, ThePrefixCacheSavesTheSamePrefillOnTheGpu) {
 }
 
 TEST(Lesson10OnTheGpu, SpeculativeDecodingGivesPlainGreedyTokens) {
-  // Prompt lookup and the bundled draft, 4 guesses a decode, verified in one step on the GPU:
-  // greedy speculation keeps the target's own tokens.
+  // Prompt lookup and the bundled draft (on the GPU too), 4 guesses a decode, verified in one
+  // step on the GPU: greedy speculation keeps the target's own tokens.
   REQUIRE_DEVICE();
   const ModelWeights& m = testing::bundled_model();
   const ServingOptions plain{.max_running = 4, .token_budget = 32};
@@ -218,11 +218,12 @@ TEST(Lesson10OnTheGpu, SpeculativeDecodingGivesPlainGreedyTokens) {
   const auto rs = requests(6, 30);
   auto cpu = cpu_engine(m, 128, 8, false, plain);
   const auto want = serve(*cpu, rs);
+  CudaDraft draft = cuda_draft(testing::bundled_draft(), WeightType::F32);  // both models on the GPU
   for (const char* how : {"ngram", "draft"}) {
     SCOPED_TRACE(how);
     const auto speculator = [&] {
       return std::string(how) == "ngram" ? prompt_lookup_speculator()
-                                         : draft_speculator(testing::bundled_draft(), m.config.vocab_size);
+                                         : draft_speculator(*draft.forward, draft.new_cache, m.config.vocab_size);
     };
     auto gpu = gpu_engine(m, WeightType::F32, 128, 8, false, spec, speculator());
     const auto got = serve(*gpu, rs);
