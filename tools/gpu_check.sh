@@ -10,7 +10,7 @@
 #  2. the reference engine with CUDA: build/cuda (kept, so a rerun only rebuilds what changed);
 #  3. every test but the grader's (it needs bubblewrap), the `cuda` ones among them;
 #  4. compute-sanitizer memcheck over every CUDA test program, racecheck over their kernel cases;
-#  5. the CUDA benches, each writing JSON;
+#  5. the CUDA benches, each writing JSON, and lesson 10's serving table on the GPU (over HTTP);
 #  6. the catalogue of known-wrong kernels, each proven to lose points (CI cannot: no GPU);
 #  7. one report, DIR/gpu-report.md and DIR/gpu-report.json: the GPU, its driver, nvcc, the
 #     commit, each step's result, each test, each kernel's GB/s.
@@ -108,6 +108,15 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
       # memcheck over every case; racecheck (shared-memory hazards, about 100 times slower) over
       # the kernel cases only: the whole-model and engine cases run the same kernels, and one of
       # them alone took 130 s under racecheck on an H200.
+      # Lesson 10's cases are whole engines (hundreds of steps, no kernel of their own): memcheck
+      # over the ones that move device blocks around (a mixed step, the prefix cache's copies,
+      # cancellation), no racecheck.
+      if [ "$(basename "$prog")" = lesson10_cuda_tests ]; then
+        run_step "compute-sanitizer memcheck $(basename "$prog") (step, prefix cache, cancellation)" 150 \
+          "$out/sanitizer-memcheck-$(basename "$prog").log" \
+          compute-sanitizer --tool memcheck --error-exitcode 3 "$prog" --gtest_filter='*MixedStep*:*PrefixCache*:*Cancelling*'
+        continue
+      fi
       run_step "compute-sanitizer memcheck $(basename "$prog")" 150 "$out/sanitizer-memcheck-$(basename "$prog").log" \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$prog"
       run_step "compute-sanitizer racecheck $(basename "$prog") (kernel cases)" 150 \
@@ -126,6 +135,14 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
     name=$(basename "$bench")
     run_step "bench $name" 150 "$out/$name.log" "$bench" --json "$out/$name.json"
   done
+
+  # Lesson 10's table with both servers on the GPU (naive one request at a time, no cache, against
+  # the engine), over HTTP as `./course load --table --device cuda` runs it: where the HTTP server
+  # was built (Boost.Beast among the carried .deb files).
+  if wanted 10 && [ -x "$build/bin/lesson10_serve" ] && [ -x "$build/bin/lesson10_load" ]; then
+    run_step "serving table on the GPU (lesson 10)" 240 "$out/serving-table.log" \
+      bash tools/load_table.sh "$build/bin" "$out/serving" 4 "1 8 32 128" --device cuda
+  fi
 
   # ------------------------------------- 6. the kernels' known-wrong catalogue --
   # CI has no GPU, so the catalogued kernel mistakes are proven to lose points here.

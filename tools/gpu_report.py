@@ -8,6 +8,7 @@ writes DIR/gpu-report.json and DIR/gpu-report.md. Copy the markdown to docs/gpu-
 publish it: the lesson texts quote that file, and nothing else, for GPU figures.
 """
 import argparse
+import csv
 import glob
 import json
 import os
@@ -72,6 +73,11 @@ def main():
             except ValueError:
                 report["benches"][os.path.basename(path)[:-5]] = {"error": "unreadable JSON"}
 
+    serving = os.path.join(a.out, "serving", "load.csv")  # lesson 10's table, both servers on the GPU
+    if os.path.exists(serving):
+        with open(serving) as f:
+            report["serving_table"] = list(csv.DictReader(f))
+
     with open(os.path.join(a.out, "gpu-report.json"), "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -135,6 +141,31 @@ def main():
         for s in step:
             md += [f"- the 1.1B shape's projections, one decode step, {s.get('format')}, batch {s.get('batch')}: "
                    f"{s.get('ms', 0):.3f} ms (bf16 batch 1 time / this: {s.get('bf16_batch1_over_this', 0):.2f}x)"]
+        # Tables a bench lays out itself (lesson 10's): a title, columns, rows of text, notes.
+        for t in bench.get("tables", []):
+            md += ["", f"### {t.get('title', '')}", "", "| " + " | ".join(t.get("columns", [])) + " |",
+                   "|" + " --- |" * len(t.get("columns", []))]
+            md += ["| " + " | ".join(str(c) for c in row) + " |" for row in t.get("rows", [])]
+            notes = t.get("notes", [])
+            if notes:
+                md += [""] + notes
+    rows = report.get("serving_table", [])
+    if rows:
+        md += ["", "## Lesson 10's serving table on the GPU", "",
+               "Both servers on the GPU (`lesson10_serve --device cuda`, naive with `--naive`), "
+               "`lesson10_load` closed loop, 4 s a row (tools/load_table.sh).", "",
+               "| server | users | total tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | requests (failed) |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            ms = lambda k: f"{1000 * float(r.get(k) or 0):.1f}"  # noqa: E731
+            md += [f"| {r.get('label')} | {r.get('users')} | {float(r.get('total_tokens_per_s') or 0):.0f} | "
+                   f"{ms('ttft_p50_s')} | {ms('ttft_p99_s')} | {ms('itl_p50_s')} | {ms('itl_p99_s')} | "
+                   f"{r.get('requests')} ({r.get('failed')}) |"]
+        rate = {(r.get("label"), r.get("users")): float(r.get("total_tokens_per_s") or 0) for r in rows}
+        ratios = [f"{u} users: {rate[('engine', u)] / rate[('naive', u)]:.1f}x" for (label, u) in rate
+                  if label == "engine" and rate.get(("naive", u))]
+        if ratios:
+            md += ["", "Engine / naive, total tokens/s: " + ", ".join(ratios) + "."]
     with open(os.path.join(a.out, "gpu-report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print(f"wrote {a.out}/gpu-report.md and gpu-report.json")

@@ -1,0 +1,430 @@
+// Lesson 10 on a GPU: the whole engine there, measured (./course gpu-check runs it).
+//
+//   build/cuda/bin/lesson10_cuda_bench [--json FILE] [--quick]
+//
+// 1. What a step costs by its shape: a forward over m new tokens against one decode step, at a
+//    context of 100 (speculative verification feeds m = k + 1), and a step of 8 decodes with and
+//    without a prompt chunk beside them (what chunked prefill mixes in).
+// 2. Speculative decoding on the GPU, greedy, one request at a time: plain decoding against prompt
+//    lookup (k = 4) and the bundled draft (k = 1, 2, 4, 8; both models on the GPU), with the
+//    speedup the formula of lesson 06 predicts from the measured draft step, target step and
+//    verification costs.
+// 3. Time to first token with a shared 225-token system prompt, cold (a fresh prefix cache)
+//    against warm (the system prompt's blocks cached).
+// 4. Inter-token latency of 8 decoding requests while long prompts arrive, the prompts fed whole
+//    (a budget as large as a prompt) against under a token budget (lesson 10's chunked prefill).
+//
+// Two models: the bundled one (6.6 MB: the GPU's L2 cache holds it, so a step is bound by its
+// kernel launches) and a 1.1B-parameter shape (TinyLlama's) with pattern weights in bf16, whose
+// step streams 2.2 GB from memory. Pattern weights write no sensible text: its "greedy text" is
+// whatever they repeat, which prompt lookup finds easily, so its speculative row is an upper
+// bound, labelled as such. Wall-clock times (the host waits for each step's logits, as the engine
+// does), the median of repeated runs. Without a CUDA device it says so and exits 0.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cuda_check.hpp"
+#include "common/cuda_timing.hpp"
+#include "common/options.hpp"
+#include "common/timer.hpp"
+#include "common/tokenizer.hpp"
+#include "common/weights.hpp"
+#include "lessons/05_prefix_caching/prefix_cache.hpp"
+#include "lessons/06_speculative_decoding/speculative.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/10_serving/serving.hpp"
+
+using namespace infer;
+using json = nlohmann::json;
+
+namespace {
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  return v[i];
+}
+
+/// TinyLlama's shape: 22 layers, hidden 2048, 32 heads over 4, MLP 5632, 32,000 tokens.
+ModelConfig shape_1b() {
+  ModelConfig c;
+  c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 5632, c.num_hidden_layers = 22;
+  c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 64, c.max_position_embeddings = 2048;
+  return c;
+}
+
+/// `n` token ids from a fixed pattern inside [3, vocab).
+std::vector<int> some_tokens(int n, int vocab, int seed) {
+  std::vector<int> t(n);
+  uint64_t s = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(seed + 1);
+  for (int& x : t) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = 3 + static_cast<int>((s >> 33) % static_cast<uint64_t>(vocab - 3));
+  }
+  return t;
+}
+
+/// A table for the report: a title, its columns, its rows (already formatted), notes under it.
+json table(const std::string& title, std::vector<std::string> columns) {
+  return {{"title", title}, {"columns", columns}, {"rows", json::array()}, {"notes", json::array()}};
+}
+
+/// A runner lent to an engine: the 1.1B shape's forward is uploaded once (2.2 GB) and used by
+/// several engines in turn.
+struct Borrowed final : ModelRunner {
+  ModelRunner& f;
+  explicit Borrowed(ModelRunner& f) : f(f) {}
+  const ModelConfig& config() const override { return f.config(); }
+  Matrix forward(const StepInput& s) override { return f.forward(s); }
+};
+
+// --------------------------------------------------------------- 1. step costs --
+
+/// Median seconds of a forward over `m` new tokens (every row's logits) after `context` cached
+/// positions of one sequence, rolled back after each run.
+double forward_seconds(ModelRunner& runner, KVStore& store, int context, int m, int reps) {
+  const int vocab = runner.config().vocab_size;
+  store.reset();
+  const std::vector<int> prefix = some_tokens(context, vocab, 1), fed = some_tokens(m, vocab, 2);
+  runner.forward({{Chunk{.tokens = prefix, .cache = &store}}});
+  std::vector<double> s;
+  for (int r = 0; r < reps + 2; ++r) {
+    Stopwatch clock;
+    runner.forward({{Chunk{.tokens = fed, .cache = &store, .logits = m}}});
+    if (r >= 2) s.push_back(clock.seconds());
+    store.truncate(context);
+  }
+  return median(s);
+}
+
+/// Median seconds of a step of `decodes` one-token chunks, with a `chunk`-token prompt piece
+/// beside them when chunk > 0.
+double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes, int chunk, int reps) {
+  std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
+  for (int i = 0; i <= decodes; ++i) stores.push_back(std::make_unique<gpu::CudaKVStore>(c, 512));
+  const std::vector<int> prefix = some_tokens(100, c.vocab_size, 3), piece = some_tokens(std::max(chunk, 1), c.vocab_size, 4);
+  for (int i = 0; i < decodes; ++i) runner.forward({{Chunk{.tokens = prefix, .cache = stores[i].get()}}});
+  const int one[] = {7};
+  std::vector<double> s;
+  for (int r = 0; r < reps + 2; ++r) {
+    StepInput step;
+    for (int i = 0; i < decodes; ++i) step.chunks.push_back({.tokens = one, .cache = stores[i].get()});
+    if (chunk > 0) step.chunks.push_back({.tokens = piece, .cache = stores[decodes].get()});
+    Stopwatch clock;
+    runner.forward(step);
+    if (r >= 2) s.push_back(clock.seconds());
+    for (int i = 0; i < decodes; ++i) stores[i]->truncate(100);
+    stores[decodes]->reset();
+  }
+  return median(s);
+}
+
+// ------------------------------------------------------------ 2. speculation --
+
+struct SpecRun {
+  double tokens_per_s = 0, tokens_per_step = 0, acceptance = 0;
+  long tokens = 0;
+  std::vector<std::vector<int>> outputs;
+};
+
+/// The prompts, one at a time, through a fresh GPU engine (paged, no prefix cache), greedy.
+SpecRun run_engine(const ModelWeights* weights, gpu::CudaForward* shared, const ModelConfig& c,
+                   const std::vector<std::vector<int>>& prompts, int max_new, std::unique_ptr<Speculator> speculator,
+                   int k) {
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<gpu::CudaPagedKVPool> pool;
+  const int blocks = 2 * blocks_for(c.max_position_embeddings, 16);
+  if (weights) {
+    gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(*weights, gpu::WeightType::F32, blocks, 16);
+    runner = std::move(parts.forward), pool = std::move(parts.pool);
+  } else {
+    runner = std::make_unique<Borrowed>(*shared);  // the 1.1B shape's, reused, over slots
+  }
+  std::unique_ptr<KVManager> memory = pool ? std::unique_ptr<KVManager>(std::make_unique<PagedKVManager>(std::move(pool)))
+                                           : gpu::cuda_slots(c, 1, 0);
+  auto engine = serving_engine(std::move(runner), std::move(memory),
+                               {.max_running = 1, .token_budget = 4096, .speculative_tokens = k}, std::move(speculator));
+  SpecRun out;
+  long steps = 0, proposed = 0, accepted = 0;
+  Stopwatch clock;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.id = static_cast<int>(i);
+    r.prompt = prompts[i];
+    r.max_new_tokens = max_new;
+    r.sampling.temperature = 0.0f;
+    engine->submit(r);
+    const auto results = engine->run();
+    out.outputs.push_back(results.front().tokens);
+    out.tokens += static_cast<long>(results.front().tokens.size());
+  }
+  const double seconds = clock.seconds();
+  for (const auto& e : engine->log()) steps += e.forwards, proposed += e.proposed, accepted += e.accepted;
+  out.tokens_per_s = out.tokens / seconds;
+  out.tokens_per_step = steps > 0 ? static_cast<double>(out.tokens) / steps : 0;
+  out.acceptance = proposed > 0 ? static_cast<double>(accepted) / proposed : 0;
+  return out;
+}
+
+// ---------------------------------------------------------------- 3. TTFT --
+
+/// Seconds from submit to the first token of one request on `engine`.
+double ttft(Engine& engine, const std::vector<int>& prompt, int id) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt = prompt;
+  r.max_new_tokens = 4;
+  r.sampling.temperature = 0.0f;
+  Stopwatch clock;
+  engine.submit(r);
+  double first = -1;
+  while (!engine.idle())
+    for (const TokenEvent& e : engine.step())
+      if (e.id == id && first < 0) first = clock.seconds();
+  engine.take_finished();
+  return first;
+}
+
+// ----------------------------------------------------------------- 4. ITL --
+
+struct ItlRun {
+  double p50 = 0, p99 = 0, max = 0, seconds = 0;
+  long tokens = 0;
+};
+
+/// 8 requests decoding `decode_tokens` each; `long_prompts` prompts of `long_len` tokens arriving
+/// every `every` steps; the gaps between consecutive tokens of the 8.
+ItlRun itl_run(ModelRunner& runner, const ModelConfig& c, int budget, int decode_tokens, int long_prompts, int long_len,
+               int every) {
+  auto engine = serving_engine(std::make_unique<Borrowed>(runner), gpu::cuda_slots(c, 8 + long_prompts, 1024),
+                               {.max_running = 8 + long_prompts, .token_budget = budget, .keep_log = false});
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.id = i;
+    r.prompt = some_tokens(16, c.vocab_size, 10 + i);
+    r.max_new_tokens = decode_tokens;
+    r.sampling.temperature = 0.0f;
+    engine->submit(r);
+  }
+  std::map<int, double> last;
+  std::vector<double> gaps;
+  ItlRun out;
+  Stopwatch clock;
+  int step = 0, submitted = 0;
+  while (!engine->idle()) {
+    if (step > 0 && step % every == 0 && submitted < long_prompts) {
+      GenerationRequest r;
+      r.id = 100 + submitted;
+      r.prompt = some_tokens(long_len, c.vocab_size, 50 + submitted);
+      r.max_new_tokens = 2;
+      r.sampling.temperature = 0.0f;
+      engine->submit(r);
+      ++submitted;
+    }
+    const auto events = engine->step();
+    const double now = clock.seconds();
+    for (const TokenEvent& e : events) {
+      if (e.id >= 100) continue;
+      if (last.count(e.id)) gaps.push_back(now - last[e.id]);
+      last[e.id] = now;
+      ++out.tokens;
+    }
+    ++step;
+  }
+  engine->take_finished();
+  out.seconds = clock.seconds();
+  out.p50 = percentile(gaps, 50), out.p99 = percentile(gaps, 99);
+  out.max = gaps.empty() ? 0 : *std::max_element(gaps.begin(), gaps.end());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick"});
+    const bool quick = opts.has("--quick");
+    const std::string json_path = opts.text("--json", "");
+    const auto device = cuda_bench_device(json_path, "{\"device\": null, \"tables\": []}");
+    if (!device) return 0;
+    const int reps = quick ? 5 : 15;
+    json report = {{"device", device->name}, {"tables", json::array()}};
+
+    const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
+    const ModelWeights draft = load_model(bundled_model_dir("tiny-fortunes-draft"));
+    const ModelConfig big = shape_1b();
+    std::printf("uploading the 1.1B shape's pattern weights (bf16) ...\n");
+    const auto big_forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
+
+    // 1. Step costs by shape.
+    json costs = table("What a step costs by its shape (one sequence after 100 cached positions; ms, and x one decode step)",
+                       {"model", "m = 1", "m = 2", "m = 3", "m = 5", "m = 9"});
+    std::map<std::string, std::map<int, double>> t_v;  // model -> m -> seconds
+    {
+      gpu::CudaForward small(target, gpu::WeightType::F32);
+      gpu::CudaKVStore small_store(target.config, 256), big_store(big, 512);
+      for (auto [name, runner, store] : {std::tuple<std::string, ModelRunner*, KVStore*>{"tiny-fortunes (f32)", &small, &small_store},
+                                         {"1.1B shape (bf16)", big_forward.get(), &big_store}}) {
+        std::vector<std::string> row{name};
+        for (int m : {1, 2, 3, 5, 9}) {
+          const double s = forward_seconds(*runner, *store, 100, m, reps);
+          t_v[name][m] = s;
+          row.push_back(m == 1 ? cat(std::round(s * 1e5) / 100, " ms")
+                               : cat(std::round(s * 1e5) / 100, " ms (", std::round(100 * s / t_v[name][1]) / 100, "x)"));
+        }
+        costs["rows"].push_back(row);
+      }
+    }
+    costs["notes"].push_back("Lesson 06's assumption is that verifying k + 1 tokens costs one step; the target for the "
+                             "1.1B shape is m = 5 at most 1.2x m = 1.");
+    report["tables"].push_back(costs);
+    {
+      json mixed = table("A step of 8 decodes with a prompt chunk beside them (1.1B shape, bf16; ms)",
+                         {"prompt chunk", "step ms", "x the decodes alone"});
+      const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps);
+      mixed["rows"].push_back({"none", cat(std::round(alone * 1e5) / 100), "1"});
+      for (int chunk : {16, 64, 256}) {
+        const double s = mixed_step_seconds(*big_forward, big, 8, chunk, quick ? 3 : 7);
+        mixed["rows"].push_back({cat(chunk, " tokens"), cat(std::round(s * 1e5) / 100), cat(std::round(100 * s / alone) / 100)});
+      }
+      report["tables"].push_back(mixed);
+    }
+
+    // 2. Speculation, bundled pair, greedy, one request at a time.
+    {
+      const char* texts[] = {"Q: What is the best way to", "The secret of a happy life is", "A duck walks into a bar and",
+                             "Q: Why do programmers"};
+      std::vector<std::vector<int>> prompts;
+      for (const char* t : texts) prompts.push_back(ByteTokenizer::encode(t));
+      const int max_new = quick ? 48 : 128;
+      json spec = table("Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
+                        {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup"});
+      const SpecRun plain = run_engine(&target, nullptr, target.config, prompts, max_new, nullptr, 0);
+      spec["rows"].push_back({"none (plain)", "0", cat(std::round(plain.tokens_per_s)), "1", "", cat(std::round(100 * plain.tokens_per_step) / 100), ""});
+      const SpecRun lookup = run_engine(&target, nullptr, target.config, prompts, max_new, prompt_lookup_speculator(), 4);
+      spec["rows"].push_back({"prompt lookup", "4", cat(std::round(lookup.tokens_per_s)),
+                              cat(std::round(100 * lookup.tokens_per_s / plain.tokens_per_s) / 100),
+                              cat(std::round(100 * lookup.acceptance), "%"), cat(std::round(100 * lookup.tokens_per_step) / 100), ""});
+      // The formula's inputs: the draft's step t_d and the target's t_1 and t_v(k + 1), measured above
+      // and here; a from k = 1's acceptance.
+      gpu::CudaDraft d = gpu::cuda_draft(draft, gpu::WeightType::F32);
+      auto draft_store = d.new_cache();
+      const double t_d = forward_seconds(*d.forward, *draft_store, 100, 1, reps);
+      const auto& tv = t_v["tiny-fortunes (f32)"];
+      double a = 0;
+      bool equal = lookup.outputs == plain.outputs;
+      for (int k : {1, 2, 4, 8}) {
+        const SpecRun r = run_engine(&target, nullptr, target.config, prompts, max_new,
+                                     draft_speculator(*d.forward, d.new_cache, target.config.vocab_size), k);
+        equal = equal && r.outputs == plain.outputs;
+        if (k == 1) a = r.acceptance;
+        const double expected = a < 1 ? (1 - std::pow(a, k + 1)) / (1 - a) : k + 1;
+        const double verify = tv.count(k + 1) ? tv.at(k + 1) : tv.at(9);  // k = 8: m = 9
+        const double predicted = expected * tv.at(1) / (k * t_d + verify);
+        spec["rows"].push_back({"draft", cat(k), cat(std::round(r.tokens_per_s)),
+                                cat(std::round(100 * r.tokens_per_s / plain.tokens_per_s) / 100),
+                                cat(std::round(100 * r.acceptance), "%"), cat(std::round(100 * r.tokens_per_step) / 100),
+                                cat(std::round(100 * predicted) / 100)});
+      }
+      spec["notes"].push_back(cat("draft step t_d = ", std::round(t_d * 1e5) / 100, " ms, target step t_1 = ",
+                                  std::round(tv.at(1) * 1e5) / 100, " ms (c = ", std::round(100 * t_d / tv.at(1)) / 100,
+                                  "); a = ", std::round(100 * a) / 100,
+                                  " (k = 1's acceptance); predicted S(k) = E(k) t_1 / (k t_d + t_v(k + 1)), lesson 06's formula."));
+      spec["notes"].push_back(equal ? "Every speculative output equals plain greedy decoding's."
+                                    : "SOME SPECULATIVE OUTPUT DIFFERS FROM PLAIN GREEDY DECODING'S.");
+      // The 1.1B shape: prompt lookup over its pattern weights' greedy text (an upper bound: that text repeats).
+      const std::vector<std::vector<int>> big_prompts = {some_tokens(64, big.vocab_size, 7)};
+      const SpecRun big_plain = run_engine(nullptr, big_forward.get(), big, big_prompts, max_new, nullptr, 0);
+      const SpecRun big_lookup = run_engine(nullptr, big_forward.get(), big, big_prompts, max_new, prompt_lookup_speculator(), 4);
+      spec["rows"].push_back({"1.1B shape: none", "0", cat(std::round(big_plain.tokens_per_s)), "1", "",
+                              cat(std::round(100 * big_plain.tokens_per_step) / 100), ""});
+      spec["rows"].push_back({"1.1B shape: prompt lookup (pattern text)", "4", cat(std::round(big_lookup.tokens_per_s)),
+                              cat(std::round(100 * big_lookup.tokens_per_s / big_plain.tokens_per_s) / 100),
+                              cat(std::round(100 * big_lookup.acceptance), "%"),
+                              cat(std::round(100 * big_lookup.tokens_per_step) / 100), ""});
+      report["tables"].push_back(spec);
+    }
+
+    // 3. TTFT with a shared 225-token system prompt: per engine, three system prompts (differing
+    // from their first token, so none finds another's blocks); each one's first request is cold,
+    // the five after it (other questions) warm.
+    {
+      json ttft_table = table("Time to first token with a shared 225-token system prompt (ms, median)",
+                              {"model", "token budget", "cold", "warm", "cold / warm"});
+      const char* questions[] = {"Q: Why?", "Q: How?", "Q: What?", "Q: Who?", "Q: When?", "Q: Where?"};
+      const auto measure = [&](Engine& engine, const std::string& name, int budget) {
+        std::vector<double> cold, warm;
+        int id = 0;
+        for (int variant = 0; variant < 3; ++variant) {
+          std::string system = cat(variant, ": you are a helpful assistant who answers in one short sentence. ");
+          while (system.size() < 224) system += "Be kind, be brief, be right. ";
+          system.resize(224);  // with BOS: 225 tokens
+          for (int q = 0; q < 6; ++q)
+            (q == 0 ? cold : warm).push_back(ttft(engine, ByteTokenizer::encode(system + questions[q]), id++));
+        }
+        const double mc = median(cold), mw = median(warm);
+        ttft_table["rows"].push_back({name, cat(budget), cat(std::round(mc * 1e5) / 100), cat(std::round(mw * 1e5) / 100),
+                                      cat(std::round(10 * mc / mw) / 10, "x")});
+      };
+      for (const int budget : {64, 512}) {
+        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(target, gpu::WeightType::F32, 128, 16);
+        auto engine = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)),
+                                     {.max_running = 4, .token_budget = budget, .keep_log = false});
+        measure(*engine, "tiny-fortunes (f32)", budget);
+      }
+      {  // the 1.1B shape once more, over a paged pool of its own (its weights uploaded again)
+        auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, 256, 16);
+        auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
+        auto engine = serving_engine(std::move(forward), std::make_unique<PrefixKVManager>(std::move(pool)),
+                                     {.max_running = 4, .token_budget = 512, .keep_log = false});
+        measure(*engine, "1.1B shape (bf16)", 512);
+      }
+      ttft_table["notes"].push_back("Cold: the system prompt's first request; warm: the next five, which find its full "
+                                    "blocks in lesson 05's prefix cache and compute only the rest.");
+      report["tables"].push_back(ttft_table);
+    }
+
+    // 4. ITL while long prompts arrive, 1.1B shape.
+    {
+      json itl = table("Inter-token latency of 8 decoding requests while 4 prompts of 512 tokens arrive (1.1B shape, bf16)",
+                       {"token budget", "ITL p50 ms", "ITL p99 ms", "ITL max ms", "decode tokens/s"});
+      for (const int budget : {2048, 256, 64}) {
+        const ItlRun r = itl_run(*big_forward, big, budget, quick ? 24 : 64, 4, 512, quick ? 4 : 8);
+        itl["rows"].push_back({budget == 2048 ? "2048 (each prompt whole)" : cat(budget), cat(std::round(r.p50 * 1e5) / 100),
+                               cat(std::round(r.p99 * 1e5) / 100), cat(std::round(r.max * 1e5) / 100),
+                               cat(std::round(r.tokens / r.seconds))});
+      }
+      report["tables"].push_back(itl);
+    }
+
+    for (const json& t : report["tables"]) {
+      std::printf("\n%s\n", t["title"].get<std::string>().c_str());
+      for (const auto& col : t["columns"]) std::printf("%-22s", col.get<std::string>().c_str());
+      std::printf("\n");
+      for (const auto& row : t["rows"]) {
+        for (const auto& cell : row) std::printf("%-22s", cell.get<std::string>().c_str());
+        std::printf("\n");
+      }
+      for (const auto& n : t["notes"]) std::printf("  %s\n", n.get<std::string>().c_str());
+    }
+    if (!json_path.empty()) {
+      std::ofstream(json_path) << report.dump(2) << "\n";
+      std::printf("\nwrote %s\n", json_path.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

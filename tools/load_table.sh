@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Lesson 10's table: naive serving against the engine, each at several numbers of users, into
+# OUT/load.csv (one row per run, lesson10_load's columns). `./course load --table` runs it on the
+# CPU (then plots it); `./course gpu-check` with --device cuda.
+#
+#   tools/load_table.sh BIN OUT DURATION "USERS" [SERVER OPTION ...] [-- LOAD OPTION ...]
+#
+# BIN holds lesson10_serve and lesson10_load; each server's log goes to OUT/serve-MODE.log.
+set -uo pipefail
+bin=${1:?BIN}; out=${2:?OUT}; duration=${3:?DURATION}; users=${4:?USERS}; shift 4
+serve_args=() load_args=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do serve_args+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+load_args=("$@")
+PY=$(command -v python3 || echo /usr/bin/python3)
+mkdir -p "$out"
+rm -f "$out/load.csv"
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_healthy() {  # PORT PID: until /health answers 200 (60 s at most), or the server dies
+  local i
+  for i in $(seq 1 600); do
+    kill -0 "$2" 2>/dev/null || return 1
+    "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+for mode in naive engine; do
+  port=$(free_port)
+  extra=()
+  [ "$mode" = naive ] && extra=(--naive)
+  "$bin/lesson10_serve" --port "$port" "${extra[@]}" "${serve_args[@]}" >"$out/serve-$mode.log" 2>&1 &
+  pid=$!
+  if ! wait_healthy "$port" "$pid"; then
+    cat "$out/serve-$mode.log" >&2
+    echo "load_table: the $mode server did not start" >&2
+    kill "$pid" 2>/dev/null
+    exit 1
+  fi
+  for u in $users; do
+    if ! "$bin/lesson10_load" --port "$port" --users "$u" --duration "$duration" --label "$mode" --csv "$out/load.csv" \
+      "${load_args[@]}"; then
+      echo "load_table: the load run failed ($mode, $u users)" >&2
+      kill "$pid" 2>/dev/null
+      exit 1
+    fi
+  done
+  kill -INT "$pid"
+  wait "$pid" || true
+done
