@@ -18,11 +18,12 @@
 // directory with -draft appended) or prompt lookup, verified in the step's one forward
 // (lesson 06); --device cuda runs the forward on a GPU with lesson 07's kernels, its weights in
 // float32 or bf16, and with --paged the pool's rows on the device, read by lesson 08's paged
-// attention (built where CUDA is). --weights int8|int4 runs the engine on the CPU with its
+// attention (built where CUDA is); a draft model runs there too. --weights int8|int4 runs the engine on the CPU with its
 // projections quantized at load (lesson 11: INT8 per output channel, INT4 in groups of G, default
 // 32). --speculative tree (greedy only) runs lesson 06's own tree
 // loop: the draft proposes a tree of B branches per node (default 2), K levels deep, scored in
-// one forward with a tree mask. --tensor-parallel-size N (lesson 12) starts N MPI ranks (mpirun),
+// one forward with a tree mask (with --device cuda, both models on the GPU over paged memory).
+// --tensor-parallel-size N (lesson 12) starts N MPI ranks (mpirun),
 // each reading its shard of the model; rank 0 runs the engine and prints, the others follow it.
 //
 // Text streams to stdout as it is produced; with --ids, the generated token ids are printed
@@ -80,7 +81,8 @@ void usage(std::ostream& out) {
          "  default MODEL-draft) or prompt lookup guesses up to K tokens a step (--num-speculative-tokens,\n"
          "  default 4), the model verifies them in the same forward; --stats adds acceptance and tokens per step.\n"
          "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
-         "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it.\n"
+         "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it; a draft\n"
+         "  model (--speculative draft or tree) runs there too.\n"
          "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32).\n"
          "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started for you),\n"
@@ -154,9 +156,8 @@ int main(int argc, char** argv) {
     if (!speculative.empty() && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
       throw infer::Error("generate: --speculative runs in the engine, which keeps its own KV memory; drop --kv-cache "
                          "and --kv-dtype");
-    if (speculative == "tree" && (paged || opts.text("--device", "cpu") != "cpu"))
-      throw infer::Error("generate: --speculative tree runs lesson 06's own loop on the CPU, with its own cache; drop "
-                         "--paged and --device");
+    if (speculative == "tree" && paged)
+      throw infer::Error("generate: --speculative tree runs lesson 06's own loop with its own cache; drop --paged");
     const std::string device = opts.text("--device", "cpu");
     if (device != "cpu" && device != "cuda")
       throw infer::Error(infer::cat("generate: --device must be cpu or cuda, got '", device, "'"));
@@ -219,14 +220,31 @@ int main(int argc, char** argv) {
     std::string engine_name;  // what ran, for --stats
     if (speculative == "tree") {
       // Lesson 06's tree loop, on its own cache (the engine's speculators propose chains).
-      infer::TargetModel target(model);
-      infer::KVCache cache(model.config, model.config.max_position_embeddings);  // room for a tree's nodes too
       const infer::ModelWeights draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
-      infer::DraftProposer proposer(draft, params, model.config.max_position_embeddings);
       infer::SpecStats spec;
-      out = infer::generate_tree(target, proposer, prompt_ids, max_new, branches, num_spec, cache, &spec);
+      if (device == "cpu") {
+        infer::TargetModel target(model);
+        infer::KVCache cache(model.config, model.config.max_position_embeddings);  // room for a tree's nodes too
+        infer::DraftProposer proposer(draft, params, model.config.max_position_embeddings);
+        out = infer::generate_tree(target, proposer, prompt_ids, max_new, branches, num_spec, cache, &spec);
+      }
+#if COURSE_HAVE_CUDA
+      if (device == "cuda") {
+        // Both models on the GPU, each over a paged pool of its own (lesson 08's attention follows
+        // a tree's mask; lesson 07's contiguous one does not), a whole context each.
+        const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
+        const int context = model.config.max_position_embeddings;
+        infer::gpu::CudaPagedEngine t = infer::gpu::cuda_paged_engine(model, type, infer::blocks_for(context, 16));
+        infer::gpu::CudaPagedEngine d = infer::gpu::cuda_paged_engine(draft, type, infer::blocks_for(context, 16));
+        infer::PagedKVManager target_memory(std::move(t.pool)), draft_memory(std::move(d.pool));
+        std::unique_ptr<infer::KVStore> cache = target_memory.open(0);
+        infer::TargetModel target(*t.forward);
+        infer::DraftProposer proposer(*d.forward, draft_memory.open(0), params);
+        out = infer::generate_tree(target, proposer, prompt_ids, max_new, branches, num_spec, *cache, &spec);
+      }
+#endif
       for (int token : out) stream(token);
-      engine_name = infer::cat("tree speculation, ", branches, " branches, ", num_spec, " levels: ", spec.rounds,
+      engine_name = infer::cat("tree speculation", device == "cuda" ? " on the GPU" : "", ", ", branches, " branches, ", num_spec, " levels: ", spec.rounds,
                                " target rounds, ", static_cast<int>(100 * spec.acceptance() + 0.5), "% of guesses kept, ",
                                std::round(100 * spec.tokens_per_round()) / 100, " tokens per round");
     } else if (engine_mode) {

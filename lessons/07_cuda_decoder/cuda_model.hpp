@@ -84,10 +84,12 @@ class CudaKVStore final : public KVStore {
 class DeviceAttention {
  public:
   virtual ~DeviceAttention() = default;
-  /// Readies a step of `chunks` (each appends its tokens' positions to its cache in every layer;
-  /// causal chains: CudaForward refuses masks before calling). Throws infer::Error, naming `who`
-  /// and the chunk's index, for a cache this attention cannot read (not its kind of store, or
-  /// another model's shape) or one without room for the chunk's positions.
+  /// Readies a step of `chunks` (each appends its tokens' positions to its cache in every layer).
+  /// A chunk with a mask (a tree) has its row t attend over the cached positions and the chunk's
+  /// tokens j with mask(t, j) instead. Throws infer::Error, naming `who` and the chunk's index,
+  /// for a cache this attention cannot read (not its kind of store, or another model's shape), one
+  /// without room for the chunk's positions, or a mask it cannot follow (lesson 07's contiguous
+  /// attention runs chains only).
   virtual void begin_step(std::span<const Chunk> chunks, const char* who) = 0;
   /// In `layer`: appends rows of k and v [N, kv_dim] (device arrays) as their chunks' next
   /// positions, then writes into out [N, heads * head_dim] the attention of q's rows [N, heads *
@@ -130,7 +132,8 @@ class CudaForward final : public ModelRunner {
   /// N = 1, gemv_batch_* above), RoPE at each row's own position, the attention's
   /// append_and_attend() over the N rows, then the final norm and the output head over the
   /// wanted rows only (each chunk's last `logits`). Rows of logits as forward_step() gives them.
-  /// Throws infer::Error for a chunk with a mask (a tree of guesses: not on the GPU yet).
+  /// A tree of guesses (a chunk with a mask) puts each token at its depth and leaves the mask to
+  /// the attention: lesson 08's paged attention follows it, lesson 07's refuses it.
   Matrix forward(const StepInput& step) override;
   /// A step of one chunk (all of `tokens` on `cache`); the logits of its last token.
   Vector prefill(std::span<const int> tokens, KVStore& cache);

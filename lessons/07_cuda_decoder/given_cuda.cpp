@@ -226,6 +226,8 @@ class ContiguousAttention final : public DeviceAttention {
               " take them from cuda_slots())");
       require(d->num_layers() == c_.num_hidden_layers, who, ": cache ", i, " has ", d->num_layers(), " layers, the model ",
               c_.num_hidden_layers);
+      require(chunks[i].mask == nullptr, who, ": chunk ", i, " is a tree (a mask); lesson 07's contiguous attention "
+              "runs chains of tokens only (lesson 08's paged attention runs trees: device_paged_attention())");
       const int n = static_cast<int>(chunks[i].tokens.size());
       require(d->length() + n <= std::min(d->max_tokens(), c_.max_position_embeddings), who, ": sequence ", i,
               " at position ", d->length(), " would exceed its cache of ", d->max_tokens(), " positions or the context with ",
@@ -283,7 +285,10 @@ struct CudaForward::Impl {
       const int at = ch.cache->length();
       for (size_t t = 0; t < ch.tokens.size(); ++t) {
         tokens.push_back(ch.tokens[t]);
-        positions.push_back(at + static_cast<int>(t));
+        // a chain's token t sits at L + t; a tree's at L + its depth (the tokens it sees, less one)
+        const int depth = ch.mask ? static_cast<int>(ch.mask->row(static_cast<Eigen::Index>(t)).count()) - 1
+                                  : static_cast<int>(t);
+        positions.push_back(at + depth);
       }
     }
     const int N = static_cast<int>(tokens.size());
@@ -391,9 +396,6 @@ const ModelConfig& CudaForward::config() const { return impl_->c; }
 Matrix CudaForward::forward(const StepInput& step) {
   Impl& m = *impl_;
   const int wanted = check_step(m.c, step, "CudaForward::forward");
-  for (size_t i = 0; i < step.chunks.size(); ++i)
-    require(step.chunks[i].mask == nullptr, "CudaForward::forward: chunk ", i,
-            " is a tree (a mask); the GPU forward runs chains of tokens only (run trees on the CPU: CpuRunner)");
   m.attention->begin_step(step.chunks, "CudaForward::forward");
   return m.step(step.chunks, wanted);
 }

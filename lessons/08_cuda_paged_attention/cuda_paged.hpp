@@ -62,19 +62,29 @@ class CudaPagedKVPool final : public KVBlockPool {
 /// are n_i rows of a PagedBatch, row t with chunk i's block table and length L_i + t + 1 (it sees
 /// its sequence up to itself: causal attention through the table, with the decode kernel), and
 /// its new K/V going to slot(L_i + t). Host-side, checked on every machine.
+///
+/// A chunk with a mask (lesson 06's tree of guesses) sees no prefix of its sequence: row t sees
+/// the cached positions and the chunk's tokens j with mask(t, j). Then every row of the step gets
+/// a list of the slots it sees instead of a block table, which the same kernel reads as a table of
+/// blocks of one position (block_size 1: block id = slot): the chain rows list slots 0 .. L + t,
+/// the tree rows their cached slots and then their ancestors' and their own.
 struct PagedStepRows {
   int rows = 0;               ///< N, the step's tokens
+  int block_size = 1;         ///< positions per table entry: the pool's, or 1 when the rows list slots
   int max_blocks = 1;         ///< columns of `tables`
   int max_length = 1;         ///< the largest of `lengths`
-  std::vector<int> tables;    ///< [rows, max_blocks]: each row its sequence's block table, zeros past its end
-  std::vector<int> lengths;   ///< [rows]
-  std::vector<int> slots;     ///< [rows]: where each row's new K/V go
+  std::vector<int> tables;    ///< [rows, max_blocks]: each row's block table (or slot list), zeros past its end
+  std::vector<int> lengths;   ///< [rows]: the positions each row sees
+  std::vector<int> slots;     ///< [rows]: where each row's new K/V go (chunk order: slot(L + t))
 };
 
 /// Reserves each of `caches` room for its chunk (`tokens[i]` more positions: PagedKVCache::reserve,
-/// which copies a shared block first), then lays out the step's rows (PagedStepRows). Given.
-/// Throws infer::Error for sizes that differ, a null cache or a count below 1, and as reserve().
-PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens);
+/// which copies a shared block first), then lays out the step's rows (PagedStepRows). `masks` is
+/// empty (every chunk causal) or one per chunk, null for a causal one, else [n_i, n_i] as
+/// infer::Chunk's (check_step() validates them). Given. Throws infer::Error for sizes that
+/// differ, a null cache, a count below 1 or a mask of the wrong size, and as reserve().
+PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens,
+                              std::span<const TreeMask* const> masks = {});
 
 /// The forward's DeviceAttention over `pool`: paged attention with your kernels, the batch in one
 /// launch per layer, split over the context by choose_splits() (`num_splits` > 0 fixes the count

@@ -33,34 +33,55 @@ void check_paged_batch(const PagedBatch& a, const char* who) {
           ": a null pointer among q, k_pool, v_pool, block_tables, lengths, out");
 }
 
-PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens) {
+PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens,
+                              std::span<const TreeMask* const> masks) {
   require(caches.size() == tokens.size() && !caches.empty(), "paged_step_rows: ", caches.size(), " caches and ",
           tokens.size(), " token counts (expected the same number, at least one)");
+  require(masks.empty() || masks.size() == caches.size(), "paged_step_rows: ", masks.size(), " masks for ",
+          caches.size(), " chunks (expected none, or one per chunk)");
+  bool lists = false;  // a tree anywhere: every row lists its slots
   for (size_t i = 0; i < caches.size(); ++i) {
     require(caches[i] != nullptr, "paged_step_rows: cache ", i, " is null");
     require(tokens[i] >= 1, "paged_step_rows: chunk ", i, " has ", tokens[i], " tokens (expected at least one)");
+    const TreeMask* m = masks.empty() ? nullptr : masks[i];
+    require(m == nullptr || (m->rows() == tokens[i] && m->cols() == tokens[i]), "paged_step_rows: chunk ", i,
+            "'s mask is ", m ? m->rows() : 0, " x ", m ? m->cols() : 0, ", expected ", tokens[i], " x ", tokens[i]);
+    lists = lists || m != nullptr;
   }
   // Every sequence's new positions get their blocks first (the engine reserved them while
   // planning, copying a shared block; a direct caller gets them here): the tables are final.
   for (size_t i = 0; i < caches.size(); ++i) caches[i]->reserve(caches[i]->length() + tokens[i]);
   PagedStepRows r;
+  r.block_size = lists ? 1 : caches[0]->pool().block_size();
   for (size_t i = 0; i < caches.size(); ++i) {
     r.rows += tokens[i];
-    r.max_blocks = std::max(r.max_blocks, static_cast<int>(caches[i]->block_table().size()));
     r.max_length = std::max(r.max_length, caches[i]->length() + tokens[i]);
+    if (!lists) r.max_blocks = std::max(r.max_blocks, static_cast<int>(caches[i]->block_table().size()));
   }
+  if (lists) r.max_blocks = r.max_length;  // a row sees at most its sequence's every position
   r.tables.assign(static_cast<size_t>(r.rows) * r.max_blocks, 0);
   r.lengths.resize(r.rows), r.slots.resize(r.rows);
   int row = 0;
   for (size_t i = 0; i < caches.size(); ++i) {
-    const std::vector<int>& table = caches[i]->block_table();
-    const int before = caches[i]->length();
+    const PagedKVCache& c = *caches[i];
+    const TreeMask* m = masks.empty() ? nullptr : masks[i];
+    const int before = c.length();
     for (int t = 0; t < tokens[i]; ++t, ++row) {
-      std::copy(table.begin(), table.end(), r.tables.begin() + static_cast<size_t>(row) * r.max_blocks);
-      r.lengths[row] = before + t + 1;
-      r.slots[row] = caches[i]->slot(before + t);
+      int* out = r.tables.data() + static_cast<size_t>(row) * r.max_blocks;
+      r.slots[row] = c.slot(before + t);
+      if (!lists) {
+        std::copy(c.block_table().begin(), c.block_table().end(), out);
+        r.lengths[row] = before + t + 1;
+        continue;
+      }
+      int n = 0;
+      for (int p = 0; p < before; ++p) out[n++] = c.slot(p);
+      for (int j = 0; j <= t; ++j)
+        if (m == nullptr || (*m)(t, j)) out[n++] = c.slot(before + j);
+      r.lengths[row] = n;
     }
   }
+  r.max_length = *std::max_element(r.lengths.begin(), r.lengths.end());
   return r;
 }
 

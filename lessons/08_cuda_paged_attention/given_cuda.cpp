@@ -107,7 +107,8 @@ namespace {
 /// per layer, one write_kv_slots and one paged attention (split when choose_splits says so) over
 /// every row of the step. A chunk of n tokens is n rows of the kernel's batch, each with its
 /// sequence's block table and its own length (row t of a chunk after L cached positions sees
-/// L + t + 1 of them): causal attention through the table with the decode kernel, no copy.
+/// L + t + 1 of them): causal attention through the table with the decode kernel, no copy. A
+/// step with a tree (a chunk with a mask) gives each row the list of slots it sees instead.
 class PagedAttention final : public DeviceAttention {
  public:
   PagedAttention(CudaPagedKVPool& pool, int num_splits) : c_(pool.config()), pool_(pool), fixed_splits_(num_splits) {
@@ -117,8 +118,9 @@ class PagedAttention final : public DeviceAttention {
   }
 
   void begin_step(std::span<const Chunk> chunks, const char* who) override {
-    seqs_.clear(), rows_.clear();
+    seqs_.clear(), rows_.clear(), masks_.clear();
     for (size_t i = 0; i < chunks.size(); ++i) {
+      masks_.push_back(chunks[i].mask);
       PagedKVCache* s = chunks[i].cache != nullptr ? chunks[i].cache->paged() : nullptr;
       require(s != nullptr && &s->pool() == &pool_, who, ": cache ", i,
               " is not a PagedKVCache over this attention's CudaPagedKVPool (open the caches with a manager over the "
@@ -129,8 +131,8 @@ class PagedAttention final : public DeviceAttention {
               n, " more");
       seqs_.push_back(s), rows_.push_back(n);
     }
-    const PagedStepRows r = paged_step_rows(seqs_, rows_);
-    rows_total_ = r.rows, max_blocks_ = r.max_blocks, max_length_ = r.max_length;
+    const PagedStepRows r = paged_step_rows(seqs_, rows_, masks_);
+    rows_total_ = r.rows, max_blocks_ = r.max_blocks, max_length_ = r.max_length, table_block_ = r.block_size;
     const int N = r.rows;
     grow(tables_, r.tables.size()), grow(lengths_, N), grow(slots_, N);
     tables_.upload(r.tables.data(), r.tables.size());
@@ -150,7 +152,7 @@ class PagedAttention final : public DeviceAttention {
     PagedBatch a;
     a.q = q, a.k_pool = pool_.device_keys(layer), a.v_pool = pool_.device_values(layer);
     a.block_tables = tables_.get(), a.lengths = lengths_.get(), a.out = out;
-    a.batch = N, a.max_blocks = max_blocks_, a.block_size = pool_.block_size();
+    a.batch = N, a.max_blocks = max_blocks_, a.block_size = table_block_;  // 1: the rows list slots (a tree)
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
     a.max_length = max_length_;
     if (splits_ > 1) paged_decode_attention_split(a, splits_, partial_out_.get(), partial_lse_.get());
@@ -168,7 +170,8 @@ class PagedAttention final : public DeviceAttention {
   int fixed_splits_, multiprocessors_ = 1;
   std::vector<PagedKVCache*> seqs_;
   std::vector<int> rows_;  // each chunk's tokens
-  int rows_total_ = 0;
+  std::vector<const TreeMask*> masks_;  // each chunk's mask (null: causal)
+  int rows_total_ = 0, table_block_ = 1;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
   DeviceArray<int> tables_, lengths_, slots_;
   DeviceArray<float> partial_out_, partial_lse_;

@@ -81,6 +81,50 @@ TEST(Lesson08StepRows, AChunkAsRowsOfTheDecodeKernelIsCausalAttention) {
   }
 }
 
+TEST(Lesson08StepRows, AStepWithATreeListsEachRowsSlots) {
+  // A tree of 5 guesses after 6 cached positions (0 the root; 1 and 2 its children; 3 under 1, 4
+  // under 2) beside a chain of 2 after 3: every row lists the slots it sees, read as blocks of one.
+  const ModelConfig& c = testing::bundled_model().config;
+  const int kv_dim = c.num_key_value_heads * c.head_dim;
+  PagedKVPool pool(c, 16, 4);
+  Rng rng(5);
+  PagedKVCache a(pool, c.max_position_embeddings), b(pool, c.max_position_embeddings);
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    a.append(layer, random_rows(6, kv_dim, rng), random_rows(6, kv_dim, rng));
+    b.append(layer, random_rows(3, kv_dim, rng), random_rows(3, kv_dim, rng));
+  }
+  const int parent[] = {-1, 0, 0, 1, 2};
+  TreeMask mask = TreeMask::Constant(5, 5, false);
+  for (int i = 0; i < 5; ++i)
+    for (int j = i; j != -1; j = parent[j]) mask(i, j) = true;
+  PagedKVCache* caches[] = {&a, &b};
+  const int tokens[] = {5, 2};
+  const TreeMask* masks[] = {&mask, nullptr};
+  const PagedStepRows r = paged_step_rows(caches, tokens, masks);
+  EXPECT_EQ(r.block_size, 1) << "with a tree, table entries are slots";
+  EXPECT_EQ(r.rows, 7);
+  EXPECT_EQ(r.lengths, (std::vector<int>{7, 8, 8, 9, 9, 4, 5}));
+  EXPECT_EQ(r.max_length, 9);
+  ASSERT_GE(r.max_blocks, 9);
+  const auto list = [&](int row) {
+    return std::vector<int>(r.tables.begin() + static_cast<long>(row) * r.max_blocks,
+                            r.tables.begin() + static_cast<long>(row) * r.max_blocks + r.lengths[row]);
+  };
+  for (int t = 0; t < 5; ++t) {
+    std::vector<int> want;
+    for (int p = 0; p < 6; ++p) want.push_back(a.slot(p));
+    for (int j = 0; j <= t; ++j)
+      if (mask(t, j)) want.push_back(a.slot(6 + j));
+    EXPECT_EQ(list(t), want) << "tree row " << t;
+    EXPECT_EQ(r.slots[t], a.slot(6 + t)) << "its K/V go to the next slot in chunk order, whatever its depth";
+  }
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int> want;
+    for (int p = 0; p <= 3 + t; ++p) want.push_back(b.slot(p));
+    EXPECT_EQ(list(5 + t), want) << "chain row " << t;
+  }
+}
+
 TEST(Lesson08StepRows, BadStepsAreRefused) {
   const ModelConfig& c = testing::bundled_model().config;
   PagedKVPool pool(c, 2, 4);
@@ -92,6 +136,10 @@ TEST(Lesson08StepRows, BadStepsAreRefused) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(none, two); }, "the same number"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(none, std::span(two, 1)); }, "null"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(one, nine); }, "out of KV blocks"));
+  const TreeMask wrong = TreeMask::Constant(2, 2, true);
+  const TreeMask* masks[] = {&wrong};
+  const int three[] = {3};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_step_rows(one, three, masks); }, "mask"));
   EXPECT_EQ(a.block_table().size(), 0u) << "a refused reservation takes nothing";
 }
 

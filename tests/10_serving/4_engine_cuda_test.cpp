@@ -18,6 +18,7 @@
 #include "common/cuda_check.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
+#include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
@@ -166,6 +167,40 @@ TEST(Lesson10OnTheGpu, AMixedStepOverPagedCachesEqualsTheCpuStep) {
     for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
     check_mixed_step(gpu, stores);
   }
+}
+
+TEST(Lesson10OnTheGpu, ATreeOfGuessesOverPagedCachesEqualsTheCpuStep) {
+  // Lesson 06's tree (5 nodes: a root, two children, a grandchild under each) after 20 cached
+  // positions, beside a chain: every tree row's logits, each row at its depth, seeing its
+  // ancestors only (lesson 08's attention over slot lists).
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
+  CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool));
+  PagedKVManager kv(std::move(pool));
+  auto g_tree = kv.open(0), g_chain = kv.open(0);
+  KVCache c_tree(m.config, 256), c_chain(m.config, 256);
+  const std::vector<int> context = ByteTokenizer::encode("Q: What does the fox say? A: It");
+  const std::vector<int> before = ByteTokenizer::encode("You will meet a tall");
+  forward_cached(m, context, c_tree);
+  forward_cached(m, before, c_chain);
+  gpu.prefill(context, *g_tree);
+  gpu.prefill(before, *g_chain);
+  const TokenTree tree{{35, 118, 122, 100, 124}, {-1, 0, 0, 1, 2}};  // five token ids
+  const TreeMask mask = tree_mask(tree);
+  const std::vector<int> chain = ByteTokenizer::encode(" stranger");
+  StepInput cs, gs;
+  cs.chunks.push_back({.tokens = tree.tokens, .cache = &c_tree, .logits = 5, .mask = &mask});
+  cs.chunks.push_back({.tokens = chain, .cache = &c_chain});
+  gs.chunks.push_back({.tokens = tree.tokens, .cache = g_tree.get(), .logits = 5, .mask = &mask});
+  gs.chunks.push_back({.tokens = chain, .cache = g_chain.get()});
+  EXPECT_TRUE(testing::all_close(forward_step(m, cs), gpu.forward(gs), 1e-3, 1e-3, "the tree and the chain"));
+  // Lesson 07's contiguous attention cannot follow a mask: it refuses, naming it.
+  CudaForward flat(m, WeightType::F32);
+  CudaKVStore store(m.config, 64);
+  StepInput one;
+  one.chunks.push_back({.tokens = tree.tokens, .cache = &store, .logits = 5, .mask = &mask});
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { flat.forward(one); }, "mask"));
 }
 
 // --------------------------------------------------------------- the engine --
