@@ -42,6 +42,16 @@ void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int 
   throw NotImplemented("07", "gemv_batch_bf16");
 }
 
+void skinny_gemm_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  (void)w, (void)x, (void)y, (void)rows, (void)cols, (void)batch;
+  throw NotImplemented("07", "skinny_gemm_f32");
+}
+
+void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  (void)w, (void)x, (void)y, (void)rows, (void)cols, (void)batch;
+  throw NotImplemented("07", "skinny_gemm_bf16");
+}
+
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
   (void)x, (void)weight, (void)y, (void)rows, (void)cols, (void)eps;
   throw NotImplemented("07", "rms_norm (the kernel)");

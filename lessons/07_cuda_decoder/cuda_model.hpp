@@ -9,8 +9,8 @@
 /// rms_norm over B rows, three batched GEMVs, rope at each row's own position, each row's K/V
 /// appended to its own cache, decode_attention per sequence, a batched GEMV and add, rms_norm,
 /// two batched GEMVs, swiglu, a batched GEMV and add; then rms_norm and the lm_head's batched
-/// GEMV. At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, gemv_batch_*,
-/// which read each weight once for the batch. A prompt (or a piece of one) is a chunk of several
+/// GEMV. At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
+/// which read each weight once for up to 16 rows. A prompt (or a piece of one) is a chunk of several
 /// rows in the same step: its rows go through the weights with everyone else's, and each of its
 /// rows attends causally over its own sequence (lesson 09 writes a prefill kernel that does that
 /// one tile of rows at a time).
@@ -129,7 +129,7 @@ class CudaForward final : public ModelRunner {
   /// A step of the engine (forward_step()'s contract, validated the same way first), in one pass
   /// over the weights whatever its shape: the N rows of every chunk stacked (a decode is one row,
   /// a prompt chunk n of them), every weight matrix read once for all N (gemv_f32/gemv_bf16 at
-  /// N = 1, gemv_batch_* above), RoPE at each row's own position, the attention's
+  /// N = 1, skinny_gemm_* above), RoPE at each row's own position, the attention's
   /// append_and_attend() over the N rows, then the final norm and the output head over the
   /// wanted rows only (each chunk's last `logits`). Rows of logits as forward_step() gives them.
   /// A tree of guesses (a chunk with a mask) puts each token at its depth and leaves the mask to

@@ -23,14 +23,14 @@ struct DeviceMatrix {
   DeviceArray<float> f32;
   DeviceArray<uint16_t> bf16;
 
-  /// y [batch, rows] = x [batch, cols] W^T: the fastest GEMV for one row, the batched one above.
+  /// y [batch, rows] = x [batch, cols] W^T: the fastest GEMV for one row, the skinny GEMM above.
   void gemv(const float* x, float* y, int batch) const {
     if (f32.size() > 0) {
       if (batch == 1) gemv_f32(gemv_versions(), f32.get(), x, y, rows, cols);
-      else gemv_batch_f32(f32.get(), x, y, rows, cols, batch);
+      else skinny_gemm_f32(f32.get(), x, y, rows, cols, batch);
     } else {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16.get(), x, y, rows, cols);
-      else gemv_batch_bf16(bf16.get(), x, y, rows, cols, batch);
+      else skinny_gemm_bf16(bf16.get(), x, y, rows, cols, batch);
     }
   }
   double bytes() const { return f32.size() > 0 ? 4.0 * f32.size() : 2.0 * bf16.size(); }

@@ -58,6 +58,23 @@ void gemv_batch_f32(const float* w, const float* x, float* y, int rows, int cols
 /// The same with bfloat16 weights (rows * cols uint16_t, row-major), float32 x, y and sums.
 void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
 
+/// Y = X W^T again (gemv_batch_f32's contract, its results within the same tolerance), as a
+/// skinny GEMM: the batched GEMV's next rung, for the engine's steps of several rows. A block of
+/// 4 warps takes 16 weight rows (4 per warp) and walks the columns in tiles of 256: for each tile
+/// it first stages every batch row's 256 values of x in shared memory (float4 loads, the whole
+/// block, then a __syncthreads()), then each lane reads its 8 columns of each of its warp's 4
+/// rows with 16-byte loads and multiplies them by every staged x row, keeping 4 x kB partial sums
+/// in registers. So a weight crosses from memory once per 16 batch rows, and a value of x is read
+/// from memory once per block and from shared memory once per 4 weight rows, not once per weight
+/// (gemv_batch's cost). Batches above 16 go through in chunks of 16 (one launch each). Needs cols
+/// a multiple of 8 and w and x on 16-byte boundaries (as cudaMalloc returns them), so that every
+/// row is; otherwise it runs gemv_batch_f32. Throws as gemv_batch_f32 does (the message naming
+/// skinny_gemm_f32).
+void skinny_gemm_f32(const float* w, const float* x, float* y, int rows, int cols, int batch);
+
+/// The same with bfloat16 weights, widened in registers; float32 x, y and sums.
+void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
+
 /// RMSNorm of each row of x [rows, cols] into y, with gain `weight` [cols]:
 /// y = x / sqrt(mean(x^2) + eps) * weight. One block per row, its threads reducing the sum of
 /// squares through shared memory.

@@ -1,6 +1,7 @@
 // Lesson 07, reference solution, the kernels: the decoder's operations on a CUDA device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -153,6 +154,91 @@ __global__ void gemv_batch_kernel(const W* w, const float* x, float* y, int rows
   }
 }
 
+// ------------------------------------------------------------ skinny GEMM --
+// A block of kBlockWarps warps, kWarpRows weight rows per warp; columns in tiles of kTileCols,
+// each lane on 8 of them. x's tile for every batch row of the chunk sits in shared memory.
+constexpr int kTileCols = 256, kWarpRows = 4, kBlockWarps = 4, kSkinnyChunk = 16;
+
+/// Eight consecutive weights of `row` from column c (16-byte aligned), widened to float.
+__device__ void load8(const float* row, int c, float (&w)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(row + c), b = *reinterpret_cast<const float4*>(row + c + 4);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+__device__ void load8(const uint16_t* row, int c, float (&w)[8]) {
+  const uint4 p = *reinterpret_cast<const uint4*>(row + c);
+  const uint32_t words[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // the low half of each word is the earlier column
+    w[2 * i] = bf16_bits_to_float(words[i] & 0xffffu);
+    w[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+template <typename W, int kB>
+__global__ void skinny_gemm_kernel(const W* w, const float* x, float* y, int rows, int cols, int batch) {
+  __shared__ float4 xs[kB][kTileCols / 4];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const long r0 = (static_cast<long>(blockIdx.x) * kBlockWarps + warp) * kWarpRows;
+  float acc[kWarpRows][kB];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r)
+#pragma unroll
+    for (int b = 0; b < kB; ++b) acc[r][b] = 0.0f;
+  for (int c0 = 0; c0 < cols; c0 += kTileCols) {
+    // Stage x[:, c0 .. c0 + 256) of the chunk's rows (zeros past the batch or the columns).
+    for (int i = threadIdx.x; i < kB * (kTileCols / 4); i += blockDim.x) {
+      const int b = i / (kTileCols / 4), q = i % (kTileCols / 4), c = c0 + 4 * q;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (b < batch && c < cols) v = *reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + c);
+      xs[b][q] = v;
+    }
+    __syncthreads();
+    const int c = c0 + 8 * lane;
+    if (c < cols) {
+#pragma unroll
+      for (int r = 0; r < kWarpRows; ++r) {
+        if (r0 + r >= rows) continue;
+        float wv[8];
+        load8(w + (r0 + r) * cols, c, wv);
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+          const float4 xa = xs[b][2 * lane], xb = xs[b][2 * lane + 1];
+          acc[r][b] += wv[0] * xa.x + wv[1] * xa.y + wv[2] * xa.z + wv[3] * xa.w + wv[4] * xb.x + wv[5] * xb.y +
+                       wv[6] * xb.z + wv[7] * xb.w;
+        }
+      }
+    }
+    __syncthreads();  // the tile is read by every warp before the next one overwrites it
+  }
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r)
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      const float total = warp_sum(acc[r][b]);  // every lane takes part
+      if (lane == 0 && r0 + r < rows && b < batch) y[static_cast<long>(b) * rows + r0 + r] = total;
+    }
+}
+
+template <typename W>
+void skinny_gemm(const char* name, const W* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(batch >= 1, name, ": batch must be >= 1, got ", batch);
+  require(rows >= 1 && cols >= 1, name, ": rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers(name, {w, x, y});
+  const long blocks = (static_cast<long>(rows) + kBlockWarps * kWarpRows - 1) / (kBlockWarps * kWarpRows);
+  const int threads = 32 * kBlockWarps;
+  for (int b0 = 0; b0 < batch; b0 += kSkinnyChunk) {
+    const int n = std::min(kSkinnyChunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float* yb = y + static_cast<long>(b0) * rows;
+    if (n == 1) skinny_gemm_kernel<W, 1><<<blocks, threads>>>(w, xb, yb, rows, cols, n);
+    else if (n == 2) skinny_gemm_kernel<W, 2><<<blocks, threads>>>(w, xb, yb, rows, cols, n);
+    else if (n <= 4) skinny_gemm_kernel<W, 4><<<blocks, threads>>>(w, xb, yb, rows, cols, n);
+    else if (n <= 8) skinny_gemm_kernel<W, 8><<<blocks, threads>>>(w, xb, yb, rows, cols, n);
+    else skinny_gemm_kernel<W, 16><<<blocks, threads>>>(w, xb, yb, rows, cols, n);
+    cuda_check_launch(name);
+  }
+}
+
 // ----------------------------------------------------------- row kernels --
 
 __global__ void rms_norm_kernel(const float* x, const float* weight, float* y, int cols, float eps) {
@@ -281,6 +367,21 @@ void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int 
   require_device_pointers("gemv_batch_bf16", {w, x, y});
   gemv_batch_kernel<uint16_t><<<l.blocks, l.threads>>>(w, x, y, rows, cols, batch);
   cuda_check_launch("gemv_batch_bf16");
+}
+
+/// Whether the skinny GEMM's 16-byte loads line up: every row of W and of x on a 16-byte boundary.
+bool skinny_aligned(const void* w, const float* x, int cols) {
+  return cols % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+void skinny_gemm_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  if (!skinny_aligned(w, x, cols)) return gemv_batch_f32(w, x, y, rows, cols, batch);
+  skinny_gemm("skinny_gemm_f32", w, x, y, rows, cols, batch);
+}
+
+void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  if (!skinny_aligned(w, x, cols)) return gemv_batch_bf16(w, x, y, rows, cols, batch);
+  skinny_gemm("skinny_gemm_bf16", w, x, y, rows, cols, batch);
 }
 
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {

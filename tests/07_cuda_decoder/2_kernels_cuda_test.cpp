@@ -111,6 +111,40 @@ GRADED_TEST(Lesson07Kernels, BatchedGemvEqualsOneGemvPerRow, 2) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_batch_f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
 }
 
+GRADED_TEST(Lesson07Kernels, SkinnyGemmEqualsOneGemvPerRow, 2) {
+  // Shapes of one tile and of several with a partial last one (cols 8, 40, 264, 4104), rows not a
+  // multiple of the block's 16, cols that are not a multiple of 8 (the fallback); batches of 1,
+  // 2, 3, 5, 16 (one chunk) and 17, 40 (several): every row against its own reference.
+  REQUIRE_DEVICE();
+  for (const Shape s : {Shape{1, 8}, Shape{31, 40}, Shape{130, 4104}, Shape{17, 264}, Shape{9, 37}}) {
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 190 + s.cols);
+    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
+    DeviceArray<float> dw(w);
+    DeviceArray<uint16_t> dwb(wb);
+    for (const int batch : {1, 2, 3, 5, 16, 17, 40}) {
+      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 200 + batch);
+      const Matrix xs = as_matrix(x, batch, s.cols);
+      DeviceArray<float> dx(x);
+      for (const bool bf16 : {false, true}) {
+        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
+        if (bf16) skinny_gemm_bf16(dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        else skinny_gemm_f32(dw.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        const Matrix got = as_matrix(dy.download(), batch, s.rows);
+        for (int b = 0; b < batch; ++b) {
+          const Vector xb = xs.row(b).transpose();
+          const Vector want = bf16 ? gemv_bf16_reference(wb, s.rows, s.cols, xb)
+                                   : gemv_reference(as_matrix(w, s.rows, s.cols), xb);
+          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                         cat(bf16 ? "skinny_gemm_bf16" : "skinny_gemm_f32", " on ", s.rows, " x ",
+                                             s.cols, ", batch ", batch, ", row ", b)));
+        }
+      }
+    }
+  }
+  DeviceArray<float> dw(4), dx(4), dy(4);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { skinny_gemm_f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
+}
+
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
   REQUIRE_DEVICE();
   for (const Shape s : {Shape{1, 1}, Shape{1, 192}, Shape{5, 33}, Shape{7, 4097}}) {
