@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -82,6 +85,30 @@ inline double cuda_copy_ceiling(bool quick, int reps) {
   const double gbps = cuda_copy_gbps(bytes, reps);
   std::printf("device-to-device copy of %zu MiB: %.0f GB/s (read + written)\n\n", bytes >> 20, gbps);
   return gbps;
+}
+
+/// Fills `a` with values spread over [-scale, scale): a tile of 2^20 pseudo-random values (fixed
+/// by `seed`) repeated over the array. Benches measure kernels on such data, not zeros: a zero
+/// page or a constant can flatter a kernel (compressible memory, no denormal or NaN paths taken).
+/// uint16_t arrays get the values as bfloat16 (their float32 bits' top half).
+template <typename T>
+void fill_random(DeviceArray<T>& a, uint64_t seed, float scale = 1.0f) {
+  std::vector<T> tile(std::min<size_t>(a.size(), size_t{1} << 20));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (T& t : tile) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const float v = (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f) * scale;
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      t = static_cast<uint16_t>(bits >> 16);
+    } else {
+      t = static_cast<T>(v);
+    }
+  }
+  for (size_t at = 0; at < a.size(); at += tile.size())
+    INFER_CUDA_CHECK(cudaMemcpy(a.get() + at, tile.data(), std::min(tile.size(), a.size() - at) * sizeof(T),
+                                cudaMemcpyHostToDevice));
 }
 
 }  // namespace infer

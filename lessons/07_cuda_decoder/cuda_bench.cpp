@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
     // GEMV: 1 GiB of float32 weights (16384 x 16384), and a 64 MiB one (4096 x 4096).
     for (const int n : quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384}) {
       DeviceArray<float> w(static_cast<size_t>(n) * n), x(n), y(n);
-      w.fill_bytes(0);
-      x.fill_bytes(0);
+      fill_random(w, 1, 0.05f);
+      fill_random(x, 2);
       const double bytes = 4.0 * n * n + 8.0 * n;
       const std::string shape = cat(n, " x ", n, " f32");
       for (int v = 1; v <= gpu::gemv_versions(); ++v) {
@@ -81,20 +81,47 @@ int main(int argc, char** argv) {
       check_cublas(cublasDestroy(handle), "cublasDestroy");
       // The same weights in bf16: half the bytes.
       DeviceArray<uint16_t> wb(static_cast<size_t>(n) * n);
-      wb.fill_bytes(0);
+      fill_random(wb, 3, 0.05f);
       for (int v = 1; v <= gpu::gemv_bf16_versions(); ++v)
         results.push_back({cat("gemv_bf16 v", v), cat(n, " x ", n, " bf16"), 2.0 * n * n + 8.0 * n,
                            cuda_time_ms([&] { gpu::gemv_bf16(v, wb.get(), x.get(), y.get(), n, n); }, reps)});
-      // Eight vectors at once: the weights are read once, so the bytes barely grow.
-      DeviceArray<float> x8(8 * static_cast<size_t>(n)), y8(8 * static_cast<size_t>(n));
-      x8.fill_bytes(0);
+      // Several vectors at once: the weights are read once (per 16 rows for the skinny GEMM), so
+      // the bytes barely grow. Against cuBLAS's GEMM, the product production engines call (bf16:
+      // x in bf16 too, as cuBLAS needs both operands of one type; float32: SGEMM).
+      DeviceArray<float> xs(64 * static_cast<size_t>(n)), ys(64 * static_cast<size_t>(n));
+      DeviceArray<uint16_t> xs16(64 * static_cast<size_t>(n));
+      fill_random(xs, 4), fill_random(xs16, 5);
       results.push_back({"gemv_batch_bf16", cat(n, " x ", n, " bf16, batch 8"), 2.0 * n * n + 64.0 * n,
-                         cuda_time_ms([&] { gpu::gemv_batch_bf16(wb.get(), x8.get(), y8.get(), n, n, 8); }, reps)});
+                         cuda_time_ms([&] { gpu::gemv_batch_bf16(wb.get(), xs.get(), ys.get(), n, n, 8); }, reps)});
+      cublasHandle_t gemm;
+      check_cublas(cublasCreate(&gemm), "cublasCreate");
+      for (const int batch : quick ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16, 64}) {
+        const double bytes16 = 2.0 * n * n + 8.0 * batch * n, bytes32 = 4.0 * n * n + 8.0 * batch * n;
+        results.push_back({"skinny_gemm_bf16", cat(n, " x ", n, " bf16, batch ", batch), bytes16,
+                           cuda_time_ms([&] { gpu::skinny_gemm_bf16(wb.get(), xs.get(), ys.get(), n, n, batch); }, reps)});
+        // Row-major W [n, n] is column-major W^T: Y^T [n, batch] = (W^T)^T X^T.
+        results.push_back({"cuBLAS bf16 GEMM", cat(n, " x ", n, " bf16, batch ", batch), bytes16, cuda_time_ms([&] {
+                             check_cublas(cublasGemmEx(gemm, CUBLAS_OP_T, CUBLAS_OP_N, n, batch, n, &one, wb.get(),
+                                                       CUDA_R_16BF, n, xs16.get(), CUDA_R_16BF, n, &zero, ys.get(),
+                                                       CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                          "cublasGemmEx");
+                           }, reps)});
+        if (batch == 8) {
+          results.push_back({"skinny_gemm_f32", cat(n, " x ", n, " f32, batch 8"), bytes32,
+                             cuda_time_ms([&] { gpu::skinny_gemm_f32(w.get(), xs.get(), ys.get(), n, n, 8); }, reps)});
+          results.push_back({"cuBLAS SGEMM", cat(n, " x ", n, " f32, batch 8"), bytes32, cuda_time_ms([&] {
+                               check_cublas(cublasSgemm(gemm, CUBLAS_OP_T, CUBLAS_OP_N, n, 8, n, &one, w.get(), n,
+                                                        xs.get(), n, &zero, ys.get(), n),
+                                            "cublasSgemm");
+                             }, reps)});
+        }
+      }
+      check_cublas(cublasDestroy(gemm), "cublasDestroy");
     }
     {  // Row kernels over 64 MiB.
       const int rows = 4096, cols = 4096;
       DeviceArray<float> a(static_cast<size_t>(rows) * cols), b(a.size()), c(a.size()), g(cols);
-      a.fill_bytes(0), b.fill_bytes(0), g.fill_bytes(0);
+      fill_random(a, 6), fill_random(b, 7), fill_random(g, 8);
       const double m = 4.0 * rows * cols;
       results.push_back({"rms_norm", cat(rows, " x ", cols), 2 * m,
                          cuda_time_ms([&] { gpu::rms_norm(a.get(), g.get(), c.get(), rows, cols, 1e-5f); }, reps)});
@@ -107,7 +134,7 @@ int main(int argc, char** argv) {
     {  // Decode attention: Llama-3-8B's heads (32 over 8, of 128) over 4,096 cached positions.
       const int length = 4096, heads = 32, kv_heads = 8, hd = 128;
       DeviceArray<float> q(heads * hd), k(static_cast<size_t>(length) * kv_heads * hd), v(k.size()), o(q.size());
-      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      fill_random(q, 9), fill_random(k, 10), fill_random(v, 11);
       results.push_back({"decode_attention", cat(length, " positions, 32/8 heads of 128"), 8.0 * length * kv_heads * hd,
                          cuda_time_ms([&] { gpu::decode_attention(q.get(), k.get(), v.get(), o.get(), length, heads,
                                                              kv_heads, hd); }, reps)});

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       const std::string shape = cat("batch ", batch, " x ", length, " positions");
       const size_t rows = static_cast<size_t>(batch) * length;
       DeviceArray<float> q(static_cast<size_t>(batch) * heads * hd), k(rows * kvd), v(rows * kvd), out(q.size());
-      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      fill_random(q, 1), fill_random(k, 2), fill_random(v, 3);
       // Lesson 07: one launch per sequence over its own contiguous rows.
       results.push_back({"lesson 07 decode_attention", shape, bytes, cuda_time_ms([&] {
                            for (int i = 0; i < batch; ++i)
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       const int bs = 16, blocks = length / bs;
       DeviceArray<float> q(static_cast<size_t>(heads) * hd), k(static_cast<size_t>(length) * kvd), v(k.size()),
           out(q.size());
-      q.fill_bytes(0), k.fill_bytes(0), v.fill_bytes(0);
+      fill_random(q, 1), fill_random(k, 2), fill_random(v, 3);
       DeviceArray<int> t = tables(1, blocks, true), dlength(std::vector<int>{length});
       gpu::PagedBatch a;
       a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlength.get();
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
         auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
         gpu::CudaKVStore cache(big, context + steps + 2);
         DeviceArray<float> rows(static_cast<size_t>(context) * big.num_key_value_heads * big.head_dim);
-        rows.fill_bytes(0);
+        fill_random(rows, 4);
         for (int l = 0; l < big.num_hidden_layers; ++l) cache.append_device(l, rows.get(), rows.get(), context);
         time_steps(*forward, cache, cat("1.1B shape, bf16, ", context, " positions, lesson 07 attention"));
       }
