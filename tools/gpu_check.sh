@@ -4,6 +4,7 @@
 # no network).
 #
 #   ./course gpu-check [--out DIR] [--commit SHA] [--build-only] [--arch SM] [--lessons NN...]
+#                      [--whole-catalogue]
 #
 #  1. the build's packages: if the system has no Eigen, the .deb files that `./course gpu-deps`
 #     fetched into .deb/ are unpacked into build/gpu-deps (GoogleTest is built from source);
@@ -11,7 +12,9 @@
 #  3. every test but the grader's (it needs bubblewrap), the `cuda` ones among them;
 #  4. compute-sanitizer memcheck over every CUDA test program, racecheck over their kernel cases;
 #  5. the CUDA benches, each writing JSON, and lesson 10's serving table on the GPU (over HTTP);
-#  6. the catalogue of known-wrong kernels, each proven to lose points (CI cannot: no GPU);
+#  6. the catalogue of known-wrong kernels, each proven to lose points (CI cannot: no GPU): the
+#     entries docs/gpu-proven.txt does not list with their present text (--whole-catalogue: all),
+#     the list with this run's proofs added written to DIR/gpu-proven.txt (commit it to docs/);
 #  7. one report, DIR/gpu-report.md and DIR/gpu-report.json: the GPU, its driver, nvcc, the
 #     commit, each step's result, each test, each kernel's GB/s.
 # With --build-only it stops after step 2 (what a machine without a GPU can check). With --lessons
@@ -22,13 +25,14 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch="" only=""
+out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch="" only="" whole_catalogue=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --commit) commit=${2:?--commit needs a value}; shift 2 ;;
     --arch) arch=${2:?--arch needs a compute capability such as 90}; shift 2 ;;
     --build-only) build_only=1; shift ;;
+    --whole-catalogue) whole_catalogue=1; shift ;;
     --lessons) shift; while [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]{1,2}$ ]]; do only="$only $(printf '%02d' "$((10#$1))")"; shift; done ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -153,9 +157,11 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   # About 10 s an entry on an H200 (lesson 07's six took 59 s); lesson 11's entries also wait for
   # its CPU cases (the model's among them), which the grader runs beside the kernel cases.
   if [ -n "$cuda_lessons" ]; then
+    proven=(--proven-out "$out/gpu-proven.txt")
+    [ $whole_catalogue -eq 1 ] || proven+=(--skip-proven docs/gpu-proven.txt)
     run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 360 "$out/known-wrong.log" \
       "$PY" tools/known_wrong.py --kernels-only --workers 1 --lessons $cuda_lessons --build "$ROOT/build/known-wrong-cuda" \
-      --cmake-arg=-DCOURSE_CUDA=ON "${kw_args[@]}"
+      --cmake-arg=-DCOURSE_CUDA=ON "${proven[@]}" "${kw_args[@]}"
   fi
 fi
 

@@ -20,6 +20,7 @@ Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -72,6 +73,43 @@ def record_caught_by(path, case):
         f.writelines(lines)
 
 
+def patch_hash(path):
+    """The SHA-1 of a patch's text: what a proof on a GPU is good for."""
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+
+
+def touches(path):
+    """Whether a patch changes a CUDA kernel (a .cu file)."""
+    with open(path, encoding="utf-8") as f:
+        return any(line.startswith("+++ ") and line.rstrip().endswith(".cu") for line in f)
+
+
+def read_proven(path):
+    """{patch path: (sha1, commit)} from a --skip-proven file (missing: none proven)."""
+    proven = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and not line.startswith("#"):
+                    proven[parts[0]] = (parts[1], parts[2])
+    return proven
+
+
+def current_commit():
+    """HEAD's short hash, or the .gpu-commit file a copied tree carries."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        try:
+            with open(os.path.join(ROOT, ".gpu-commit")) as f:
+                return f.read().strip()[:7]
+        except OSError:
+            return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lessons", nargs="*")
@@ -90,6 +128,11 @@ def main():
                          "graded tests changed); CI then runs that case first")
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
+    ap.add_argument("--skip-proven", metavar="FILE",
+                    help="skip the entries FILE lists as proven on a GPU with their patch's present text "
+                         "(docs/gpu-proven.txt: ./course gpu-check spends a GPU's minutes on what is new)")
+    ap.add_argument("--proven-out", metavar="FILE",
+                    help="write FILE: the --skip-proven list with every entry caught in this run added")
     ap.add_argument("--cmake-arg", action="append", default=[],
                     help="passed to the grader's CMake configure (a bare GPU machine's package prefix)")
     args = ap.parse_args()
@@ -122,12 +165,18 @@ def main():
                 bad[i] = failure
             print(f"  {lesson}/{name}: {shown}", flush=True)
 
+    proven = read_proven(args.skip_proven) if args.skip_proven else {}
     for i, patch in enumerate(patches):
         lesson = os.path.basename(os.path.dirname(os.path.dirname(patch)))
         name = os.path.splitext(os.path.basename(patch))[0]
         with open(patch, encoding="utf-8") as f:
             touches_kernels = any(line.startswith("+++ ") and line.rstrip().endswith(".cu") for line in f)
         if args.kernels_only and not touches_kernels:
+            continue
+        rel = os.path.relpath(patch, ROOT)
+        if rel in proven and proven[rel][0] == patch_hash(patch):
+            record(i, lesson, name, "-", f"proven on a GPU before (commit {proven[rel][1]})",
+                   f"proven before (commit {proven[rel][1]}), skipped")
             continue
         if touches_kernels and not has_gpu:
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
@@ -220,6 +269,9 @@ def main():
                        f"{', '.join(caught) or 'a case that did not run'}: run tools/known_wrong.py --lessons "
                        f"{lesson[:2]} --record-caught-by")
             elif lost:
+                if args.proven_out and touches(patch):
+                    with lock:
+                        proven[os.path.relpath(patch, ROOT)] = (patch_hash(patch), current_commit())
                 shown = (", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
                          or "a case that did not run")
                 record(i, lesson, name, points, f"caught by {shown}", f"{points} ({seconds:.0f} s)")
@@ -235,6 +287,13 @@ def main():
         t.join()
     for patch, case in sorted(to_record.items()):
         record_caught_by(patch, case)
+    if args.proven_out:
+        with open(args.proven_out, "w") as f:
+            f.write("# Catalogue entries that change a CUDA kernel, proven to lose points on a GPU: the patch,\n"
+                    "# the SHA-1 of its text when it was, and the commit. ./course gpu-check skips an entry whose\n"
+                    "# text is unchanged (tools/known_wrong.py --skip-proven); edit the patch and it runs again.\n")
+            for rel, (digest, commit) in sorted(proven.items()):
+                f.write(f"{rel} {digest} {commit}\n")
     for i, lesson, name, _ in todo:
         if i not in rows:
             rows[i] = (lesson, name, "-", "not graded")
