@@ -1,0 +1,59 @@
+// A stand-in for the few CUDA runtime calls the course's given GPU code makes, on host memory:
+// "device" memory is malloc'd, every copy is a memcpy, there is one device and nothing ever
+// fails. With kernels_on_host.cpp it lets the given engine code (lesson 07's CudaForward, lesson
+// 08's pool and attention) run on a machine without a GPU, in CI and under AddressSanitizer, so
+// that its bookkeeping (the varlen step's rows, positions, gathers, tables and slots) is checked
+// every day. It proves nothing about the real kernels: ./course gpu-check does that on a GPU.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** p, size_t size) {
+  *p = std::malloc(size == 0 ? 1 : size);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  if (count > 0) std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, count, kind);
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t count) {
+  if (count > 0) std::memset(p, value, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  *value = attr == cudaDevAttrMultiProcessorCount ? 4 : 0;  // a small device: choose_splits splits long contexts
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t) { return "cudaErrorOnHost"; }
+const char* cudaGetErrorString(cudaError_t) { return "the host stand-in for the CUDA runtime failed"; }
+
+}  // extern "C"

@@ -1,0 +1,181 @@
+// Lessons 07 and 08's kernels, computed on the host over the stand-in runtime's host memory (see
+// cuda_runtime_on_host.cpp): plain loops and lesson 00's functions, the same results as the
+// kernels' CPU references. They check each call's arguments as the real host functions do, so
+// that a bad call from the given engine code fails here as it would on a GPU.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "common/errors.hpp"
+#include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+
+namespace infer::gpu {
+namespace {
+
+using RowMap = Eigen::Map<Matrix>;
+using ConstRowMap = Eigen::Map<const Matrix>;
+
+float widen(float w) { return w; }
+float widen(uint16_t w) { return bf16_to_float(w); }
+
+/// y [batch, rows] = x [batch, cols] W^T, summed in float as the kernels do.
+template <typename W>
+void product(const char* who, const W* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(batch >= 1, who, ": batch must be >= 1, got ", batch);
+  require(rows >= 1 && cols >= 1, who, ": rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers(who, {w, x, y});
+  for (int b = 0; b < batch; ++b)
+    for (int r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int c = 0; c < cols; ++c) sum += widen(w[static_cast<long>(r) * cols + c]) * x[static_cast<long>(b) * cols + c];
+      y[static_cast<long>(b) * rows + r] = sum;
+    }
+}
+
+/// out [heads * head_dim] = the attention of one query over `length` positions, position p's key
+/// and value rows at k_row(p) and v_row(p).
+template <typename KRow, typename VRow>
+void attend(const float* q, float* out, int length, int heads, int kv_heads, int head_dim, KRow k_row, VRow v_row) {
+  const int group = heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> scores(static_cast<size_t>(length));
+  for (int h = 0; h < heads; ++h) {
+    const int g = h / group;
+    float best = -std::numeric_limits<float>::infinity();
+    for (int p = 0; p < length; ++p) {
+      const float* k = k_row(p) + static_cast<long>(g) * head_dim;
+      float s = 0.0f;
+      for (int d = 0; d < head_dim; ++d) s += q[h * head_dim + d] * k[d];
+      scores[p] = s * scale;
+      best = std::max(best, scores[p]);
+    }
+    float total = 0.0f;
+    for (float& s : scores) total += (s = std::exp(s - best));
+    for (int d = 0; d < head_dim; ++d) {
+      float o = 0.0f;
+      for (int p = 0; p < length; ++p) o += scores[p] * v_row(p)[static_cast<long>(g) * head_dim + d];
+      out[h * head_dim + d] = o / total;
+    }
+  }
+}
+
+}  // namespace
+
+void gemv_f32(int version, const float* w, const float* x, float* y, int rows, int cols) {
+  gemv_launch(version, rows, cols);  // its refusals
+  product("gemv_f32", w, x, y, rows, cols, 1);
+}
+void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int rows, int cols) {
+  gemv_launch(version, rows, cols, true);
+  product("gemv_bf16", w, x, y, rows, cols, 1);
+}
+void gemv_batch_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  product("gemv_batch_f32", w, x, y, rows, cols, batch);
+}
+void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  product("gemv_batch_bf16", w, x, y, rows, cols, batch);
+}
+void skinny_gemm_f32(const float* w, const float* x, float* y, int rows, int cols, int batch) {
+  product("skinny_gemm_f32", w, x, y, rows, cols, batch);
+}
+void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  product("skinny_gemm_bf16", w, x, y, rows, cols, batch);
+}
+
+void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
+  require(rows >= 1 && cols >= 1, "rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers("rms_norm", {x, weight, y});
+  const Vector g = Eigen::Map<const Vector>(weight, cols);
+  RowMap(y, rows, cols) = ::infer::rms_norm(ConstRowMap(x, rows, cols), g, eps);
+}
+
+void rope(float* x, const int* positions, int rows, int heads, int head_dim, float theta) {
+  require(rows >= 1 && heads >= 1 && head_dim >= 2 && head_dim % 2 == 0,
+          "rope: need rows and heads >= 1 and an even head_dim, got ", rows, ", ", heads, ", ", head_dim);
+  require_device_pointers("rope", {x, positions});
+  for (int r = 0; r < rows; ++r) {
+    RowMap row(x + static_cast<long>(r) * heads * head_dim, 1, heads * head_dim);
+    apply_rope(row, head_dim, positions[r], theta);
+  }
+}
+
+void add(float* x, const float* y, long n) {
+  require(n >= 1, "add: n must be >= 1, got ", n);
+  require_device_pointers("add", {x, y});
+  for (long i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void swiglu(const float* gate, const float* up, float* out, long n) {
+  require(n >= 1, "swiglu: n must be >= 1, got ", n);
+  require_device_pointers("swiglu", {gate, up, out});
+  for (long i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void softmax_rows(float* x, int rows, int cols) {
+  require(rows >= 1 && cols >= 1, "softmax_rows: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers("softmax_rows", {x});
+  RowMap m(x, rows, cols);
+  softmax_rows_reference(m);
+}
+
+void embedding(const float* table, const int* ids, float* out, int n, int vocab, int hidden) {
+  require(n >= 1 && vocab >= 1 && hidden >= 1, "embedding: n, vocab and hidden must be >= 1");
+  require_device_pointers("embedding", {table, ids, out});
+  for (int i = 0; i < n; ++i)
+    for (int d = 0; d < hidden; ++d)
+      out[static_cast<long>(i) * hidden + d] = ids[i] >= 0 && ids[i] < vocab
+                                                   ? table[static_cast<long>(ids[i]) * hidden + d]
+                                                   : std::numeric_limits<float>::quiet_NaN();
+}
+
+void decode_attention(const float* q, const float* k, const float* v, float* out, int length, int heads, int kv_heads,
+                      int head_dim) {
+  require(length >= 1, "decode_attention: length must be >= 1, got ", length);
+  require(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "decode_attention: heads ", heads, " and kv_heads ",
+          kv_heads, " (heads must be a multiple of kv_heads)");
+  require_device_pointers("decode_attention", {q, k, v, out});
+  const long kvd = static_cast<long>(kv_heads) * head_dim;
+  attend(q, out, length, heads, kv_heads, head_dim, [&](int p) { return k + p * kvd; },
+         [&](int p) { return v + p * kvd; });
+}
+
+void paged_decode_attention(const PagedBatch& a) {
+  check_paged_batch(a, "paged_decode_attention");
+  const long kvd = static_cast<long>(a.kv_heads) * a.head_dim, qd = static_cast<long>(a.heads) * a.head_dim;
+  for (int i = 0; i < a.batch; ++i) {
+    const int* table = a.block_tables + static_cast<long>(i) * a.max_blocks;
+    require(a.lengths[i] >= 1 && a.lengths[i] <= a.max_length, "paged_decode_attention: sequence ", i, "'s length ",
+            a.lengths[i], " is outside [1, max_length = ", a.max_length, "]");
+    const auto row = [&](int p) { return static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size; };
+    attend(a.q + i * qd, a.out + i * qd, a.lengths[i], a.heads, a.kv_heads, a.head_dim,
+           [&](int p) { return a.k_pool + row(p) * kvd; }, [&](int p) { return a.v_pool + row(p) * kvd; });
+  }
+}
+
+void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse) {
+  require(num_splits >= 1, "paged_decode_attention_split: num_splits must be >= 1, got ", num_splits);
+  require_device_pointers("paged_decode_attention_split", {partial_out, partial_lse});
+  paged_decode_attention(a);  // the merged result, which is all the engine reads
+}
+
+void merge_attention_partials(const float*, const float*, float*, int, int, int) {
+  throw Error("merge_attention_partials: not in the host stand-in (the engine calls the split attention only)");
+}
+
+void write_kv_slots(const float* k, const float* v, float* k_pool, float* v_pool, const int* slots, int batch,
+                    int kv_dim) {
+  require(batch >= 1 && kv_dim >= 1, "write_kv_slots: batch and kv_dim must be >= 1, got ", batch, ", ", kv_dim);
+  require_device_pointers("write_kv_slots", {k, v, k_pool, v_pool, slots});
+  for (int i = 0; i < batch; ++i)
+    for (int d = 0; d < kv_dim; ++d) {
+      k_pool[static_cast<long>(slots[i]) * kv_dim + d] = k[static_cast<long>(i) * kv_dim + d];
+      v_pool[static_cast<long>(slots[i]) * kv_dim + d] = v[static_cast<long>(i) * kv_dim + d];
+    }
+}
+
+}  // namespace infer::gpu
