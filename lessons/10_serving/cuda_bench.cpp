@@ -1,6 +1,6 @@
 // Lesson 10 on a GPU: the whole engine there, measured (./course gpu-check runs it).
 //
-//   build/cuda/bin/lesson10_cuda_bench [--json FILE] [--quick]
+//   build/cuda/bin/lesson10_cuda_bench [--json FILE] [--quick] [--small]
 //
 // 1. What a step costs by its shape: a forward over m new tokens against one decode step, at a
 //    context of 100 (speculative verification feeds m = k + 1), and a step of 8 decodes with and
@@ -19,7 +19,9 @@
 // step streams 2.2 GB from memory. Pattern weights write no sensible text: its "greedy text" is
 // whatever they repeat, which prompt lookup finds easily, so its speculative row is an upper
 // bound, labelled as such. Wall-clock times (the host waits for each step's logits, as the engine
-// does), the median of repeated runs. Without a CUDA device it says so and exits 0.
+// does), the median of repeated runs. Without a CUDA device it says so and exits 0. --small puts a
+// small pattern model (2 layers, hidden 256) in the 1.1B shape's place: how CI runs this program
+// on the host stand-in of the CUDA runtime (tests/common/host_device), to check it runs through.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -253,8 +255,8 @@ ItlRun itl_run(ModelRunner& runner, const ModelConfig& c, int budget, int decode
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick"});
-    const bool quick = opts.has("--quick");
+    const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick", "--small"});
+    const bool quick = opts.has("--quick"), small = opts.has("--small");
     const std::string json_path = opts.text("--json", "");
     const auto device = cuda_bench_device(json_path, "{\"device\": null, \"tables\": []}");
     if (!device) return 0;
@@ -263,7 +265,10 @@ int main(int argc, char** argv) {
 
     const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
     const ModelWeights draft = load_model(bundled_model_dir("tiny-fortunes-draft"));
-    const ModelConfig big = shape_1b();
+    ModelConfig big = shape_1b();
+    if (small)
+      big.hidden_size = 256, big.intermediate_size = 512, big.num_hidden_layers = 2, big.num_attention_heads = 4,
+      big.num_key_value_heads = 2, big.vocab_size = 512;
     std::printf("uploading the 1.1B shape's pattern weights (bf16) ...\n");
     const auto big_forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
 
@@ -307,7 +312,7 @@ int main(int argc, char** argv) {
                              "Q: Why do programmers"};
       std::vector<std::vector<int>> prompts;
       for (const char* t : texts) prompts.push_back(ByteTokenizer::encode(t));
-      const int max_new = quick ? 48 : 128;
+      const int max_new = small ? 16 : quick ? 48 : 128;
       json spec = table("Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
                         {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup"});
       const SpecRun plain = run_engine(&target, nullptr, target.config, prompts, max_new, nullptr, 0);
@@ -366,7 +371,7 @@ int main(int argc, char** argv) {
       const auto measure = [&](Engine& engine, const std::string& name, int budget) {
         std::vector<double> cold, warm;
         int id = 0;
-        for (int variant = 0; variant < 3; ++variant) {
+        for (int variant = 0; variant < (small ? 1 : 3); ++variant) {
           std::string system = cat(variant, ": you are a helpful assistant who answers in one short sentence. ");
           while (system.size() < 224) system += "Be kind, be brief, be right. ";
           system.resize(224);  // with BOS: 225 tokens
@@ -397,10 +402,12 @@ int main(int argc, char** argv) {
 
     // 4. ITL while long prompts arrive, 1.1B shape.
     {
-      json itl = table("Inter-token latency of 8 decoding requests while 4 prompts of 512 tokens arrive (1.1B shape, bf16)",
+      const int long_len = small ? 96 : 512;
+      json itl = table(cat("Inter-token latency of 8 decoding requests while 4 prompts of ", long_len,
+                           " tokens arrive (1.1B shape, bf16)"),
                        {"token budget", "ITL p50 ms", "ITL p99 ms", "ITL max ms", "decode tokens/s"});
       for (const int budget : {2048, 256, 64}) {
-        const ItlRun r = itl_run(*big_forward, big, budget, quick ? 24 : 64, 4, 512, quick ? 4 : 8);
+        const ItlRun r = itl_run(*big_forward, big, budget, small ? 8 : quick ? 24 : 64, 4, long_len, quick ? 4 : 8);
         itl["rows"].push_back({budget == 2048 ? "2048 (each prompt whole)" : cat(budget), cat(std::round(r.p50 * 1e5) / 100),
                                cat(std::round(r.p99 * 1e5) / 100), cat(std::round(r.max * 1e5) / 100),
                                cat(std::round(r.tokens / r.seconds))});
@@ -410,12 +417,18 @@ int main(int argc, char** argv) {
 
     for (const json& t : report["tables"]) {
       std::printf("\n%s\n", t["title"].get<std::string>().c_str());
-      for (const auto& col : t["columns"]) std::printf("%-22s", col.get<std::string>().c_str());
-      std::printf("\n");
-      for (const auto& row : t["rows"]) {
-        for (const auto& cell : row) std::printf("%-22s", cell.get<std::string>().c_str());
+      std::vector<size_t> width;  // each column as wide as its widest cell, and two spaces
+      for (const auto& col : t["columns"]) width.push_back(col.get<std::string>().size() + 2);
+      for (const auto& row : t["rows"])
+        for (size_t i = 0; i < row.size() && i < width.size(); ++i)
+          width[i] = std::max(width[i], row[i].get<std::string>().size() + 2);
+      const auto line = [&](const json& cells) {
+        for (size_t i = 0; i < cells.size() && i < width.size(); ++i)
+          std::printf("%-*s", static_cast<int>(width[i]), cells[i].get<std::string>().c_str());
         std::printf("\n");
-      }
+      };
+      line(t["columns"]);
+      for (const auto& row : t["rows"]) line(row);
       for (const auto& n : t["notes"]) std::printf("  %s\n", n.get<std::string>().c_str());
     }
     if (!json_path.empty()) {

@@ -50,6 +50,14 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   return cudaSuccess;
 }
 
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+  *prop = cudaDeviceProp{};
+  std::strcpy(prop->name, "host stand-in (no GPU: the kernels are host loops)");
+  prop->multiProcessorCount = 4;
+  prop->totalGlobalMem = size_t{1} << 30;
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
