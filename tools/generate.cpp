@@ -3,7 +3,8 @@
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
-//            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
+//            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]
+//            [--device cuda [--weights f32|bf16] [--cuda-graphs]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //            [--tensor-parallel-size N]
 //
@@ -63,7 +64,7 @@ void usage(std::ostream& out) {
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
          "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]\n"
-         "                [--device cuda [--weights f32|bf16]]\n"
+         "                [--device cuda [--weights f32|bf16] [--cuda-graphs]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "                [--tensor-parallel-size N]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
@@ -82,7 +83,8 @@ void usage(std::ostream& out) {
          "  default 4), the model verifies them in the same forward; --stats adds acceptance and tokens per step.\n"
          "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
          "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it; a draft\n"
-         "  model (--speculative draft or tree) runs there too.\n"
+         "  model (--speculative draft or tree) runs there too; --cuda-graphs (with --paged) replays its\n"
+         "  decode steps from CUDA graphs.\n"
          "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32).\n"
          "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started for you),\n"
@@ -110,7 +112,7 @@ int main(int argc, char** argv) {
                                "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group",
                                "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches",
                                "--tensor-parallel-size"},
-                              {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "-h", "--help"});
+                              {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
@@ -168,6 +170,9 @@ int main(int argc, char** argv) {
     if (quantized && (opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
       throw infer::Error("generate: --weights int8|int4 runs in the engine, which keeps its own KV memory; drop --kv-cache, "
                          "--kv-dtype and --speculative tree");
+    if (opts.has("--cuda-graphs") && (device != "cuda" || !paged))
+      throw infer::Error("generate: --cuda-graphs replays decode steps on the GPU over paged memory; it needs "
+                         "--device cuda and --paged");
     if (device == "cuda" && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
       throw infer::Error("generate: --device cuda runs the engine, which keeps its KV memory on the GPU; drop --kv-cache "
                          "and --kv-dtype (--paged keeps it in blocks)");
@@ -266,6 +271,7 @@ int main(int argc, char** argv) {
       const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
       if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
         infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, blocks, block_size);
+        gpu.forward->use_graphs(opts.has("--cuda-graphs"));
         runner = std::move(gpu.forward), pool = std::move(gpu.pool);
       } else if (device == "cuda") {  // lesson 07's slot
         runner = std::make_unique<infer::gpu::CudaForward>(model, type);

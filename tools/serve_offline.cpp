@@ -3,7 +3,7 @@
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
-//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16]]
+//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16] [--cuda-graphs]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //                 [--tensor-parallel-size N]
 //
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
                                "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group",
                                "--speculative", "--num-speculative-tokens", "--draft", "--tensor-parallel-size"},
-                              {"-h", "--help", "--paged", "--prefix-cache"},
+                              {"-h", "--help", "--paged", "--prefix-cache", "--cuda-graphs"},
                               // vLLM's names for the same options
                               {{"--max-num-seqs", "--max-batch"},
                                {"--num-gpu-blocks-override", "--num-blocks"},
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
-                   "                     [--device cuda [--weights f32|bf16]] [--tensor-parallel-size N]\n"
+                   "                     [--device cuda [--weights f32|bf16] [--cuda-graphs]] [--tensor-parallel-size N]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
@@ -157,6 +157,9 @@ int main(int argc, char** argv) {
 
     const auto policy = policy_name == "static" ? infer::Policy::Static : infer::Policy::Continuous;
     const bool paged = opts.has("--paged");
+    if (opts.has("--cuda-graphs") && (device != "cuda" || !paged))
+      throw infer::Error("serve_offline: --cuda-graphs replays decode steps on the GPU over paged memory; it needs "
+                         "--device cuda and --paged");
     if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
       throw infer::Error("serve_offline: --block-size, --num-blocks and --prefix-cache need --paged");
     const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
@@ -222,6 +225,7 @@ int main(int argc, char** argv) {
     const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
     if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
       infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, num_blocks, block_size);
+      gpu.forward->use_graphs(opts.has("--cuda-graphs"));
       forward = std::move(gpu.forward), pool = std::move(gpu.pool);
     } else if (device == "cuda") {  // lesson 07's whole-context slots
       forward = std::make_unique<infer::gpu::CudaForward>(model, type);

@@ -95,6 +95,22 @@ class DeviceAttention {
   /// positions, then writes into out [N, heads * head_dim] the attention of q's rows [N, heads *
   /// head_dim] over their sequences' positions, as the class comment says.
   virtual void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) = 0;
+
+  // CUDA graphs (CudaForward::use_graphs): a step whose attention can be captured and replayed.
+  /// Called once when the forward turns graphs on or off: an attention that can be captured lays
+  /// its steps out so that the same launches serve many steps (lesson 08's: fixed-width tables).
+  virtual void set_graphs(bool on) { (void)on; }
+  /// After begin_step(): whether this step's device work can be captured in a CUDA graph and
+  /// replayed, and if so `key`, equal for two steps exactly when their launches are the same
+  /// (same kernels, same arguments, same device arrays). Default: no.
+  virtual bool graph_key(std::vector<long>& key) const {
+    (void)key;
+    return false;
+  }
+  /// append_and_attend()'s device work alone: what a graph captures (only where graph_key() said yes).
+  virtual void launch(int layer, const float* q, const float* k, const float* v, float* out);
+  /// append_and_attend()'s host bookkeeping alone, after the graph ran (only where graph_key() said yes).
+  virtual void commit(int layer);
 };
 
 /// Lesson 07's DeviceAttention: each cache a CudaKVStore of `config`'s shape; a chunk's rows
@@ -142,6 +158,14 @@ class CudaForward final : public ModelRunner {
   Matrix decode(std::span<const int> tokens, std::span<KVStore* const> caches);
   /// Bytes of weight matrices a decode step reads (every matrix but the embedding table).
   double weight_bytes_per_step() const;
+  /// Replays decode steps from CUDA graphs, as vLLM and SGLang do: a step of one-token chunks
+  /// (the same number of them, the same attention layout) is captured once into a graph and then
+  /// launched as one, instead of about 15 kernel launches per layer from the host. Steps of other
+  /// shapes, and attentions that cannot be captured (lesson 07's), run as before. The logits are
+  /// the same launches' (the tests compare). Off by default.
+  void use_graphs(bool on);
+  /// Graphs captured so far (one per batch size and attention layout met).
+  int graphs_captured() const;
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "common/cuda_buffer.hpp"
@@ -257,6 +258,13 @@ class ContiguousAttention final : public DeviceAttention {
 
 }  // namespace
 
+void DeviceAttention::launch(int, const float*, const float*, const float*, float*) {
+  throw Error("DeviceAttention::launch: this attention cannot be captured in a CUDA graph (graph_key() said no)");
+}
+void DeviceAttention::commit(int) {
+  throw Error("DeviceAttention::commit: this attention cannot be captured in a CUDA graph (graph_key() said no)");
+}
+
 std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config) {
   return std::make_unique<ContiguousAttention>(config);
 }
@@ -275,14 +283,86 @@ struct CudaForward::Impl {
   std::unique_ptr<DeviceAttention> attention;
   Scratch s;
 
+  bool graphs = false;                                 // use_graphs()
+  std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
+
+  ~Impl() {
+    for (auto& [key, exec] : execs) cudaGraphExecDestroy(exec);
+  }
+
+  /// The N rows (tokens and positions uploaded) through every layer. `captured`: the attention's
+  /// device work only (launch(); its bookkeeping is commit()ed after the graph ran).
+  void layers_of(int N, bool captured) {
+    const int hidden = c.hidden_size, hd = c.head_dim;
+    embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
+    for (int li = 0; li < c.num_hidden_layers; ++li) {
+      Layer& l = layers[li];
+      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      l.q.gemv(s.h.get(), s.q.get(), N);
+      l.k.gemv(s.h.get(), s.k.get(), N);
+      l.v.gemv(s.h.get(), s.v.get(), N);
+      rope(s.q.get(), s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
+      rope(s.k.get(), s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
+      if (captured) attention->launch(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
+      else attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
+      l.o.gemv(s.attn.get(), s.tmp.get(), N);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
+      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      l.gate.gemv(s.h.get(), s.gate.get(), N);
+      l.up.gemv(s.h.get(), s.up.get(), N);
+      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(N) * c.intermediate_size);
+      l.down.gemv(s.gate.get(), s.tmp.get(), N);
+      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
+    }
+  }
+
+  /// The final norm and the output head over `wanted` rows of `from` into s.logits.
+  void head_of(const float* from, int wanted) {
+    rms_norm(from, final_norm.get(), s.h.get(), wanted, c.hidden_size, c.rms_norm_eps);
+    lm_head.gemv(s.h.get(), s.logits.get(), wanted);
+  }
+
+  /// A decode step from its graph (captured first if it is new). Returns false, running
+  /// nothing, where the step cannot be captured.
+  bool replayed(int N) {
+    std::vector<long> key;
+    if (!attention->graph_key(key)) return false;
+    key.insert(key.begin(), {N, reinterpret_cast<long>(s.x.get()), reinterpret_cast<long>(s.logits.get())});
+    auto it = execs.find(key);
+    if (it == execs.end()) {
+      // Captured on this thread's default stream, which the kernels launch on (CMakeLists.txt).
+      INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+      cudaGraph_t graph = nullptr;
+      try {
+        layers_of(N, true);
+        head_of(s.x.get(), N);
+      } catch (...) {
+        cudaStreamEndCapture(cudaStreamPerThread, &graph);  // ends the capture; what it holds is dropped
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      INFER_CUDA_CHECK(cudaStreamEndCapture(cudaStreamPerThread, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      INFER_CUDA_CHECK(made);
+      it = execs.emplace(key, exec).first;
+    }
+    INFER_CUDA_CHECK(cudaGraphLaunch(it->second, cudaStreamPerThread));
+    for (int li = 0; li < c.num_hidden_layers; ++li) attention->commit(li);
+    return true;
+  }
+
   /// One step of `chunks` (checked, and attention->begin_step() called): their N rows through
   /// every layer, then the final norm and the output head over each chunk's last `logits` rows,
   /// gathered (W rows in all). Returns the logits [W, vocab] on the host.
   Matrix step(std::span<const Chunk> chunks, int wanted) {
-    const int hidden = c.hidden_size, hd = c.head_dim;
+    const int hidden = c.hidden_size;
     std::vector<int> tokens, positions;
+    bool decode = true;  // every chunk one token: a step a graph can replay
     for (const Chunk& ch : chunks) {
       const int at = ch.cache->length();
+      decode = decode && ch.tokens.size() == 1 && ch.mask == nullptr;
       for (size_t t = 0; t < ch.tokens.size(); ++t) {
         tokens.push_back(ch.tokens[t]);
         // a chain's token t sits at L + t; a tree's at L + its depth (the tokens it sees, less one)
@@ -296,42 +376,25 @@ struct CudaForward::Impl {
     s.tokens.upload(tokens.data(), N);
     s.positions.upload(positions.data(), N);
 
-    embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
-    for (int li = 0; li < c.num_hidden_layers; ++li) {
-      Layer& l = layers[li];
-      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.q.gemv(s.h.get(), s.q.get(), N);
-      l.k.gemv(s.h.get(), s.k.get(), N);
-      l.v.gemv(s.h.get(), s.v.get(), N);
-      rope(s.q.get(), s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
-      rope(s.k.get(), s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
-      attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
-      l.o.gemv(s.attn.get(), s.tmp.get(), N);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
-      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.gate.gemv(s.h.get(), s.gate.get(), N);
-      l.up.gemv(s.h.get(), s.up.get(), N);
-      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(N) * c.intermediate_size);
-      l.down.gemv(s.gate.get(), s.tmp.get(), N);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
-    }
-    // The wanted rows (each chunk's last `logits`, contiguous within it) gathered into tmp, so the
-    // norm and the largest matrix, the output head, run over W rows, not N.
-    const float* from = s.x.get();
-    if (wanted < N) {
-      int row = 0, into = 0;
-      for (const Chunk& ch : chunks) {
-        row += static_cast<int>(ch.tokens.size());
-        INFER_CUDA_CHECK(cudaMemcpyAsync(s.tmp.get() + static_cast<size_t>(into) * hidden,
-                                         s.x.get() + static_cast<size_t>(row - ch.logits) * hidden,
-                                         static_cast<size_t>(ch.logits) * hidden * sizeof(float),
-                                         cudaMemcpyDeviceToDevice));
-        into += ch.logits;
+    if (!(graphs && decode && replayed(N))) {
+      layers_of(N, false);
+      // The wanted rows (each chunk's last `logits`, contiguous within it) gathered into tmp, so
+      // the norm and the largest matrix, the output head, run over W rows, not N.
+      const float* from = s.x.get();
+      if (wanted < N) {
+        int row = 0, into = 0;
+        for (const Chunk& ch : chunks) {
+          row += static_cast<int>(ch.tokens.size());
+          INFER_CUDA_CHECK(cudaMemcpyAsync(s.tmp.get() + static_cast<size_t>(into) * hidden,
+                                           s.x.get() + static_cast<size_t>(row - ch.logits) * hidden,
+                                           static_cast<size_t>(ch.logits) * hidden * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+          into += ch.logits;
+        }
+        from = s.tmp.get();
       }
-      from = s.tmp.get();
+      head_of(from, wanted);
     }
-    rms_norm(from, final_norm.get(), s.h.get(), wanted, hidden, c.rms_norm_eps);
-    lm_head.gemv(s.h.get(), s.logits.get(), wanted);
     Matrix out(wanted, c.vocab_size);  // row-major, as the device holds them; the copy waits for the step
     INFER_CUDA_CHECK(cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
@@ -427,6 +490,13 @@ Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const
   m.attention->begin_step(step.chunks, "CudaForward::decode");
   return m.step(step.chunks, static_cast<int>(tokens.size()));
 }
+
+void CudaForward::use_graphs(bool on) {
+  impl_->graphs = on;
+  impl_->attention->set_graphs(on);
+}
+
+int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.size()); }
 
 double CudaForward::weight_bytes_per_step() const {
   double bytes = impl_->lm_head.bytes();

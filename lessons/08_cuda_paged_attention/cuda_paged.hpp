@@ -81,27 +81,34 @@ struct PagedStepRows {
 /// Reserves each of `caches` room for its chunk (`tokens[i]` more positions: PagedKVCache::reserve,
 /// which copies a shared block first), then lays out the step's rows (PagedStepRows). `masks` is
 /// empty (every chunk causal) or one per chunk, null for a causal one, else [n_i, n_i] as
-/// infer::Chunk's (check_step() validates them). Given. Throws infer::Error for sizes that
-/// differ, a null cache, a count below 1 or a mask of the wrong size, and as reserve().
+/// infer::Chunk's (check_step() validates them). Block tables are at least `min_blocks` wide (zeros
+/// past a table's end): a CUDA graph replays its launches with one width. Given. Throws
+/// infer::Error for sizes that differ, a null cache, a count below 1 or a mask of the wrong size,
+/// and as reserve().
 PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens,
-                              std::span<const TreeMask* const> masks = {});
+                              std::span<const TreeMask* const> masks = {}, int min_blocks = 0);
 
 /// The forward's DeviceAttention over `pool`: paged attention with your kernels, the batch in one
 /// launch per layer, split over the context by choose_splits() (`num_splits` > 0 fixes the count
-/// instead). The caches it is given must be PagedKVCaches over `pool` (KVStore::paged()); it
+/// instead). Its decode steps can be captured in CUDA graphs (CudaForward::use_graphs): with
+/// graphs on, every step's tables are as wide as a whole context's, and the kernels are told that
+/// many positions as max_length (an upper bound of the lengths, which the kernels read from the
+/// device), so that one graph per batch size and split count replays every step. The caches it is given must be PagedKVCaches over `pool` (KVStore::paged()); it
 /// reserves each one's next position (a no-op under the engine, which reserved it while
 /// planning). The pool must outlive it.
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0);
 
-/// What a program needs to run the engine on a GPU over paged memory: a CudaPagedKVPool of
-/// `num_blocks` blocks of `block_size` positions, and lesson 07's forward over `model` (matrices
-/// as `type`) reading it through device_paged_attention(). Give the pool to a PagedKVManager (or
-/// lesson 05's PrefixKVManager) and both to the Engine; the forward refers to the pool, so keep
-/// them in the same engine. Throws infer::Error as their constructors do (no device, bad sizes).
+/// What a program needs to run the engine on a GPU over paged memory (cuda_paged_engine()).
 struct CudaPagedEngine {
   std::unique_ptr<CudaForward> forward;   ///< the ModelRunner
   std::unique_ptr<CudaPagedKVPool> pool;  ///< the KV rows on the device
 };
+
+/// A CudaPagedKVPool of `num_blocks` blocks of `block_size` positions, and lesson 07's forward
+/// over `model` (matrices as `type`) reading it through device_paged_attention(). Give the pool to
+/// a PagedKVManager (or lesson 05's PrefixKVManager) and both to the Engine; the forward refers
+/// to the pool, so keep them in the same engine. Throws infer::Error as their constructors do (no
+/// device, bad sizes).
 CudaPagedEngine cuda_paged_engine(const ModelWeights& model, WeightType type, int num_blocks, int block_size = 16);
 
 }  // namespace infer::gpu

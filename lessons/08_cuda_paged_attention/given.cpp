@@ -34,7 +34,7 @@ void check_paged_batch(const PagedBatch& a, const char* who) {
 }
 
 PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens,
-                              std::span<const TreeMask* const> masks) {
+                              std::span<const TreeMask* const> masks, int min_blocks) {
   require(caches.size() == tokens.size() && !caches.empty(), "paged_step_rows: ", caches.size(), " caches and ",
           tokens.size(), " token counts (expected the same number, at least one)");
   require(masks.empty() || masks.size() == caches.size(), "paged_step_rows: ", masks.size(), " masks for ",
@@ -59,6 +59,7 @@ PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<c
     if (!lists) r.max_blocks = std::max(r.max_blocks, static_cast<int>(caches[i]->block_table().size()));
   }
   if (lists) r.max_blocks = r.max_length;  // a row sees at most its sequence's every position
+  else r.max_blocks = std::max(r.max_blocks, min_blocks);
   r.tables.assign(static_cast<size_t>(r.rows) * r.max_blocks, 0);
   r.lengths.resize(r.rows), r.slots.resize(r.rows);
   int row = 0;

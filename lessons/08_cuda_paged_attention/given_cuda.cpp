@@ -131,8 +131,11 @@ class PagedAttention final : public DeviceAttention {
               n, " more");
       seqs_.push_back(s), rows_.push_back(n);
     }
-    const PagedStepRows r = paged_step_rows(seqs_, rows_, masks_);
+    // With graphs on, tables as wide as a whole context: the same launch serves every step.
+    const int whole = blocks_for(c_.max_position_embeddings, pool_.block_size());
+    const PagedStepRows r = paged_step_rows(seqs_, rows_, masks_, graphs_ ? whole : 0);
     rows_total_ = r.rows, max_blocks_ = r.max_blocks, max_length_ = r.max_length, table_block_ = r.block_size;
+    kernel_max_length_ = graphs_ && r.block_size > 1 ? r.max_blocks * r.block_size : r.max_length;
     const int N = r.rows;
     grow(tables_, r.tables.size()), grow(lengths_, N), grow(slots_, N);
     tables_.upload(r.tables.data(), r.tables.size());
@@ -146,17 +149,37 @@ class PagedAttention final : public DeviceAttention {
   }
 
   void append_and_attend(int layer, const float* q, const float* k, const float* v, float* out) override {
+    launch(layer, q, k, v, out);
+    commit(layer);
+  }
+
+  void set_graphs(bool on) override { graphs_ = on; }
+
+  bool graph_key(std::vector<long>& key) const override {
+    if (!graphs_ || table_block_ == 1) return false;  // a tree's slot lists change shape every step
+    key = {splits_, max_blocks_, kernel_max_length_, reinterpret_cast<long>(tables_.get()),
+           reinterpret_cast<long>(lengths_.get()), reinterpret_cast<long>(slots_.get()),
+           reinterpret_cast<long>(partial_out_.get()), reinterpret_cast<long>(partial_lse_.get())};
+    return true;
+  }
+
+  /// The step's new K/V into their slots, then the attention: device work only.
+  void launch(int layer, const float* q, const float* k, const float* v, float* out) override {
     const int N = rows_total_;
     write_kv_slots(k, v, pool_.device_keys(layer), pool_.device_values(layer), slots_.get(), N, pool_.kv_dim());
-    for (size_t i = 0; i < seqs_.size(); ++i) seqs_[i]->advance(layer, rows_[i]);
     PagedBatch a;
     a.q = q, a.k_pool = pool_.device_keys(layer), a.v_pool = pool_.device_values(layer);
     a.block_tables = tables_.get(), a.lengths = lengths_.get(), a.out = out;
     a.batch = N, a.max_blocks = max_blocks_, a.block_size = table_block_;  // 1: the rows list slots (a tree)
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
-    a.max_length = max_length_;
+    a.max_length = kernel_max_length_;
     if (splits_ > 1) paged_decode_attention_split(a, splits_, partial_out_.get(), partial_lse_.get());
     else paged_decode_attention(a);
+  }
+
+  /// The host's record that the step's positions of `layer` are written.
+  void commit(int layer) override {
+    for (size_t i = 0; i < seqs_.size(); ++i) seqs_[i]->advance(layer, rows_[i]);
   }
 
  private:
@@ -171,7 +194,8 @@ class PagedAttention final : public DeviceAttention {
   std::vector<PagedKVCache*> seqs_;
   std::vector<int> rows_;  // each chunk's tokens
   std::vector<const TreeMask*> masks_;  // each chunk's mask (null: causal)
-  int rows_total_ = 0, table_block_ = 1;
+  int rows_total_ = 0, table_block_ = 1, kernel_max_length_ = 1;
+  bool graphs_ = false;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
   DeviceArray<int> tables_, lengths_, slots_;
   DeviceArray<float> partial_out_, partial_lse_;

@@ -36,7 +36,7 @@ struct PagedBatch {
   int heads = 0;                        ///< query heads
   int kv_heads = 0;                     ///< K/V heads; divides heads (grouped-query)
   int head_dim = 0;                     ///< values per head, at most 256
-  int max_length = 0;                   ///< the largest of lengths (the host knows it)
+  int max_length = 0;                   ///< the largest of lengths, or more (the host knows it; a CUDA graph passes a bound)
 };
 
 /// Checks a PagedBatch's sizes (not the device arrays' contents); throws infer::Error naming

@@ -4,7 +4,8 @@
 //
 // 1. What a step costs by its shape: a forward over m new tokens against one decode step, at a
 //    context of 100 (speculative verification feeds m = k + 1), and a step of 8 decodes with and
-//    without a prompt chunk beside them (what chunked prefill mixes in).
+//    without a prompt chunk beside them (what chunked prefill mixes in); then decode at batch 1,
+//    8 and 32 launched kernel by kernel against replayed from CUDA graphs.
 // 2. Speculative decoding on the GPU, greedy, one request at a time: plain decoding against prompt
 //    lookup (k = 4) and the bundled draft (k = 1, 2, 4, 8; both models on the GPU), with the
 //    speedup the formula of lesson 06 predicts from the measured draft step, target step and
@@ -132,6 +133,28 @@ double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes
   return median(s);
 }
 
+/// Decode tokens/s of `batch` sequences (100 positions cached each) over `steps` steps, launched
+/// kernel by kernel or replayed from CUDA graphs (the first step captures, untimed).
+double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int steps, bool graphs) {
+  forward.use_graphs(graphs);
+  const ModelConfig& c = forward.config();
+  std::vector<std::unique_ptr<KVStore>> stores;
+  std::vector<KVStore*> caches;
+  for (int b = 0; b < batch; ++b) {
+    stores.push_back(memory.open(0));
+    caches.push_back(stores.back().get());
+    forward.prefill(some_tokens(100, c.vocab_size, 20 + b), *stores.back());
+  }
+  std::vector<int> tokens(batch, 7);
+  forward.decode(tokens, caches);  // warm-up (and the capture)
+  Stopwatch clock;
+  for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
+  const double rate = batch * steps / clock.seconds();
+  for (auto& s : stores) memory.close(std::move(s));
+  forward.use_graphs(false);
+  return rate;
+}
+
 // ------------------------------------------------------------ 2. speculation --
 
 struct SpecRun {
@@ -256,7 +279,7 @@ ItlRun itl_run(ModelRunner& runner, const ModelConfig& c, int budget, int decode
 int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick", "--small"});
-    const bool quick = opts.has("--quick"), small = opts.has("--small");
+    const bool quick = opts.has("--quick"), small_run = opts.has("--small");
     const std::string json_path = opts.text("--json", "");
     const auto device = cuda_bench_device(json_path, "{\"device\": null, \"tables\": []}");
     if (!device) return 0;
@@ -266,7 +289,7 @@ int main(int argc, char** argv) {
     const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
     const ModelWeights draft = load_model(bundled_model_dir("tiny-fortunes-draft"));
     ModelConfig big = shape_1b();
-    if (small)
+    if (small_run)
       big.hidden_size = 256, big.intermediate_size = 512, big.num_hidden_layers = 2, big.num_attention_heads = 4,
       big.num_key_value_heads = 2, big.vocab_size = 512;
     std::printf("uploading the 1.1B shape's pattern weights (bf16) ...\n");
@@ -299,11 +322,37 @@ int main(int argc, char** argv) {
                          {"prompt chunk", "step ms", "x the decodes alone"});
       const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps);
       mixed["rows"].push_back({"none", cat(std::round(alone * 1e5) / 100), "1"});
-      for (int chunk : {16, 64, 256}) {
+      for (int chunk : small_run ? std::vector<int>{16} : std::vector<int>{16, 64, 256}) {
         const double s = mixed_step_seconds(*big_forward, big, 8, chunk, quick ? 3 : 7);
         mixed["rows"].push_back({cat(chunk, " tokens"), cat(std::round(s * 1e5) / 100), cat(std::round(100 * s / alone) / 100)});
       }
       report["tables"].push_back(mixed);
+    }
+
+    // 1b. Launches out of the decode step: CUDA graphs against kernel-by-kernel launches, over
+    // lesson 08's paged memory (the attention a graph can capture).
+    {
+      json graphs = table("Decode with and without CUDA graphs (paged memory, 100 positions cached; tokens/s)",
+                          {"model", "batch", "launched", "from graphs", "graphs / launched"});
+      auto big_pool = std::make_unique<gpu::CudaPagedKVPool>(big, 64 * blocks_for(big.max_position_embeddings, 16) / 8, 16);
+      auto big_paged = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16,
+                                                              gpu::device_paged_attention(*big_pool));
+      PagedKVManager big_memory(std::move(big_pool));
+      gpu::CudaPagedEngine small = gpu::cuda_paged_engine(target, gpu::WeightType::F32, 256, 16);
+      PagedKVManager small_memory(std::move(small.pool));
+      const int steps = small_run ? 4 : quick ? 16 : 64;
+      for (const bool big_model : {false, true})
+        for (const int batch : small_run ? std::vector<int>{1, 4} : std::vector<int>{1, 8, 32}) {
+          gpu::CudaForward& f = big_model ? *big_paged : *small.forward;
+          KVManager& memory = big_model ? static_cast<KVManager&>(big_memory) : small_memory;
+          const double eager = decode_rate(f, memory, batch, steps, false), graphed = decode_rate(f, memory, batch, steps, true);
+          graphs["rows"].push_back({big_model ? "1.1B shape (bf16)" : "tiny-fortunes (f32)", cat(batch),
+                                    cat(std::round(eager)), cat(std::round(graphed)),
+                                    cat(std::round(100 * graphed / eager) / 100, "x")});
+        }
+      graphs["notes"].push_back("A decode step launches about 15 kernels a layer; a graph launches them as one. The "
+                                "engine's logits are the same either way (Lesson10OnTheGpu.CudaGraphs* cases).");
+      report["tables"].push_back(graphs);
     }
 
     // 2. Speculation, bundled pair, greedy, one request at a time.
@@ -312,7 +361,7 @@ int main(int argc, char** argv) {
                              "Q: Why do programmers"};
       std::vector<std::vector<int>> prompts;
       for (const char* t : texts) prompts.push_back(ByteTokenizer::encode(t));
-      const int max_new = small ? 16 : quick ? 48 : 128;
+      const int max_new = small_run ? 16 : quick ? 48 : 128;
       json spec = table("Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
                         {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup"});
       const SpecRun plain = run_engine(&target, nullptr, target.config, prompts, max_new, nullptr, 0);
@@ -371,7 +420,7 @@ int main(int argc, char** argv) {
       const auto measure = [&](Engine& engine, const std::string& name, int budget) {
         std::vector<double> cold, warm;
         int id = 0;
-        for (int variant = 0; variant < (small ? 1 : 3); ++variant) {
+        for (int variant = 0; variant < (small_run ? 1 : 3); ++variant) {
           std::string system = cat(variant, ": you are a helpful assistant who answers in one short sentence. ");
           while (system.size() < 224) system += "Be kind, be brief, be right. ";
           system.resize(224);  // with BOS: 225 tokens
@@ -402,12 +451,12 @@ int main(int argc, char** argv) {
 
     // 4. ITL while long prompts arrive, 1.1B shape.
     {
-      const int long_len = small ? 96 : 512;
+      const int long_len = small_run ? 96 : 512;
       json itl = table(cat("Inter-token latency of 8 decoding requests while 4 prompts of ", long_len,
                            " tokens arrive (1.1B shape, bf16)"),
                        {"token budget", "ITL p50 ms", "ITL p99 ms", "ITL max ms", "decode tokens/s"});
       for (const int budget : {2048, 256, 64}) {
-        const ItlRun r = itl_run(*big_forward, big, budget, small ? 8 : quick ? 24 : 64, 4, long_len, quick ? 4 : 8);
+        const ItlRun r = itl_run(*big_forward, big, budget, small_run ? 8 : quick ? 24 : 64, 4, long_len, quick ? 4 : 8);
         itl["rows"].push_back({budget == 2048 ? "2048 (each prompt whole)" : cat(budget), cat(std::round(r.p50 * 1e5) / 100),
                                cat(std::round(r.p99 * 1e5) / 100), cat(std::round(r.max * 1e5) / 100),
                                cat(std::round(r.tokens / r.seconds))});

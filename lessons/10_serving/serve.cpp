@@ -4,7 +4,7 @@
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
-//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16]]
+//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16] [--cuda-graphs]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -25,7 +25,8 @@
 // memory, every rank holds 1/N of each layer and, in its own pool, its K/V heads of every block.
 // --device cuda runs the same engine on a GPU (lesson 07's forward, lesson 08's paged attention,
 // the pool's rows in device memory; the bookkeeping and the prefix cache stay on the host), its
-// weight matrices in float32 or bf16; with --naive, the naive baseline's forward runs there too.
+// weight matrices in float32 or bf16; with --naive, the naive baseline's forward runs there too;
+// --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size).
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group",
                         "--tensor-parallel-size", "--device"},
-                       {"--naive", "--no-prefix-cache"},
+                       {"--naive", "--no-prefix-cache", "--cuda-graphs"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
                         {"--max-num-batched-tokens", "--token-budget"},
@@ -102,6 +103,9 @@ int main(int argc, char** argv) {
 #else
     if (device == "cuda") throw Error("lesson10_serve: this build has no CUDA (no CUDA compiler was found)");
 #endif
+    if (opts.has("--cuda-graphs") && (device != "cuda" || opts.has("--naive")))
+      throw Error("lesson10_serve: --cuda-graphs replays the engine's decode steps on the GPU; it needs --device cuda "
+                  "and the engine (not --naive)");
     const WeightChoice weights = weight_choice(opts, "lesson10_serve", device);
     if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
@@ -183,6 +187,7 @@ int main(int argc, char** argv) {
       } else if (device == "cuda") {
 #if COURSE_HAVE_CUDA
         gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, type, blocks, block);
+        parts.forward->use_graphs(opts.has("--cuda-graphs"));
         pool = std::move(parts.pool);
         runner = std::move(parts.forward);
 #endif

@@ -203,6 +203,42 @@ TEST(Lesson10OnTheGpu, ATreeOfGuessesOverPagedCachesEqualsTheCpuStep) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { flat.forward(one); }, "mask"));
 }
 
+TEST(Lesson10OnTheGpu, CudaGraphsReplayTheEagerDecodeSteps) {
+  // Three sequences decoding together, then two: the same steps from graphs and launched one
+  // kernel at a time give the same logits (the same kernels, the same order), through a change
+  // of split count as the contexts grow past 128 positions, with a graph per batch size and split.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  CudaPagedEngine graphed = cuda_paged_engine(m, WeightType::F32, 64, 8), eager = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  graphed.forward->use_graphs(true);
+  PagedKVManager gm(std::move(graphed.pool)), em(std::move(eager.pool));
+  std::vector<std::unique_ptr<KVStore>> gs, es;
+  const char* prompts[] = {"Q: What is a duck? A: A duck is", "Fortune favours", "You will meet a tall dark stranger who"};
+  for (const char* p : prompts) {
+    const std::vector<int> t = ByteTokenizer::encode(p);
+    gs.push_back(gm.open(0)), es.push_back(em.open(0));
+    graphed.forward->prefill(t, *gs.back());
+    eager.forward->prefill(t, *es.back());
+  }
+  std::vector<int> next = {65, 66, 67};
+  for (int step = 0; step < 120; ++step) {
+    const size_t batch = step < 60 ? 3 : 2;
+    std::vector<KVStore*> g, e;
+    for (size_t i = 0; i < batch; ++i) g.push_back(gs[i].get()), e.push_back(es[i].get());
+    const std::span<const int> tokens(next.data(), batch);
+    const Matrix want = eager.forward->decode(tokens, e), got = graphed.forward->decode(tokens, g);
+    ASSERT_TRUE(testing::all_close(want, got, 1e-6, 1e-6, cat("decode step ", step)));
+    for (size_t i = 0; i < batch; ++i) {
+      Eigen::Index best;
+      want.row(static_cast<Eigen::Index>(i)).maxCoeff(&best);
+      next[i] = static_cast<int>(best);
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(gs[i]->length(), es[i]->length()) << "the bookkeeping after each replay";
+  EXPECT_GE(graphed.forward->graphs_captured(), 2) << "batches of 3 and of 2 are different graphs";
+  EXPECT_LE(graphed.forward->graphs_captured(), 6) << "one graph per batch size and split count, not one per step";
+}
+
 // --------------------------------------------------------------- the engine --
 
 TEST(Lesson10OnTheGpu, ChunkedPrefillWithPreemptionGivesTheCpuEnginesTokens) {
@@ -222,6 +258,22 @@ TEST(Lesson10OnTheGpu, ChunkedPrefillWithPreemptionGivesTheCpuEnginesTokens) {
   EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt someone";
   EXPECT_GT(mixed, 0) << "some step was meant to carry a prompt chunk beside decodes";
   EXPECT_EQ(gpu->memory().reserved_tokens(), 0) << "every block is back in the pool";
+}
+
+TEST(Lesson10OnTheGpu, TheEngineWithCudaGraphsGivesTheCpuEnginesTokens) {
+  // Decode steps from graphs beside steps with prompt chunks (launched as before), preemption
+  // included: the CPU engine's tokens.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const ServingOptions o{.max_running = 4, .token_budget = 16};
+  auto cpu = cpu_engine(m, 24, 8, false, o);
+  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 24, 8);
+  parts.forward->use_graphs(true);
+  CudaForward& forward = *parts.forward;
+  auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PagedKVManager>(std::move(parts.pool)), o);
+  const auto rs = requests();
+  expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+  EXPECT_GT(forward.graphs_captured(), 0) << "decode steps were meant to be replayed";
 }
 
 TEST(Lesson10OnTheGpu, ThePrefixCacheSavesTheSamePrefillOnTheGpu) {

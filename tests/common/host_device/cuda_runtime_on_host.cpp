@@ -8,10 +8,30 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <vector>
+
+#include "tests/common/host_device/capture.hpp"
+
+namespace {
+using Work = std::vector<std::function<void()>>;
+Work* recording = nullptr;  // the graph being captured (null: none)
+}  // namespace
+
+namespace infer::host_device {
+bool capturing() { return recording != nullptr; }
+void launch(std::function<void()> work) {
+  if (recording) recording->push_back(std::move(work));
+  else work();
+}
+}  // namespace infer::host_device
 
 extern "C" {
 
+// As on a GPU, a capture refuses what a graph cannot hold: allocations and synchronous copies.
+
 cudaError_t cudaMalloc(void** p, size_t size) {
+  if (recording) return cudaErrorStreamCaptureUnsupported;
   *p = std::malloc(size == 0 ? 1 : size);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
@@ -22,15 +42,20 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  if (recording) return cudaErrorStreamCaptureUnsupported;
   if (count > 0) std::memmove(dst, src, count);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, count, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind, cudaStream_t) {
+  infer::host_device::launch([=] {
+    if (count > 0) std::memmove(dst, src, count);
+  });
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t count) {
+  if (recording) return cudaErrorStreamCaptureUnsupported;
   if (count > 0) std::memset(p, value, count);
   return cudaSuccess;
 }
@@ -55,6 +80,40 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   std::strcpy(prop->name, "host stand-in (no GPU: the kernels are host loops)");
   prop->multiProcessorCount = 4;
   prop->totalGlobalMem = size_t{1} << 30;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (recording) return cudaErrorIllegalState;
+  recording = new Work;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (!recording) return cudaErrorIllegalState;
+  *graph = reinterpret_cast<cudaGraph_t>(recording);
+  recording = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = reinterpret_cast<cudaGraphExec_t>(new Work(*reinterpret_cast<Work*>(graph)));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (recording) return cudaErrorStreamCaptureUnsupported;
+  for (const auto& work : *reinterpret_cast<Work*>(exec)) work();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<Work*>(graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<Work*>(exec);
   return cudaSuccess;
 }
 

@@ -1,7 +1,8 @@
 // Lessons 07 and 08's kernels, computed on the host over the stand-in runtime's host memory (see
 // cuda_runtime_on_host.cpp): plain loops and lesson 00's functions, the same results as the
 // kernels' CPU references. They check each call's arguments as the real host functions do, so
-// that a bad call from the given engine code fails here as it would on a GPU.
+// that a bad call from the given engine code fails here as it would on a GPU; then they run, or,
+// while a CUDA graph is being captured, record themselves (host_device::launch).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+#include "tests/common/host_device/capture.hpp"
 
 namespace infer::gpu {
 namespace {
@@ -29,12 +31,14 @@ void product(const char* who, const W* w, const float* x, float* y, int rows, in
   require(batch >= 1, who, ": batch must be >= 1, got ", batch);
   require(rows >= 1 && cols >= 1, who, ": rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers(who, {w, x, y});
-  for (int b = 0; b < batch; ++b)
-    for (int r = 0; r < rows; ++r) {
-      float sum = 0.0f;
-      for (int c = 0; c < cols; ++c) sum += widen(w[static_cast<long>(r) * cols + c]) * x[static_cast<long>(b) * cols + c];
-      y[static_cast<long>(b) * rows + r] = sum;
-    }
+  host_device::launch([=] {
+    for (int b = 0; b < batch; ++b)
+      for (int r = 0; r < rows; ++r) {
+        float sum = 0.0f;
+        for (int c = 0; c < cols; ++c) sum += widen(w[static_cast<long>(r) * cols + c]) * x[static_cast<long>(b) * cols + c];
+        y[static_cast<long>(b) * rows + r] = sum;
+      }
+  });
 }
 
 /// out [heads * head_dim] = the attention of one query over `length` positions, position p's key
@@ -90,47 +94,59 @@ void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
   require(rows >= 1 && cols >= 1, "rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("rms_norm", {x, weight, y});
-  const Vector g = Eigen::Map<const Vector>(weight, cols);
-  RowMap(y, rows, cols) = ::infer::rms_norm(ConstRowMap(x, rows, cols), g, eps);
+  host_device::launch([=] {
+    const Vector g = Eigen::Map<const Vector>(weight, cols);
+    RowMap(y, rows, cols) = ::infer::rms_norm(ConstRowMap(x, rows, cols), g, eps);
+  });
 }
 
 void rope(float* x, const int* positions, int rows, int heads, int head_dim, float theta) {
   require(rows >= 1 && heads >= 1 && head_dim >= 2 && head_dim % 2 == 0,
           "rope: need rows and heads >= 1 and an even head_dim, got ", rows, ", ", heads, ", ", head_dim);
   require_device_pointers("rope", {x, positions});
-  for (int r = 0; r < rows; ++r) {
-    RowMap row(x + static_cast<long>(r) * heads * head_dim, 1, heads * head_dim);
-    apply_rope(row, head_dim, positions[r], theta);
-  }
+  host_device::launch([=] {
+    for (int r = 0; r < rows; ++r) {
+      RowMap row(x + static_cast<long>(r) * heads * head_dim, 1, heads * head_dim);
+      apply_rope(row, head_dim, positions[r], theta);
+    }
+  });
 }
 
 void add(float* x, const float* y, long n) {
   require(n >= 1, "add: n must be >= 1, got ", n);
   require_device_pointers("add", {x, y});
-  for (long i = 0; i < n; ++i) x[i] += y[i];
+  host_device::launch([=] {
+    for (long i = 0; i < n; ++i) x[i] += y[i];
+  });
 }
 
 void swiglu(const float* gate, const float* up, float* out, long n) {
   require(n >= 1, "swiglu: n must be >= 1, got ", n);
   require_device_pointers("swiglu", {gate, up, out});
-  for (long i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  host_device::launch([=] {
+    for (long i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  });
 }
 
 void softmax_rows(float* x, int rows, int cols) {
   require(rows >= 1 && cols >= 1, "softmax_rows: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("softmax_rows", {x});
-  RowMap m(x, rows, cols);
-  softmax_rows_reference(m);
+  host_device::launch([=] {
+    RowMap m(x, rows, cols);
+    softmax_rows_reference(m);
+  });
 }
 
 void embedding(const float* table, const int* ids, float* out, int n, int vocab, int hidden) {
   require(n >= 1 && vocab >= 1 && hidden >= 1, "embedding: n, vocab and hidden must be >= 1");
   require_device_pointers("embedding", {table, ids, out});
-  for (int i = 0; i < n; ++i)
-    for (int d = 0; d < hidden; ++d)
-      out[static_cast<long>(i) * hidden + d] = ids[i] >= 0 && ids[i] < vocab
-                                                   ? table[static_cast<long>(ids[i]) * hidden + d]
-                                                   : std::numeric_limits<float>::quiet_NaN();
+  host_device::launch([=] {
+    for (int i = 0; i < n; ++i)
+      for (int d = 0; d < hidden; ++d)
+        out[static_cast<long>(i) * hidden + d] = ids[i] >= 0 && ids[i] < vocab
+                                                     ? table[static_cast<long>(ids[i]) * hidden + d]
+                                                     : std::numeric_limits<float>::quiet_NaN();
+  });
 }
 
 void decode_attention(const float* q, const float* k, const float* v, float* out, int length, int heads, int kv_heads,
@@ -140,12 +156,15 @@ void decode_attention(const float* q, const float* k, const float* v, float* out
           kv_heads, " (heads must be a multiple of kv_heads)");
   require_device_pointers("decode_attention", {q, k, v, out});
   const long kvd = static_cast<long>(kv_heads) * head_dim;
-  attend(q, out, length, heads, kv_heads, head_dim, [&](int p) { return k + p * kvd; },
-         [&](int p) { return v + p * kvd; });
+  host_device::launch([=] {
+    attend(q, out, length, heads, kv_heads, head_dim, [&](int p) { return k + p * kvd; },
+           [&](int p) { return v + p * kvd; });
+  });
 }
 
-void paged_decode_attention(const PagedBatch& a) {
-  check_paged_batch(a, "paged_decode_attention");
+void paged_decode_attention(const PagedBatch& batch) {
+  check_paged_batch(batch, "paged_decode_attention");
+  host_device::launch([a = batch] {
   const long kvd = static_cast<long>(a.kv_heads) * a.head_dim, qd = static_cast<long>(a.heads) * a.head_dim;
   for (int i = 0; i < a.batch; ++i) {
     const int* table = a.block_tables + static_cast<long>(i) * a.max_blocks;
@@ -155,6 +174,7 @@ void paged_decode_attention(const PagedBatch& a) {
     attend(a.q + i * qd, a.out + i * qd, a.lengths[i], a.heads, a.kv_heads, a.head_dim,
            [&](int p) { return a.k_pool + row(p) * kvd; }, [&](int p) { return a.v_pool + row(p) * kvd; });
   }
+  });
 }
 
 void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse) {
@@ -171,11 +191,13 @@ void write_kv_slots(const float* k, const float* v, float* k_pool, float* v_pool
                     int kv_dim) {
   require(batch >= 1 && kv_dim >= 1, "write_kv_slots: batch and kv_dim must be >= 1, got ", batch, ", ", kv_dim);
   require_device_pointers("write_kv_slots", {k, v, k_pool, v_pool, slots});
-  for (int i = 0; i < batch; ++i)
-    for (int d = 0; d < kv_dim; ++d) {
-      k_pool[static_cast<long>(slots[i]) * kv_dim + d] = k[static_cast<long>(i) * kv_dim + d];
-      v_pool[static_cast<long>(slots[i]) * kv_dim + d] = v[static_cast<long>(i) * kv_dim + d];
-    }
+  host_device::launch([=] {
+    for (int i = 0; i < batch; ++i)
+      for (int d = 0; d < kv_dim; ++d) {
+        k_pool[static_cast<long>(slots[i]) * kv_dim + d] = k[static_cast<long>(i) * kv_dim + d];
+        v_pool[static_cast<long>(slots[i]) * kv_dim + d] = v[static_cast<long>(i) * kv_dim + d];
+      }
+  });
 }
 
 }  // namespace infer::gpu

@@ -1,0 +1,15 @@
+/// @file capture.hpp
+/// @brief The host stand-in's CUDA graphs: while a stream is being captured, the stand-in kernels
+/// record themselves instead of running, and a graph's launch runs what was recorded, in order.
+#pragma once
+
+#include <functional>
+
+namespace infer::host_device {
+
+/// Whether a capture is under way (cudaStreamBeginCapture .. cudaStreamEndCapture).
+bool capturing();
+/// Runs `work` now, or records it into the graph being captured.
+void launch(std::function<void()> work);
+
+}  // namespace infer::host_device
