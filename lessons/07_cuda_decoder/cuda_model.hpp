@@ -164,7 +164,8 @@ class CudaForward final : public ModelRunner {
   /// shapes, and attentions that cannot be captured (lesson 07's), run as before. The logits are
   /// the same launches' (the tests compare). Off by default.
   void use_graphs(bool on);
-  /// Graphs captured so far (one per batch size and attention layout met).
+  /// Graphs held now (one per batch size and attention layout met since the step's scratch
+  /// arrays last grew, which drops them all).
   int graphs_captured() const;
 
  private:

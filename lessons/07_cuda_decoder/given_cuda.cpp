@@ -75,6 +75,7 @@ DeviceMatrix pattern(int rows, int cols, WeightType type, const std::vector<floa
 /// Activations of a step of N rows (W of them wanting logits), grown when a larger step comes.
 struct Scratch {
   int capacity = 0, logit_capacity = 0;
+  long generation = 0;  // bumped whenever an array is replaced: a graph holds the old ones' addresses
   DeviceArray<float> x, h, q, k, v, attn, tmp, gate, up, logits;
   DeviceArray<int> tokens, positions;
 
@@ -88,10 +89,12 @@ struct Scratch {
       gate = DeviceArray<float>(b * inter), up = DeviceArray<float>(b * inter);
       tokens = DeviceArray<int>(b), positions = DeviceArray<int>(b);
       capacity = rows;
+      ++generation;
     }
     if (wanted > logit_capacity) {
       logits = DeviceArray<float>(static_cast<size_t>(wanted) * c.vocab_size);
       logit_capacity = wanted;
+      ++generation;
     }
   }
 };
@@ -285,6 +288,7 @@ struct CudaForward::Impl {
 
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
+  long graphs_generation = 0;                          // the scratch arrays those graphs hold
 
   ~Impl() {
     for (auto& [key, exec] : execs) cudaGraphExecDestroy(exec);
@@ -327,7 +331,12 @@ struct CudaForward::Impl {
   bool replayed(int N) {
     std::vector<long> key;
     if (!attention->graph_key(key)) return false;
-    key.insert(key.begin(), {N, reinterpret_cast<long>(s.x.get()), reinterpret_cast<long>(s.logits.get())});
+    if (s.generation != graphs_generation) {  // new scratch arrays: every graph holds the old ones
+      for (auto& [k, exec] : execs) cudaGraphExecDestroy(exec);
+      execs.clear();
+      graphs_generation = s.generation;
+    }
+    key.insert(key.begin(), N);
     auto it = execs.find(key);
     if (it == execs.end()) {
       // Captured on this thread's default stream, which the kernels launch on (CMakeLists.txt).
