@@ -108,14 +108,15 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   if command -v compute-sanitizer >/dev/null; then
     for prog in "$build"/bin/*cuda_tests; do
       [ -x "$prog" ] || continue
-      wanted "$(basename "$prog" | sed -E 's/^lesson([0-9]+).*/\1/')" || continue
+      # engine_cuda_tests: the whole engine on the GPU, lesson 10's.
+      wanted "$(basename "$prog" | sed -E 's/^lesson([0-9]+).*/\1/; s/^engine_cuda_tests$/10/')" || continue
       # memcheck over every case; racecheck (shared-memory hazards, about 100 times slower) over
       # the kernel cases only: the whole-model and engine cases run the same kernels, and one of
       # them alone took 130 s under racecheck on an H200.
-      # Lesson 10's cases are whole engines (hundreds of steps, no kernel of their own): memcheck
+      # The engine's cases (hundreds of steps, no kernel of their own): memcheck
       # over the ones that move device blocks around (a mixed step, the prefix cache's copies,
       # cancellation), no racecheck.
-      if [ "$(basename "$prog")" = lesson10_cuda_tests ]; then
+      if [ "$(basename "$prog")" = engine_cuda_tests ]; then
         run_step "compute-sanitizer memcheck $(basename "$prog") (step, prefix cache, cancellation)" 150 \
           "$out/sanitizer-memcheck-$(basename "$prog").log" \
           compute-sanitizer --tool memcheck --error-exitcode 3 "$prog" --gtest_filter='*MixedStep*:*PrefixCache*:*Cancelling*'

@@ -340,7 +340,7 @@ int main(int argc, char** argv) {
       PagedKVManager big_memory(std::move(big_pool));
       gpu::CudaPagedEngine small = gpu::cuda_paged_engine(target, gpu::WeightType::F32, 256, 16);
       PagedKVManager small_memory(std::move(small.pool));
-      const int steps = small_run ? 4 : quick ? 16 : 64;
+      const int steps = small_run ? 2 : quick ? 16 : 64;
       for (const bool big_model : {false, true})
         for (const int batch : small_run ? std::vector<int>{1, 4} : std::vector<int>{1, 8, 32}) {
           gpu::CudaForward& f = big_model ? *big_paged : *small.forward;
@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
                              "Q: Why do programmers"};
       std::vector<std::vector<int>> prompts;
       for (const char* t : texts) prompts.push_back(ByteTokenizer::encode(t));
-      const int max_new = small_run ? 16 : quick ? 48 : 128;
+      const int max_new = small_run ? 8 : quick ? 48 : 128;
       json spec = table("Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
                         {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup"});
       const SpecRun plain = run_engine(&target, nullptr, target.config, prompts, max_new, nullptr, 0);
@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
           std::string system = cat(variant, ": you are a helpful assistant who answers in one short sentence. ");
           while (system.size() < 224) system += "Be kind, be brief, be right. ";
           system.resize(224);  // with BOS: 225 tokens
-          for (int q = 0; q < 6; ++q)
+          for (int q = 0; q < (small_run ? 2 : 6); ++q)
             (q == 0 ? cold : warm).push_back(ttft(engine, ByteTokenizer::encode(system + questions[q]), id++));
         }
         const double mc = median(cold), mw = median(warm);
@@ -451,12 +451,13 @@ int main(int argc, char** argv) {
 
     // 4. ITL while long prompts arrive, 1.1B shape.
     {
-      const int long_len = small_run ? 96 : 512;
-      json itl = table(cat("Inter-token latency of 8 decoding requests while 4 prompts of ", long_len,
+      const int long_len = small_run ? 48 : 512, arrivals = small_run ? 2 : 4;
+      json itl = table(cat("Inter-token latency of 8 decoding requests while ", arrivals, " prompts of ", long_len,
                            " tokens arrive (1.1B shape, bf16)"),
                        {"token budget", "ITL p50 ms", "ITL p99 ms", "ITL max ms", "decode tokens/s"});
       for (const int budget : {2048, 256, 64}) {
-        const ItlRun r = itl_run(*big_forward, big, budget, small_run ? 8 : quick ? 24 : 64, 4, long_len, quick ? 4 : 8);
+        const ItlRun r = itl_run(*big_forward, big, budget, small_run ? 4 : quick ? 24 : 64, arrivals, long_len,
+                                 small_run ? 2 : quick ? 4 : 8);
         itl["rows"].push_back({budget == 2048 ? "2048 (each prompt whole)" : cat(budget), cat(std::round(r.p50 * 1e5) / 100),
                                cat(std::round(r.p99 * 1e5) / 100), cat(std::round(r.max * 1e5) / 100),
                                cat(std::round(r.tokens / r.seconds))});
