@@ -96,7 +96,7 @@ struct Borrowed final : ModelRunner {
 
 /// Median seconds of a forward over `m` new tokens (every row's logits) after `context` cached
 /// positions of one sequence, rolled back after each run.
-double forward_seconds(ModelRunner& runner, KVStore& store, int context, int m, int reps) {
+double forward_seconds(ModelRunner& runner, KVStore& store, int context, int m, int reps) {  // context: cached positions
   const int vocab = runner.config().vocab_size;
   store.reset();
   const std::vector<int> prefix = some_tokens(context, vocab, 1), fed = some_tokens(m, vocab, 2);
@@ -113,10 +113,10 @@ double forward_seconds(ModelRunner& runner, KVStore& store, int context, int m, 
 
 /// Median seconds of a step of `decodes` one-token chunks, with a `chunk`-token prompt piece
 /// beside them when chunk > 0.
-double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes, int chunk, int reps) {
+double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes, int chunk, int reps, int cached) {
   std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
   for (int i = 0; i <= decodes; ++i) stores.push_back(std::make_unique<gpu::CudaKVStore>(c, 512));
-  const std::vector<int> prefix = some_tokens(100, c.vocab_size, 3), piece = some_tokens(std::max(chunk, 1), c.vocab_size, 4);
+  const std::vector<int> prefix = some_tokens(cached, c.vocab_size, 3), piece = some_tokens(std::max(chunk, 1), c.vocab_size, 4);
   for (int i = 0; i < decodes; ++i) runner.forward({{Chunk{.tokens = prefix, .cache = stores[i].get()}}});
   const int one[] = {7};
   std::vector<double> s;
@@ -127,15 +127,15 @@ double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes
     Stopwatch clock;
     runner.forward(step);
     if (r >= 2) s.push_back(clock.seconds());
-    for (int i = 0; i < decodes; ++i) stores[i]->truncate(100);
+    for (int i = 0; i < decodes; ++i) stores[i]->truncate(cached);
     stores[decodes]->reset();
   }
   return median(s);
 }
 
-/// Decode tokens/s of `batch` sequences (100 positions cached each) over `steps` steps, launched
+/// Decode tokens/s of `batch` sequences (`cached` positions each) over `steps` steps, launched
 /// kernel by kernel or replayed from CUDA graphs (the first step captures, untimed).
-double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int steps, bool graphs) {
+double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int steps, bool graphs, int cached) {
   forward.use_graphs(graphs);
   const ModelConfig& c = forward.config();
   std::vector<std::unique_ptr<KVStore>> stores;
@@ -143,7 +143,7 @@ double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int 
   for (int b = 0; b < batch; ++b) {
     stores.push_back(memory.open(0));
     caches.push_back(stores.back().get());
-    forward.prefill(some_tokens(100, c.vocab_size, 20 + b), *stores.back());
+    forward.prefill(some_tokens(cached, c.vocab_size, 20 + b), *stores.back());
   }
   std::vector<int> tokens(batch, 7);
   forward.decode(tokens, caches);  // warm-up (and the capture)
@@ -283,7 +283,8 @@ int main(int argc, char** argv) {
     const std::string json_path = opts.text("--json", "");
     const auto device = cuda_bench_device(json_path, "{\"device\": null, \"tables\": []}");
     if (!device) return 0;
-    const int reps = quick ? 5 : 15;
+    const int reps = small_run ? 2 : quick ? 5 : 15;
+    const int cached = small_run ? 20 : 100;  // positions in the cache where a step's cost is measured
     json report = {{"device", device->name}, {"tables", json::array()}};
 
     const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
@@ -296,7 +297,8 @@ int main(int argc, char** argv) {
     const auto big_forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
 
     // 1. Step costs by shape.
-    json costs = table("What a step costs by its shape (one sequence after 100 cached positions; ms, and x one decode step)",
+    json costs = table(cat("What a step costs by its shape (one sequence after ", cached,
+                           " cached positions; ms, and x one decode step)"),
                        {"model", "m = 1", "m = 2", "m = 3", "m = 5", "m = 9"});
     std::map<std::string, std::map<int, double>> t_v;  // model -> m -> seconds
     {
@@ -306,7 +308,7 @@ int main(int argc, char** argv) {
                                          {"1.1B shape (bf16)", big_forward.get(), &big_store}}) {
         std::vector<std::string> row{name};
         for (int m : {1, 2, 3, 5, 9}) {
-          const double s = forward_seconds(*runner, *store, 100, m, reps);
+          const double s = forward_seconds(*runner, *store, cached, m, reps);
           t_v[name][m] = s;
           row.push_back(m == 1 ? cat(std::round(s * 1e5) / 100, " ms")
                                : cat(std::round(s * 1e5) / 100, " ms (", std::round(100 * s / t_v[name][1]) / 100, "x)"));
@@ -320,10 +322,10 @@ int main(int argc, char** argv) {
     {
       json mixed = table("A step of 8 decodes with a prompt chunk beside them (1.1B shape, bf16; ms)",
                          {"prompt chunk", "step ms", "x the decodes alone"});
-      const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps);
+      const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps, cached);
       mixed["rows"].push_back({"none", cat(std::round(alone * 1e5) / 100), "1"});
       for (int chunk : small_run ? std::vector<int>{16} : std::vector<int>{16, 64, 256}) {
-        const double s = mixed_step_seconds(*big_forward, big, 8, chunk, quick ? 3 : 7);
+        const double s = mixed_step_seconds(*big_forward, big, 8, chunk, small_run ? 1 : quick ? 3 : 7, cached);
         mixed["rows"].push_back({cat(chunk, " tokens"), cat(std::round(s * 1e5) / 100), cat(std::round(100 * s / alone) / 100)});
       }
       report["tables"].push_back(mixed);
@@ -332,7 +334,7 @@ int main(int argc, char** argv) {
     // 1b. Launches out of the decode step: CUDA graphs against kernel-by-kernel launches, over
     // lesson 08's paged memory (the attention a graph can capture).
     {
-      json graphs = table("Decode with and without CUDA graphs (paged memory, 100 positions cached; tokens/s)",
+      json graphs = table(cat("Decode with and without CUDA graphs (paged memory, ", cached, " positions cached; tokens/s)"),
                           {"model", "batch", "launched", "from graphs", "graphs / launched"});
       auto big_pool = std::make_unique<gpu::CudaPagedKVPool>(big, 64 * blocks_for(big.max_position_embeddings, 16) / 8, 16);
       auto big_paged = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16,
@@ -345,7 +347,8 @@ int main(int argc, char** argv) {
         for (const int batch : small_run ? std::vector<int>{1, 4} : std::vector<int>{1, 8, 32}) {
           gpu::CudaForward& f = big_model ? *big_paged : *small.forward;
           KVManager& memory = big_model ? static_cast<KVManager&>(big_memory) : small_memory;
-          const double eager = decode_rate(f, memory, batch, steps, false), graphed = decode_rate(f, memory, batch, steps, true);
+          const double eager = decode_rate(f, memory, batch, steps, false, cached),
+                       graphed = decode_rate(f, memory, batch, steps, true, cached);
           graphs["rows"].push_back({big_model ? "1.1B shape (bf16)" : "tiny-fortunes (f32)", cat(batch),
                                     cat(std::round(eager)), cat(std::round(graphed)),
                                     cat(std::round(100 * graphed / eager) / 100, "x")});
@@ -374,7 +377,7 @@ int main(int argc, char** argv) {
       // and here; a from k = 1's acceptance.
       gpu::CudaDraft d = gpu::cuda_draft(draft, gpu::WeightType::F32);
       auto draft_store = d.new_cache();
-      const double t_d = forward_seconds(*d.forward, *draft_store, 100, 1, reps);
+      const double t_d = forward_seconds(*d.forward, *draft_store, cached, 1, reps);
       const auto& tv = t_v["tiny-fortunes (f32)"];
       double a = 0;
       bool equal = lookup.outputs == plain.outputs;
