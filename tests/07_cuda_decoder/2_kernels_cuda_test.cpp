@@ -78,37 +78,48 @@ GRADED_TEST(Lesson07Kernels, EveryBf16GemvVersionMatchesTheReference, 3) {
   }
 }
 
-GRADED_TEST(Lesson07Kernels, BatchedGemvEqualsOneGemvPerRow, 2) {
-  // Batches of 1, under a chunk, a chunk of 8 and past it (9, 17): every row of the batch
-  // against the reference of that row alone, float32 and bf16 weights.
-  REQUIRE_DEVICE();
-  for (const Shape s : {Shape{1, 37}, Shape{31, 33}, Shape{130, 4101}}) {
-    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 90 + s.cols);
+/// A batched product (y [batch, rows] = x [batch, cols] W^T), float32 and bf16 weights: over each
+/// shape and batch, every row of y against the GEMV reference of that row of x alone, y poisoned
+/// with NaN first. `name` is what failures call it; `seed` varies the data.
+using BatchedF32 = void (*)(const float*, const float*, float*, int, int, int);
+using BatchedBf16 = void (*)(const uint16_t*, const float*, float*, int, int, int);
+void check_batched_product(const char* name, BatchedF32 f32, BatchedBf16 bf16_product, std::initializer_list<Shape> shapes,
+                           std::initializer_list<int> batches, int seed) {
+  for (const Shape s : shapes) {
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, seed + s.cols);
     const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
     DeviceArray<float> dw(w);
     DeviceArray<uint16_t> dwb(wb);
-    for (const int batch : {1, 3, 8, 9, 17}) {
-      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 100 + batch);
+    for (const int batch : batches) {
+      const auto x = random_values(static_cast<size_t>(batch) * s.cols, seed + 10 + batch);
       const Matrix xs = as_matrix(x, batch, s.cols);
       DeviceArray<float> dx(x);
       for (const bool bf16 : {false, true}) {
         DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
-        if (bf16) gemv_batch_bf16(dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
-        else gemv_batch_f32(dw.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        if (bf16) bf16_product(dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        else f32(dw.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
         const Matrix got = as_matrix(dy.download(), batch, s.rows);
         for (int b = 0; b < batch; ++b) {
           const Vector xb = xs.row(b).transpose();
           const Vector want = bf16 ? gemv_bf16_reference(wb, s.rows, s.cols, xb)
                                    : gemv_reference(as_matrix(w, s.rows, s.cols), xb);
           ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
-                                         cat(bf16 ? "gemv_batch_bf16" : "gemv_batch_f32", " on ", s.rows, " x ",
-                                             s.cols, ", batch ", batch, ", row ", b)));
+                                         cat(name, bf16 ? "_bf16" : "_f32", " on ", s.rows, " x ", s.cols, ", batch ",
+                                             batch, ", row ", b)));
         }
       }
     }
   }
   DeviceArray<float> dw(4), dx(4), dy(4);
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_batch_f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
+}
+
+GRADED_TEST(Lesson07Kernels, BatchedGemvEqualsOneGemvPerRow, 2) {
+  // Batches of 1, under a chunk, a chunk of 8 and past it (9, 17): every row of the batch
+  // against the reference of that row alone, float32 and bf16 weights.
+  REQUIRE_DEVICE();
+  ASSERT_NO_FATAL_FAILURE(check_batched_product("gemv_batch", gemv_batch_f32, gemv_batch_bf16,
+                                                {Shape{1, 37}, Shape{31, 33}, Shape{130, 4101}}, {1, 3, 8, 9, 17}, 90));
 }
 
 GRADED_TEST(Lesson07Kernels, SkinnyGemmEqualsOneGemvPerRow, 2) {
@@ -116,33 +127,9 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmEqualsOneGemvPerRow, 2) {
   // multiple of the block's 16, cols that are not a multiple of 8 (the fallback); batches of 1,
   // 2, 3, 5, 16 (one chunk) and 17, 40 (several): every row against its own reference.
   REQUIRE_DEVICE();
-  for (const Shape s : {Shape{1, 8}, Shape{31, 40}, Shape{130, 4104}, Shape{17, 264}, Shape{9, 37}}) {
-    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 190 + s.cols);
-    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
-    DeviceArray<float> dw(w);
-    DeviceArray<uint16_t> dwb(wb);
-    for (const int batch : {1, 2, 3, 5, 16, 17, 40}) {
-      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 200 + batch);
-      const Matrix xs = as_matrix(x, batch, s.cols);
-      DeviceArray<float> dx(x);
-      for (const bool bf16 : {false, true}) {
-        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
-        if (bf16) skinny_gemm_bf16(dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
-        else skinny_gemm_f32(dw.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
-        const Matrix got = as_matrix(dy.download(), batch, s.rows);
-        for (int b = 0; b < batch; ++b) {
-          const Vector xb = xs.row(b).transpose();
-          const Vector want = bf16 ? gemv_bf16_reference(wb, s.rows, s.cols, xb)
-                                   : gemv_reference(as_matrix(w, s.rows, s.cols), xb);
-          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
-                                         cat(bf16 ? "skinny_gemm_bf16" : "skinny_gemm_f32", " on ", s.rows, " x ",
-                                             s.cols, ", batch ", batch, ", row ", b)));
-        }
-      }
-    }
-  }
-  DeviceArray<float> dw(4), dx(4), dy(4);
-  EXPECT_TRUE(testing::throws_error_mentioning([&] { skinny_gemm_f32(dw.get(), dx.get(), dy.get(), 2, 2, 0); }, "batch"));
+  ASSERT_NO_FATAL_FAILURE(check_batched_product(
+      "skinny_gemm", skinny_gemm_f32, skinny_gemm_bf16,
+      {Shape{1, 8}, Shape{31, 40}, Shape{130, 4104}, Shape{17, 264}, Shape{9, 37}}, {1, 2, 3, 5, 16, 17, 40}, 190));
 }
 
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
