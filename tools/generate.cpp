@@ -4,7 +4,7 @@
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]
-//            [--device cuda [--weights f32|bf16] [--cuda-graphs]]
+//            [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //            [--tensor-parallel-size N]
 //
@@ -18,10 +18,11 @@
 // feeds up to K guesses (default 4) per step from a draft model (DIR, by default the model's
 // directory with -draft appended) or prompt lookup, verified in the step's one forward
 // (lesson 06); --device cuda runs the forward on a GPU with lesson 07's kernels, its weights in
-// float32 or bf16, and with --paged the pool's rows on the device, read by lesson 08's paged
-// attention (built where CUDA is); a draft model runs there too. --weights int8|int4 runs the engine on the CPU with its
+// float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs), and with --paged the pool's
+// rows on the device, read by lesson 08's paged attention (built where CUDA is); a draft model runs
+// there too, its weights in the same format. --weights int8|int4 runs the engine with its
 // projections quantized at load (lesson 11: INT8 per output channel, INT4 in groups of G, default
-// 32). --speculative tree (greedy only) runs lesson 06's own tree
+// 32; on the CPU the draft model stays float32). --speculative tree (greedy only) runs lesson 06's own tree
 // loop: the draft proposes a tree of B branches per node (default 2), K levels deep, scored in
 // one forward with a tree mask (with --device cuda, both models on the GPU over paged memory).
 // --tensor-parallel-size N (lesson 12) starts N MPI ranks (mpirun),
@@ -55,6 +56,7 @@
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
 #endif
 
 namespace {
@@ -64,7 +66,7 @@ void usage(std::ostream& out) {
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
          "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]\n"
-         "                [--device cuda [--weights f32|bf16] [--cuda-graphs]]\n"
+         "                [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "                [--tensor-parallel-size N]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
@@ -82,10 +84,10 @@ void usage(std::ostream& out) {
          "  default MODEL-draft) or prompt lookup guesses up to K tokens a step (--num-speculative-tokens,\n"
          "  default 4), the model verifies them in the same forward; --stats adds acceptance and tokens per step.\n"
          "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
-         "  f32); with --paged the pool lives on the GPU and lesson 08's paged attention reads it; a draft\n"
-         "  model (--speculative draft or tree) runs there too; --cuda-graphs (with --paged) replays its\n"
-         "  decode steps from CUDA graphs.\n"
-         "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson 11;\n"
+         "  f32; int8 and int4 with lesson 11's); with --paged the pool lives on the GPU and lesson 08's\n"
+         "  paged attention reads it; a draft model (--speculative draft or tree) runs there too, in the\n"
+         "  same format; --cuda-graphs (with --paged) replays its decode steps from CUDA graphs.\n"
+         "  --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32).\n"
          "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started for you),\n"
          "  each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
@@ -167,9 +169,9 @@ int main(int argc, char** argv) {
     const std::string& weights = weight.name;
     const bool quantized = weight.quantized();
     const int group = weight.group;
-    if (quantized && (opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
+    if (quantized && (opts.has("--kv-cache") || opts.has("--kv-dtype") || (speculative == "tree" && device == "cpu")))
       throw infer::Error("generate: --weights int8|int4 runs in the engine, which keeps its own KV memory; drop --kv-cache, "
-                         "--kv-dtype and --speculative tree");
+                         "--kv-dtype and (on the CPU) --speculative tree");
     if (opts.has("--cuda-graphs") && (device != "cuda" || !paged))
       throw infer::Error("generate: --cuda-graphs replays decode steps on the GPU over paged memory; it needs "
                          "--device cuda and --paged");
@@ -201,7 +203,12 @@ int main(int argc, char** argv) {
     // Quantized at load (lesson 11), before anything is printed: a group that does not divide the
     // model's columns is refused here.
     infer::ModelProjections projections;
-    if (quantized) projections = infer::quantize_model(model, weight.format, group);
+    if (quantized && device == "cpu") projections = infer::quantize_model(model, weight.format, group);
+#if COURSE_HAVE_CUDA
+    // On the GPU each matrix is quantized as it is uploaded (lesson 11's kernels read it there).
+    const infer::gpu::DeviceWeights gpu_weights =
+        device == "cuda" ? infer::gpu::device_weights(weight, model.config) : infer::gpu::DeviceWeights();
+#endif
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     // The engine's memory: one sequence's room, in blocks with --paged (twice that with
     // --prefix-cache, for the cached copy), unless --num-blocks says.
@@ -237,10 +244,9 @@ int main(int argc, char** argv) {
       if (device == "cuda") {
         // Both models on the GPU, each over a paged pool of its own (lesson 08's attention follows
         // a tree's mask; lesson 07's contiguous one does not), a whole context each.
-        const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
         const int context = model.config.max_position_embeddings;
-        infer::gpu::CudaPagedEngine t = infer::gpu::cuda_paged_engine(model, type, infer::blocks_for(context, 16));
-        infer::gpu::CudaPagedEngine d = infer::gpu::cuda_paged_engine(draft, type, infer::blocks_for(context, 16));
+        infer::gpu::CudaPagedEngine t = infer::gpu::cuda_paged_engine(model, gpu_weights, infer::blocks_for(context, 16));
+        infer::gpu::CudaPagedEngine d = infer::gpu::cuda_paged_engine(draft, gpu_weights, infer::blocks_for(context, 16));
         infer::PagedKVManager target_memory(std::move(t.pool)), draft_memory(std::move(d.pool));
         std::unique_ptr<infer::KVStore> cache = target_memory.open(0);
         infer::TargetModel target(*t.forward);
@@ -263,18 +269,17 @@ int main(int argc, char** argv) {
         else
           memory = tp_runner->memory();
         runner = std::move(tp_runner);
-      } else {
+      } else if (device == "cpu") {
         runner = quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
                            : std::make_unique<infer::CpuRunner>(model);
       }
 #if COURSE_HAVE_CUDA
-      const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
       if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-        infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, blocks, block_size);
+        infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, blocks, block_size);
         gpu.forward->use_graphs(opts.has("--cuda-graphs"));
         runner = std::move(gpu.forward), pool = std::move(gpu.pool);
       } else if (device == "cuda") {  // lesson 07's slot
-        runner = std::make_unique<infer::gpu::CudaForward>(model, type);
+        runner = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
         memory = infer::gpu::cuda_slots(model.config, 1, room);
       }
 #endif
@@ -297,7 +302,7 @@ int main(int argc, char** argv) {
         speculator = infer::draft_speculator(draft, model.config.vocab_size);
 #if COURSE_HAVE_CUDA
         if (device == "cuda") {
-          gpu_draft = infer::gpu::cuda_draft(draft, type);
+          gpu_draft = infer::gpu::cuda_draft(draft, gpu_weights);
           speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
         }
 #endif

@@ -141,6 +141,16 @@ def main():
         for s in step:
             md += [f"- the 1.1B shape's projections, one decode step, {s.get('format')}, batch {s.get('batch')}: "
                    f"{s.get('ms', 0):.3f} ms (bf16 batch 1 time / this: {s.get('bf16_batch1_over_this', 0):.2f}x)"]
+        decode = bench.get("quantized_decode", [])
+        if decode:
+            md += ["", "Decode through the engine (lesson 07's forward on each format's weights; 4 layers and the "
+                   "head of the 1.1B shape), against each format's memory roofline (weight bytes a step reads "
+                   "over the copy bandwidth):", "",
+                   "| format | batch | tokens/s | MB a step | roof tokens/s | of roof |", "| --- | --- | --- | --- | --- | --- |"]
+            for d in decode:
+                md += [f"| {d.get('format')} | {d.get('batch')} | {d.get('tokens_per_s', 0):.0f} | "
+                       f"{d.get('bytes_per_step', 0) / 1e6:.1f} | {d.get('roof_tokens_per_s', 0):.0f} | "
+                       f"{100 * d.get('fraction_of_roof', 0):.0f}% |"]
         # Tables a bench lays out itself (lesson 10's): a title, columns, rows of text, notes.
         for t in bench.get("tables", []):
             md += ["", f"### {t.get('title', '')}", "", "| " + " | ".join(t.get("columns", [])) + " |",

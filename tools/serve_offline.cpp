@@ -3,7 +3,7 @@
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
-//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16] [--cuda-graphs]]
+//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //                 [--tensor-parallel-size N]
 //
@@ -20,8 +20,9 @@
 // K guesses (prompt lookup, or the draft model in DIR, by default the model's directory with
 // -draft appended) in the step's one forward, and keeps those the model agrees with.
 //
-// --weights int8|int4 runs the engine on the CPU with its projections quantized at load (lesson
-// 11: INT8 per output channel, INT4 in groups of G columns, default 32). --tensor-parallel-size N
+// --weights int8|int4 runs the engine with its projections quantized at load (lesson 11: INT8 per
+// output channel, INT4 in groups of G columns, default 32), on the CPU or, with --device cuda, read
+// by lesson 11's GEMVs on the GPU (the draft model too; on the CPU it stays float32). --tensor-parallel-size N
 // (lesson 12) starts N MPI ranks, each reading its shard; rank 0 runs the engine and prints.
 //
 // One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
@@ -54,6 +55,7 @@
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
 #endif
 
 namespace {
@@ -83,16 +85,17 @@ int main(int argc, char** argv) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
-                   "                     [--device cuda [--weights f32|bf16] [--cuda-graphs]] [--tensor-parallel-size N]\n"
+                   "                     [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]] [--tensor-parallel-size N]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
                    "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n"
                    "  --prefix-cache (with --paged) keeps finished requests' K/V blocks in a radix tree, so that\n"
                    "  a prompt sharing a prefix with them prefills only the rest.\n"
-                   "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16);\n"
+                   "  --device cuda runs the engine on a GPU with lesson 07's kernels (--weights f32 or bf16;\n"
+                   "  int8 and int4 with lesson 11's);\n"
                    "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
-                   "  --weights int8|int4 runs the engine on the CPU with its projections quantized at load\n"
+                   "  --weights int8|int4 runs the engine with its projections quantized at load\n"
                    "  (lesson 11; int4 in groups of --group G columns, default 32).\n"
                    "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started\n"
                    "  for you), each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
@@ -215,25 +218,27 @@ int main(int argc, char** argv) {
       else
         memory = tp_runner->memory();
       forward = std::move(tp_runner);
-    } else {
+    } else if (device == "cpu") {
       forward = quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
                           : std::make_unique<infer::CpuRunner>(model);
     }
     infer::PrefixKVManager* prefix = nullptr;
     if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
 #if COURSE_HAVE_CUDA
-    const auto type = weights == "bf16" ? infer::gpu::WeightType::BF16 : infer::gpu::WeightType::F32;
+    // On the GPU each matrix is quantized (int8, int4) as it is uploaded; a bad group is refused first.
+    const infer::gpu::DeviceWeights gpu_weights =
+        device == "cuda" ? infer::gpu::device_weights(weight, model.config) : infer::gpu::DeviceWeights();
     if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-      infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, type, num_blocks, block_size);
+      infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, num_blocks, block_size);
       gpu.forward->use_graphs(opts.has("--cuda-graphs"));
       forward = std::move(gpu.forward), pool = std::move(gpu.pool);
     } else if (device == "cuda") {  // lesson 07's whole-context slots
-      forward = std::make_unique<infer::gpu::CudaForward>(model, type);
+      forward = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
       memory = infer::gpu::cuda_slots(model.config, slots);
     }
     infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too
     if (device == "cuda" && speculative == "draft") {
-      gpu_draft = infer::gpu::cuda_draft(draft, type);
+      gpu_draft = infer::gpu::cuda_draft(draft, gpu_weights);
       speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
     }
 #endif
@@ -283,7 +288,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
-                 (device == "cuda" ? std::string("GPU") : "CPU" + (quantized ? ", " + weights + " weights" : std::string()) +
+                 (device == "cuda" ? "GPU, " + weights + " weights" : "CPU" + (quantized ? ", " + weights + " weights" : std::string()) +
                                                             (tp > 1 ? infer::cat(", tensor parallel over ", tp, " MPI ranks")
                                                                     : std::string()))
                      .c_str());

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/model_config.hpp"
@@ -32,6 +33,40 @@ namespace infer::gpu {
 
 /// How the weight matrices are stored on the device (norms and activations stay float32).
 enum class WeightType { F32, BF16 };
+
+/// A weight matrix W [rows, cols] on the device as some format stores it, and the product by it:
+/// the GPU's side of the engine's Projection seam (common/projection.hpp). CudaForward never
+/// multiplies by anything else. Lesson 07's formats are float32 and bf16 (your GEMVs at one row,
+/// the skinny GEMMs above); lesson 11 adds INT8 and INT4 (its GEMVs) through this same seam.
+class DeviceProjection {
+ public:
+  virtual ~DeviceProjection() = default;
+  /// Output features: rows of W.
+  virtual int rows() const = 0;
+  /// Input features: columns of W (and of x).
+  virtual int cols() const = 0;
+  /// y [batch, rows] = x [batch, cols] W^T, device arrays, every element of y written; launched on
+  /// the default stream (it may be captured in a CUDA graph: no host synchronisation).
+  virtual void product(const float* x, float* y, int batch) const = 0;
+  /// Bytes of W on the device, scales included: what a decode step reads for this product.
+  virtual double bytes() const = 0;
+};
+
+/// How CudaForward stores its weight matrices: lesson 07's float32 or bf16 (a WeightType converts),
+/// or any format that `upload` puts on the device (lesson 11's INT8 and INT4:
+/// quantized_device_weights()).
+struct DeviceWeights {
+  /// float32 or bf16, by lesson 07's kernels.
+  DeviceWeights(WeightType type = WeightType::F32);  // NOLINT(google-explicit-constructor): a WeightType is one
+  /// Another format: `name` for messages and reports, `upload` makes the device form of a host matrix.
+  DeviceWeights(std::string name, std::function<std::unique_ptr<DeviceProjection>(ConstMatrixRef w)> upload);
+  /// "f32", "bf16", or the other format's name.
+  std::string name;
+  /// The device form of a host matrix [rows, cols] (its format's copy of it; the host matrix is not kept).
+  std::function<std::unique_ptr<DeviceProjection>(ConstMatrixRef w)> upload;
+  /// For float32 and bf16: which (pattern weights are made on the device in these).
+  WeightType type = WeightType::F32;
+};
 
 /// One sequence's keys and values in device memory: per layer, a [max_tokens, kv_dim] block of
 /// keys and one of values, reserved up front. A KVStore, so lesson 03's engine can hold it; the
@@ -130,12 +165,15 @@ std::unique_ptr<KVManager> cuda_slots(const ModelConfig& config, int slots, int 
 /// throws otherwise).
 class CudaForward final : public ModelRunner {
  public:
-  /// Uploads `model`'s weights, matrices as `type`; the caches are read through `attention`
-  /// (contiguous_attention() when null). Throws infer::Error if there is no device.
-  CudaForward(const ModelWeights& model, WeightType type, std::unique_ptr<DeviceAttention> attention = nullptr);
+  /// Uploads `model`'s weights, matrices as `weights` says (float32, bf16, or lesson 11's
+  /// formats); the caches are read through `attention` (contiguous_attention() when null).
+  /// Throws infer::Error if there is no device.
+  CudaForward(const ModelWeights& model, const DeviceWeights& weights,
+              std::unique_ptr<DeviceAttention> attention = nullptr);
   /// A model of `config`'s shape whose weights are a repeated pseudo-random pattern, for
-  /// measuring speed (the values do not matter to the time of a step).
-  static std::unique_ptr<CudaForward> with_pattern_weights(const ModelConfig& config, WeightType type,
+  /// measuring speed (the values do not matter to the time of a step). float32 and bf16 are
+  /// filled on the device; another format's matrices are made on the host and uploaded.
+  static std::unique_ptr<CudaForward> with_pattern_weights(const ModelConfig& config, const DeviceWeights& weights,
                                                            std::unique_ptr<DeviceAttention> attention = nullptr);
   ~CudaForward() override;
   CudaForward(const CudaForward&) = delete;
@@ -181,8 +219,8 @@ struct CudaDraft {
   std::unique_ptr<CudaForward> forward;                        ///< the draft's weights on the device
   std::function<std::unique_ptr<KVStore>()> new_cache;         ///< a fresh store for one sequence
 };
-/// Uploads `draft` (matrices as `type`). Throws infer::Error if there is no device.
-CudaDraft cuda_draft(const ModelWeights& draft, WeightType type);
+/// Uploads `draft` (matrices as `weights` says). Throws infer::Error if there is no device.
+CudaDraft cuda_draft(const ModelWeights& draft, const DeviceWeights& weights);
 
 /// One sequence's decoder on the device: a CudaForward and one CudaKVStore.
 class CudaModel {

@@ -18,59 +18,81 @@ namespace infer::gpu {
 
 namespace {
 
-/// A weight matrix [rows, cols] on the device, float32 or bf16.
-struct DeviceMatrix {
-  int rows = 0, cols = 0;
-  DeviceArray<float> f32;
-  DeviceArray<uint16_t> bf16;
-
-  /// y [batch, rows] = x [batch, cols] W^T: the fastest GEMV for one row, the skinny GEMM above.
-  void gemv(const float* x, float* y, int batch) const {
-    if (f32.size() > 0) {
-      if (batch == 1) gemv_f32(gemv_versions(), f32.get(), x, y, rows, cols);
-      else skinny_gemm_f32(f32.get(), x, y, rows, cols, batch);
+/// A weight matrix [rows, cols] on the device in float32 or bf16, and lesson 07's products by it:
+/// the fastest GEMV for one row, the skinny GEMM above.
+class DeviceMatrix final : public DeviceProjection {
+ public:
+  DeviceMatrix(int rows, int cols, WeightType type) : rows_(rows), cols_(cols) {
+    const size_t n = static_cast<size_t>(rows) * cols;
+    if (type == WeightType::F32) f32_ = DeviceArray<float>(n);
+    else bf16_ = DeviceArray<uint16_t>(n);
+  }
+  int rows() const override { return rows_; }
+  int cols() const override { return cols_; }
+  void product(const float* x, float* y, int batch) const override {
+    if (f32_.size() > 0) {
+      if (batch == 1) gemv_f32(gemv_versions(), f32_.get(), x, y, rows_, cols_);
+      else skinny_gemm_f32(f32_.get(), x, y, rows_, cols_, batch);
     } else {
-      if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16.get(), x, y, rows, cols);
-      else skinny_gemm_bf16(bf16.get(), x, y, rows, cols, batch);
+      if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get(), x, y, rows_, cols_);
+      else skinny_gemm_bf16(bf16_.get(), x, y, rows_, cols_, batch);
     }
   }
-  double bytes() const { return f32.size() > 0 ? 4.0 * f32.size() : 2.0 * bf16.size(); }
+  double bytes() const override { return f32_.size() > 0 ? 4.0 * f32_.size() : 2.0 * bf16_.size(); }
+
+  DeviceArray<float>& f32() { return f32_; }
+  DeviceArray<uint16_t>& bf16() { return bf16_; }
+
+ private:
+  int rows_, cols_;
+  DeviceArray<float> f32_;
+  DeviceArray<uint16_t> bf16_;
 };
 
-DeviceMatrix upload(ConstMatrixRef m, WeightType type) {
-  DeviceMatrix d;
-  d.rows = static_cast<int>(m.rows()), d.cols = static_cast<int>(m.cols());
-  if (type == WeightType::F32) {
-    d.f32 = DeviceArray<float>(std::vector<float>(m.data(), m.data() + m.size()));
-  } else {
-    d.bf16 = DeviceArray<uint16_t>(to_bf16(m));
-  }
+std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, WeightType type) {
+  auto d = std::make_unique<DeviceMatrix>(static_cast<int>(m.rows()), static_cast<int>(m.cols()), type);
+  if (type == WeightType::F32) d->f32().upload(m.data(), static_cast<size_t>(m.size()));
+  else d->bf16() = DeviceArray<uint16_t>(to_bf16(m));
   return d;
 }
 
 DeviceArray<float> upload(const Vector& v) { return DeviceArray<float>(std::vector<float>(v.data(), v.data() + v.size())); }
 
-/// A device matrix filled with a repeating pseudo-random pattern (values in about [-0.05, 0.05]).
-DeviceMatrix pattern(int rows, int cols, WeightType type, const std::vector<float>& tile) {
-  DeviceMatrix d;
-  d.rows = rows, d.cols = cols;
-  const size_t n = static_cast<size_t>(rows) * cols;
-  if (type == WeightType::F32) {
-    d.f32 = DeviceArray<float>(n);
-    for (size_t at = 0; at < n; at += tile.size())
-      INFER_CUDA_CHECK(cudaMemcpy(d.f32.get() + at, tile.data(), std::min(tile.size(), n - at) * sizeof(float),
-                                  cudaMemcpyHostToDevice));
+/// `n` values: `tile` repeated.
+template <typename T>
+void fill_with(DeviceArray<T>& d, const std::vector<T>& tile) {
+  const size_t n = d.size();
+  for (size_t at = 0; at < n; at += tile.size())
+    INFER_CUDA_CHECK(cudaMemcpy(d.get() + at, tile.data(), std::min(tile.size(), n - at) * sizeof(T),
+                                cudaMemcpyHostToDevice));
+}
+
+/// A weight matrix filled with a repeating pseudo-random pattern (values in about [-0.05, 0.05]):
+/// float32 and bf16 filled on the device, another format's made on the host and uploaded.
+std::unique_ptr<DeviceProjection> pattern(int rows, int cols, const DeviceWeights& weights,
+                                          const std::vector<float>& tile) {
+  if (weights.upload) {
+    Matrix m(rows, cols);
+    for (Eigen::Index at = 0; at < m.size(); at += static_cast<Eigen::Index>(tile.size()))
+      std::copy_n(tile.begin(), std::min<Eigen::Index>(static_cast<Eigen::Index>(tile.size()), m.size() - at),
+                  m.data() + at);
+    return weights.upload(m);
+  }
+  auto d = std::make_unique<DeviceMatrix>(rows, cols, weights.type);
+  if (weights.type == WeightType::F32) {
+    fill_with(d->f32(), tile);
   } else {
     std::vector<uint16_t> b(tile.size());
     for (size_t i = 0; i < tile.size(); ++i) b[i] = float_to_bf16(tile[i]);
-    d.bf16 = DeviceArray<uint16_t>(n);
-    for (size_t at = 0; at < n; at += b.size())
-      INFER_CUDA_CHECK(cudaMemcpy(d.bf16.get() + at, b.data(), std::min(b.size(), n - at) * sizeof(uint16_t),
-                                  cudaMemcpyHostToDevice));
+    fill_with(d->bf16(), b);
   }
   return d;
 }
 
+/// The device form of `m` as `weights` says.
+std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, const DeviceWeights& weights) {
+  return weights.upload ? weights.upload(m) : upload(m, weights.type);
+}
 
 /// Activations of a step of N rows (W of them wanting logits), grown when a larger step comes.
 struct Scratch {
@@ -100,6 +122,13 @@ struct Scratch {
 };
 
 }  // namespace
+
+DeviceWeights::DeviceWeights(WeightType t) : name(t == WeightType::F32 ? "f32" : "bf16"), type(t) {}
+
+DeviceWeights::DeviceWeights(std::string n, std::function<std::unique_ptr<DeviceProjection>(ConstMatrixRef w)> u)
+    : name(std::move(n)), upload(std::move(u)) {
+  require(static_cast<bool>(upload), "DeviceWeights: format '", name, "' has no upload");
+}
 
 // ------------------------------------------------------------- KV on device --
 
@@ -277,10 +306,10 @@ std::unique_ptr<DeviceAttention> contiguous_attention(const ModelConfig& config)
 struct CudaForward::Impl {
   ModelConfig c;
   DeviceArray<float> embed, final_norm;
-  DeviceMatrix lm_head;
+  std::unique_ptr<DeviceProjection> lm_head;
   struct Layer {
     DeviceArray<float> input_norm, post_norm;
-    DeviceMatrix q, k, v, o, gate, up, down;
+    std::unique_ptr<DeviceProjection> q, k, v, o, gate, up, down;
   };
   std::vector<Layer> layers;
   std::unique_ptr<DeviceAttention> attention;
@@ -302,20 +331,20 @@ struct CudaForward::Impl {
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
       rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.q.gemv(s.h.get(), s.q.get(), N);
-      l.k.gemv(s.h.get(), s.k.get(), N);
-      l.v.gemv(s.h.get(), s.v.get(), N);
+      l.q->product(s.h.get(), s.q.get(), N);
+      l.k->product(s.h.get(), s.k.get(), N);
+      l.v->product(s.h.get(), s.v.get(), N);
       rope(s.q.get(), s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
       rope(s.k.get(), s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
       if (captured) attention->launch(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
       else attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
-      l.o.gemv(s.attn.get(), s.tmp.get(), N);
+      l.o->product(s.attn.get(), s.tmp.get(), N);
       add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
       rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.gate.gemv(s.h.get(), s.gate.get(), N);
-      l.up.gemv(s.h.get(), s.up.get(), N);
+      l.gate->product(s.h.get(), s.gate.get(), N);
+      l.up->product(s.h.get(), s.up.get(), N);
       swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(N) * c.intermediate_size);
-      l.down.gemv(s.gate.get(), s.tmp.get(), N);
+      l.down->product(s.gate.get(), s.tmp.get(), N);
       add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
     }
   }
@@ -323,7 +352,7 @@ struct CudaForward::Impl {
   /// The final norm and the output head over `wanted` rows of `from` into s.logits.
   void head_of(const float* from, int wanted) {
     rms_norm(from, final_norm.get(), s.h.get(), wanted, c.hidden_size, c.rms_norm_eps);
-    lm_head.gemv(s.h.get(), s.logits.get(), wanted);
+    lm_head->product(s.h.get(), s.logits.get(), wanted);
   }
 
   /// A decode step from its graph (captured first if it is new). Returns false, running
@@ -412,7 +441,8 @@ struct CudaForward::Impl {
 
 CudaForward::CudaForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-CudaForward::CudaForward(const ModelWeights& model, WeightType type, std::unique_ptr<DeviceAttention> attention)
+CudaForward::CudaForward(const ModelWeights& model, const DeviceWeights& weights,
+                         std::unique_ptr<DeviceAttention> attention)
     : impl_(std::make_unique<Impl>()) {
   require(cuda_device_available(), "CudaForward: no CUDA device here");
   Impl& m = *impl_;
@@ -421,18 +451,18 @@ CudaForward::CudaForward(const ModelWeights& model, WeightType type, std::unique
   m.embed = DeviceArray<float>(std::vector<float>(model.embed_tokens.data(),
                                                   model.embed_tokens.data() + model.embed_tokens.size()));
   m.final_norm = upload(model.norm);
-  m.lm_head = upload(model.lm_head, type);
+  m.lm_head = upload(model.lm_head, weights);
   for (const LayerWeights& w : model.layers) {
     Impl::Layer l;
     l.input_norm = upload(w.input_layernorm), l.post_norm = upload(w.post_attention_layernorm);
-    l.q = upload(w.q_proj, type), l.k = upload(w.k_proj, type), l.v = upload(w.v_proj, type);
-    l.o = upload(w.o_proj, type);
-    l.gate = upload(w.gate_proj, type), l.up = upload(w.up_proj, type), l.down = upload(w.down_proj, type);
+    l.q = upload(w.q_proj, weights), l.k = upload(w.k_proj, weights), l.v = upload(w.v_proj, weights);
+    l.o = upload(w.o_proj, weights);
+    l.gate = upload(w.gate_proj, weights), l.up = upload(w.up_proj, weights), l.down = upload(w.down_proj, weights);
     m.layers.push_back(std::move(l));
   }
 }
 
-std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, WeightType type,
+std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, const DeviceWeights& weights,
                                                                std::unique_ptr<DeviceAttention> attention) {
   require(cuda_device_available(), "CudaForward: no CUDA device here");
   c.validate("CudaForward::with_pattern_weights");
@@ -446,17 +476,20 @@ std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig
     t = (static_cast<float>(state >> 40) / static_cast<float>(1 << 24) - 0.5f) * 0.1f;
   }
   const int hidden = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
-  m->embed = pattern(c.vocab_size, hidden, WeightType::F32, tile).f32;
+  m->embed = DeviceArray<float>(static_cast<size_t>(c.vocab_size) * hidden);
+  fill_with(m->embed, tile);
   m->final_norm = DeviceArray<float>(std::vector<float>(hidden, 1.0f));
-  m->lm_head = pattern(c.vocab_size, hidden, type, tile);
+  m->lm_head = pattern(c.vocab_size, hidden, weights, tile);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     Impl::Layer l;
     l.input_norm = DeviceArray<float>(std::vector<float>(hidden, 1.0f));
     l.post_norm = DeviceArray<float>(std::vector<float>(hidden, 1.0f));
-    l.q = pattern(qd, hidden, type, tile), l.k = pattern(kvd, hidden, type, tile), l.v = pattern(kvd, hidden, type, tile);
-    l.o = pattern(hidden, qd, type, tile);
-    l.gate = pattern(c.intermediate_size, hidden, type, tile), l.up = pattern(c.intermediate_size, hidden, type, tile);
-    l.down = pattern(hidden, c.intermediate_size, type, tile);
+    l.q = pattern(qd, hidden, weights, tile), l.k = pattern(kvd, hidden, weights, tile);
+    l.v = pattern(kvd, hidden, weights, tile);
+    l.o = pattern(hidden, qd, weights, tile);
+    l.gate = pattern(c.intermediate_size, hidden, weights, tile);
+    l.up = pattern(c.intermediate_size, hidden, weights, tile);
+    l.down = pattern(hidden, c.intermediate_size, weights, tile);
     m->layers.push_back(std::move(l));
   }
   return std::unique_ptr<CudaForward>(new CudaForward(std::move(m)));
@@ -508,15 +541,15 @@ void CudaForward::use_graphs(bool on) {
 int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.size()); }
 
 double CudaForward::weight_bytes_per_step() const {
-  double bytes = impl_->lm_head.bytes();
+  double bytes = impl_->lm_head->bytes();
   for (const Impl::Layer& l : impl_->layers)
-    for (const DeviceMatrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += w->bytes();
+    for (const auto* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += (*w)->bytes();
   return bytes;
 }
 
-CudaDraft cuda_draft(const ModelWeights& draft, WeightType type) {
+CudaDraft cuda_draft(const ModelWeights& draft, const DeviceWeights& weights) {
   CudaDraft d;
-  d.forward = std::make_unique<CudaForward>(draft, type);
+  d.forward = std::make_unique<CudaForward>(draft, weights);
   const ModelConfig c = draft.config;
   d.new_cache = [c] { return std::make_unique<CudaKVStore>(c, c.max_position_embeddings); };
   return d;

@@ -105,10 +105,11 @@ struct CudaPagedEngine {
 };
 
 /// A CudaPagedKVPool of `num_blocks` blocks of `block_size` positions, and lesson 07's forward
-/// over `model` (matrices as `type`) reading it through device_paged_attention(). Give the pool to
+/// over `model` (matrices as `weights` says: float32, bf16 or lesson 11's formats) reading it through device_paged_attention(). Give the pool to
 /// a PagedKVManager (or lesson 05's PrefixKVManager) and both to the Engine; the forward refers
 /// to the pool, so keep them in the same engine. Throws infer::Error as their constructors do (no
 /// device, bad sizes).
-CudaPagedEngine cuda_paged_engine(const ModelWeights& model, WeightType type, int num_blocks, int block_size = 16);
+CudaPagedEngine cuda_paged_engine(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,
+                                  int block_size = 16);
 
 }  // namespace infer::gpu

@@ -4,7 +4,7 @@
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
-//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16] [--cuda-graphs]]
+//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -25,7 +25,7 @@
 // memory, every rank holds 1/N of each layer and, in its own pool, its K/V heads of every block.
 // --device cuda runs the same engine on a GPU (lesson 07's forward, lesson 08's paged attention,
 // the pool's rows in device memory; the bookkeeping and the prefix cache stay on the host), its
-// weight matrices in float32 or bf16; with --naive, the naive baseline's forward runs there too;
+// weight matrices in float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs); with --naive, the naive baseline's forward runs there too;
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size).
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
@@ -46,6 +46,7 @@
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
 #endif
 
 using namespace infer;
@@ -133,8 +134,10 @@ int main(int argc, char** argv) {
     const ModelConfig& c = model.config;
     const int per_seq = (c.max_position_embeddings + block - 1) / block;
     const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
-    // Quantized at load (lesson 11), before the server opens its port.
-    ModelProjections projections = quantize_model(model, weights.format, weights.group);
+    // Quantized at load (lesson 11), before the server opens its port: on the GPU, as each matrix
+    // is uploaded (a group the model does not take is refused first).
+    ModelProjections projections;
+    if (device == "cpu") projections = quantize_model(model, weights.format, weights.group);
     std::unique_ptr<TensorParallelRunner> tp_runner;
     if (comm) {  // every rank's pool holds its own K/V heads of the blocks rank 0's memory decides
       tp_runner = std::make_unique<TensorParallelRunner>(model, tensor_parallel(std::move(projections), *comm), *comm,
@@ -150,10 +153,10 @@ int main(int argc, char** argv) {
     }
 
 #if COURSE_HAVE_CUDA
-    const auto type = weights.name == "bf16" ? gpu::WeightType::BF16 : gpu::WeightType::F32;
+    const gpu::DeviceWeights gpu_weights = device == "cuda" ? gpu::device_weights(weights, c) : gpu::DeviceWeights();
     gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too; it outlives the server
     if (device == "cuda" && speculative == "draft") {
-      gpu_draft = gpu::cuda_draft(draft, type);
+      gpu_draft = gpu::cuda_draft(draft, gpu_weights);
       speculator = draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, c.vocab_size);
     }
 #endif
@@ -167,7 +170,7 @@ int main(int argc, char** argv) {
     } else if (opts.has("--naive")) {
 #if COURSE_HAVE_CUDA
       // The same baseline on the GPU: every token, the whole sequence from an emptied store.
-      auto gpu_model = std::make_shared<gpu::CudaModel>(model, type, c.max_position_embeddings);
+      auto gpu_model = std::make_shared<gpu::CudaModel>(model, gpu_weights.type, c.max_position_embeddings);
       server = std::make_unique<Server>(
           [gpu_model](std::span<const int> tokens) -> Matrix {
             gpu_model->reset();
@@ -186,7 +189,7 @@ int main(int argc, char** argv) {
         runner = std::move(tp_runner);
       } else if (device == "cuda") {
 #if COURSE_HAVE_CUDA
-        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, type, blocks, block);
+        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, gpu_weights, blocks, block);
         parts.forward->use_graphs(opts.has("--cuda-graphs"));
         pool = std::move(parts.pool);
         runner = std::move(parts.forward);

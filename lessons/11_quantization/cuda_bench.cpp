@@ -1,6 +1,6 @@
 // Lesson 11 bench on the GPU: the INT8 and INT4 GEMVs against lesson 07's bf16 GEMV.
 //
-//   build/cuda/bin/lesson11_cuda_bench [--json FILE] [--quick]
+//   build/cuda/bin/lesson11_cuda_bench [--json FILE] [--quick] [--small]
 //
 // Decode at a small batch streams the weights, so each GEMV is measured in GB/s of the bytes its
 // format holds (weights, scales, x and y), against the device's own device-to-device copy, and
@@ -10,8 +10,20 @@
 // INT8, past any cache), and the projections of a 1.1B-parameter model (TinyLlama's: hidden 2048,
 // 4 KV heads of 64, MLP 5632, 32,000 tokens, 22 layers), which the bench also sums into one decode
 // step's projections. Random weights and inputs; kernel times are the median of CUDA-event
-// timings after a warm-up. On a machine without a CUDA device it says so and exits 0.
-// ./course gpu-check runs it and puts the JSON in its report.
+// timings after a warm-up.
+//
+// Then the engine: decode tokens/s through lesson 07's forward (CudaForward, whole-context caches)
+// on each format's weights (bf16; INT8 and INT4 through quantized_device_weights()), at batch 1
+// and 8, against each format's memory roofline: batch x the copy bandwidth over the bytes of
+// weight matrices a step reads (weight_bytes_per_step(); the KV positions and activations are
+// left out: they are small at 32 positions). The model: 4 of the 1.1B shape's 22 layers and its
+// output head, pattern weights (quantized on the host as they are uploaded, which takes a few
+// seconds a format; the whole model would take tens). Host clock: each step ends with its logits
+// copied back. --small runs only this part, on a small model: what CI runs on the host stand-in
+// for a device, so that a bug here never costs a GPU's minutes.
+//
+// On a machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts
+// the JSON in its report.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,7 +36,10 @@
 #include "common/cuda_timing.hpp"
 #include "common/options.hpp"
 #include "common/rng.hpp"
+#include "common/timer.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
 #include "lessons/11_quantization/kernels.hpp"
 
 using namespace infer;
@@ -76,18 +91,78 @@ double bytes_of(const Format& f, const Shape& s, int batch) {
   return weights + 4.0 * batch * (s.rows + s.cols);
 }
 
+/// Decode tokens/s of `batch` sequences, `cached` positions each, over `steps` steps of `forward`
+/// (lesson 07's attention over whole-context CudaKVStores), after a warm-up step.
+double decode_rate(gpu::CudaForward& forward, int batch, int cached, int steps) {
+  const ModelConfig& c = forward.config();
+  std::vector<int> prompt(cached);
+  for (int i = 0; i < cached; ++i) prompt[i] = 3 + (i * 7) % (c.vocab_size - 3);
+  std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
+  std::vector<KVStore*> caches;
+  for (int b = 0; b < batch; ++b) {
+    stores.push_back(std::make_unique<gpu::CudaKVStore>(c, cached + steps + 2));
+    forward.prefill(prompt, *stores.back());
+    caches.push_back(stores.back().get());
+  }
+  const std::vector<int> tokens(batch, 5);
+  forward.decode(tokens, caches);  // warm-up
+  Stopwatch clock;
+  for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);  // each ends with the logits on the host
+  return batch * steps / clock.seconds();
+}
+
+struct DecodeRow {
+  std::string format;
+  int batch = 0;
+  double tokens_per_s = 0, bytes_per_step = 0, roof = 0;
+};
+
+/// The engine's decode on each format at batch 1 and 8 (see the file's comment).
+std::vector<DecodeRow> engine_decode(bool small, bool quick, double copy_gbps) {
+  ModelConfig c;  // the 1.1B shape (TinyLlama's), 4 of its layers; or a small model for the stand-in
+  c.vocab_size = small ? 259 : 32000, c.hidden_size = small ? 128 : 2048, c.intermediate_size = small ? 256 : 5632;
+  c.num_hidden_layers = small ? 2 : 4, c.num_attention_heads = small ? 4 : 32, c.num_key_value_heads = small ? 2 : 4;
+  c.head_dim = 64, c.max_position_embeddings = 256;
+  const int cached = 32, steps = small || quick ? 8 : 40;
+  std::vector<DecodeRow> rows;
+  const std::vector<gpu::DeviceWeights> formats = {gpu::WeightType::BF16,
+                                                   gpu::quantized_device_weights(WeightFormat::int8),
+                                                   gpu::quantized_device_weights(WeightFormat::int4, 32),
+                                                   gpu::quantized_device_weights(WeightFormat::int4, 128)};
+  for (const gpu::DeviceWeights& f : formats) {
+    const auto forward = gpu::CudaForward::with_pattern_weights(c, f);
+    const double bytes = forward->weight_bytes_per_step();
+    for (int batch : {1, 8})
+      rows.push_back({f.name, batch, decode_rate(*forward, batch, cached, steps), bytes, batch * copy_gbps * 1e9 / bytes});
+  }
+  std::printf("\nDecode through the engine (lesson 07's forward), %s, %d positions cached:\n",
+              small ? "a small model" : "4 layers and the head of the 1.1B shape", cached);
+  std::printf("%-10s %5s %11s %8s %10s %11s %8s\n", "format", "batch", "tokens/s", "vs bf16", "MB/step", "roof tok/s",
+              "of roof");
+  for (const DecodeRow& r : rows) {
+    double bf16 = 0;
+    for (const DecodeRow& b : rows)
+      if (b.format == "bf16" && b.batch == r.batch) bf16 = b.tokens_per_s;
+    std::printf("%-10s %5d %11.0f %7.2fx %10.2f %11.0f %7.0f%%\n", r.format.c_str(), r.batch, r.tokens_per_s,
+                r.tokens_per_s / bf16, r.bytes_per_step / 1e6, r.roof, 100 * r.tokens_per_s / r.roof);
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "lesson11_cuda_bench", {"--json"}, {"--quick"});
-    const bool quick = opts.has("--quick");
+    const Options opts(argc, argv, "lesson11_cuda_bench", {"--json"}, {"--quick", "--small"});
+    const bool quick = opts.has("--quick"), small = opts.has("--small");
     const std::string json = opts.text("--json", "");
-    const auto device = cuda_bench_device(json, "{\"device\": null, \"quantized_gemv\": [], \"quantized_step\": []}");
+    const auto device = cuda_bench_device(
+        json, "{\"device\": null, \"quantized_gemv\": [], \"quantized_step\": [], \"quantized_decode\": []}");
     if (!device) return 0;
     const cudaDeviceProp& prop = *device;
     const int reps = quick ? 5 : 20;
-    const double copy_gbps = cuda_copy_ceiling(quick, reps);
+    // (The host stand-in has no events to time a copy with: its roof is a nominal 100 GB/s.)
+    const double copy_gbps = small ? 100.0 : cuda_copy_ceiling(quick, reps);
 
     std::vector<Shape> shapes = {{"1.1B q_proj, o_proj", 2048, 2048, 2 * 22},
                                  {"1.1B k_proj, v_proj", 256, 2048, 2 * 22},
@@ -99,6 +174,7 @@ int main(int argc, char** argv) {
     const std::vector<int> batches = {1, 8};
 
     std::vector<Row> results;
+    if (small) shapes.clear();  // the engine's part only
     for (const Shape& s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
       const std::vector<uint8_t> bits = random_bytes(2 * n, 7 + s.rows + s.cols);
@@ -140,8 +216,9 @@ int main(int argc, char** argv) {
       }
     }
 
-    std::printf("%-20s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
-                "bf16/this");
+    if (!results.empty())
+      std::printf("%-20s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
+                  "bf16/this");
     for (const Row& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
       std::printf("%-20s %-26s %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.batch, r.ms,
@@ -163,9 +240,10 @@ int main(int argc, char** argv) {
       step->ms += r.per_step * r.ms;
       step->bf16_ms += r.per_step * r.bf16_ms;
     }
-    std::printf("\n%-20s %5s %14s %10s\n", "1.1B projections", "batch", "ms per step", "bf16/this");
+    if (!steps.empty()) std::printf("\n%-20s %5s %14s %10s\n", "1.1B projections", "batch", "ms per step", "bf16/this");
     for (const Step& s : steps)
       std::printf("%-20s %5d %14.3f %9.2fx\n", s.format.c_str(), s.batch, s.ms, s.bf16_ms / s.ms);
+    const std::vector<DecodeRow> decode = engine_decode(small, quick, copy_gbps);
 
     if (!json.empty()) {
       std::FILE* f = std::fopen(json.c_str(), "w");
@@ -186,6 +264,15 @@ int main(int argc, char** argv) {
         const Step& s = steps[i];
         std::fprintf(f, "  {\"format\": \"%s\", \"batch\": %d, \"ms\": %.4f, \"bf16_batch1_over_this\": %.3f}%s\n",
                      s.format.c_str(), s.batch, s.ms, s.bf16_ms / s.ms, i + 1 < steps.size() ? "," : "");
+      }
+      std::fprintf(f, "], \"quantized_decode\": [\n");
+      for (size_t i = 0; i < decode.size(); ++i) {
+        const DecodeRow& d = decode[i];
+        std::fprintf(f,
+                     "  {\"format\": \"%s\", \"batch\": %d, \"tokens_per_s\": %.1f, \"bytes_per_step\": %.0f, "
+                     "\"roof_tokens_per_s\": %.1f, \"fraction_of_roof\": %.4f}%s\n",
+                     d.format.c_str(), d.batch, d.tokens_per_s, d.bytes_per_step, d.roof, d.tokens_per_s / d.roof,
+                     i + 1 < decode.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
       std::fclose(f);

@@ -39,8 +39,6 @@ WeightChoice weight_choice(const Options& opts, std::string_view program, std::s
     }
   }
   if (device != "cuda" && choice.name == "bf16") throw Error(cat(program, ": --weights bf16 needs --device cuda"));
-  if (device == "cuda" && choice.quantized())
-    throw Error(cat(program, ": the GPU forward reads f32 or bf16 weights; --weights int8 and int4 run on the CPU"));
   if (opts.has("--group") && choice.format != WeightFormat::int4)
     throw Error(cat(program, ": --group needs --weights int4"));
   choice.group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));

@@ -142,8 +142,8 @@ struct WeightChoice {
 /// Reads --weights (f32 by default) and --group of `program`'s `opts` for the forward on `device`
 /// ("cpu" or "cuda"; "" for a program without --device, which reads f32, int8 and int4 only), the
 /// one check the programs share (given). Throws infer::Error naming the program for a name that is
-/// not a format, bf16 on the CPU, int8 or int4 on the GPU (the GPU forward reads f32 or bf16
-/// weights), --group without int4, and a group below 2.
+/// not a format, bf16 on the CPU, --group without int4, and a group below 2. On the GPU, int8 and
+/// int4 are lesson 11's kernels in lesson 07's forward (gpu::device_weights(), cuda_weights.hpp).
 WeightChoice weight_choice(const Options& opts, std::string_view program, std::string_view device);
 
 /// The held-out text the bundled models never trained on: models/heldout-fortunes.txt, 300

@@ -8,6 +8,7 @@
 // Tolerances: logits within 1e-3 + 1e-3 |ref| of the CPU's (the device sums in another order
 // through four layers; the logits are of order 10), as lessons 07 and 08's model tests. Greedy
 // ids equal. bf16 weights are compared with the CPU engine over the same weights rounded to bf16,
+// and lesson 11's INT8 and INT4 weights with the CPU engine over the same quantized projections,
 // so that only the order of the sums differs.
 #include <memory>
 #include <string>
@@ -29,6 +30,8 @@
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/10_serving/serving.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
+#include "lessons/11_quantization/quantization.hpp"
 
 namespace infer::gpu {
 namespace {
@@ -72,22 +75,24 @@ void expect_same_results(const std::vector<GenerationResult>& got, const std::ve
 }
 
 /// The serving engine on the GPU over a device pool of `blocks` blocks of `block_size`.
-std::unique_ptr<Engine> gpu_engine(const ModelWeights& m, WeightType type, int blocks, int block_size, bool prefix,
-                                   ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
-  CudaPagedEngine parts = cuda_paged_engine(m, type, blocks, block_size);
+std::unique_ptr<Engine> gpu_engine(const ModelWeights& m, const DeviceWeights& weights, int blocks, int block_size,
+                                   bool prefix, ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
+  CudaPagedEngine parts = cuda_paged_engine(m, weights, blocks, block_size);
   std::unique_ptr<KVManager> memory;
   if (prefix) memory = std::make_unique<PrefixKVManager>(std::move(parts.pool));
   else memory = std::make_unique<PagedKVManager>(std::move(parts.pool));
   return serving_engine(std::move(parts.forward), std::move(memory), options, std::move(speculator));
 }
 
-/// The same engine on the CPU.
+/// The same engine on the CPU (over `projections` where given: lesson 11's formats).
 std::unique_ptr<Engine> cpu_engine(const ModelWeights& m, int blocks, int block_size, bool prefix,
-                                   ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
+                                   ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr,
+                                   ModelProjections projections = {}) {
   std::unique_ptr<KVManager> memory;
   if (prefix) memory = std::make_unique<PrefixKVManager>(m.config, blocks, block_size);
   else memory = std::make_unique<PagedKVManager>(m.config, blocks, block_size);
-  return serving_engine(std::make_unique<CpuRunner>(m), std::move(memory), options, std::move(speculator));
+  auto runner = projections.lm_head ? std::make_unique<CpuRunner>(m, std::move(projections)) : std::make_unique<CpuRunner>(m);
+  return serving_engine(std::move(runner), std::move(memory), options, std::move(speculator));
 }
 
 /// `m` with every weight matrix rounded to bf16 and back: what the GPU's bf16 weights hold.
@@ -330,6 +335,41 @@ TEST(Lesson10OnTheGpu, Bf16WeightsGiveTheTokensOfTheCpuOverTheSameRoundedWeights
   auto gpu = gpu_engine(testing::bundled_model(), WeightType::BF16, 96, 8, true, o);
   const auto rs = requests();
   expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+}
+
+TEST(Lesson10OnTheGpu, QuantizedWeightsGiveTheTokensOfTheCpuOverTheSameFormat) {
+  // Lesson 11's INT8 and INT4 (groups of 32: the wide kernels; of 8: the plain ones) through
+  // lesson 07's forward, prefix cache and chunked prefill included, against the CPU engine over
+  // quantize_model() of the same format: the same rounded weights, summed in another order.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const ServingOptions o{.max_running = 4, .token_budget = 16};
+  const auto rs = requests();
+  for (auto [format, group] : {std::pair{WeightFormat::int8, 32}, {WeightFormat::int4, 32}, {WeightFormat::int4, 8}}) {
+    const DeviceWeights weights = quantized_device_weights(format, group);
+    SCOPED_TRACE(weights.name);
+    auto cpu = cpu_engine(m, 96, 8, true, o, nullptr, quantize_model(m, format, group));
+    auto gpu = gpu_engine(m, weights, 96, 8, true, o);
+    expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+  }
+}
+
+TEST(Lesson10OnTheGpu, AQuantizedForwardReadsItsFormatsBytes) {
+  // What a decode step reads of the weights, as the forward counts it: each format's bytes, scales
+  // included (lesson 11's bytes_per_weight), and far fewer than float32's.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const double f32 = CudaForward(m, WeightType::F32).weight_bytes_per_step();
+  for (auto [format, group] : {std::pair{WeightFormat::int8, 32}, {WeightFormat::int4, 32}}) {
+    const double bytes = CudaForward(m, quantized_device_weights(format, group)).weight_bytes_per_step();
+    EXPECT_DOUBLE_EQ(bytes, static_cast<double>(quantize_model(m, format, group).bytes())) << weight_format_name(format);
+    EXPECT_LT(bytes, f32 / (format == WeightFormat::int8 ? 3.5 : 6.0)) << weight_format_name(format);
+  }
+  using testing::throws_error_mentioning;
+  EXPECT_TRUE(throws_error_mentioning([] { quantized_device_weights(WeightFormat::f32); }, "WeightType::F32"));
+  EXPECT_TRUE(throws_error_mentioning([] { quantized_device_weights(WeightFormat::int4, 0); }, "at least 2"));
+  EXPECT_TRUE(throws_error_mentioning([&] { CudaForward(m, quantized_device_weights(WeightFormat::int4, 7)); },
+                                      "a group of 7"));
 }
 
 TEST(Lesson10OnTheGpu, APoolThatRunsDryLosesNothing) {

@@ -1,4 +1,4 @@
-// Lessons 07 and 08's kernels, computed on the host over the stand-in runtime's host memory (see
+// Lessons 07, 08 and 11's kernels, computed on the host over the stand-in runtime's host memory (see
 // cuda_runtime_on_host.cpp): plain loops and lesson 00's functions, the same results as the
 // kernels' CPU references. They check each call's arguments as the real host functions do, so
 // that a bad call from the given engine code fails here as it would on a GPU; then they run, or,
@@ -14,6 +14,7 @@
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+#include "lessons/11_quantization/kernels.hpp"
 #include "tests/common/host_device/capture.hpp"
 
 namespace infer::gpu {
@@ -196,6 +197,45 @@ void write_kv_slots(const float* k, const float* v, float* k_pool, float* v_pool
       for (int d = 0; d < kv_dim; ++d) {
         k_pool[static_cast<long>(slots[i]) * kv_dim + d] = k[static_cast<long>(i) * kv_dim + d];
         v_pool[static_cast<long>(slots[i]) * kv_dim + d] = v[static_cast<long>(i) * kv_dim + d];
+      }
+  });
+}
+
+// Lesson 11's GEMVs: W read back value by value as QuantizedMatrix's layout says.
+void gemv_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch) {
+  require(rows >= 1 && cols >= 1 && batch >= 1, "gemv_int8: rows, cols and batch must be >= 1, got ", rows, " x ",
+          cols, ", batch ", batch);
+  require_device_pointers("gemv_int8", {q, scales, x, y});
+  host_device::launch([=] {
+    for (int b = 0; b < batch; ++b)
+      for (int r = 0; r < rows; ++r) {
+        float sum = 0.0f;
+        for (int c = 0; c < cols; ++c) sum += static_cast<float>(q[static_cast<long>(r) * cols + c]) * x[static_cast<long>(b) * cols + c];
+        y[static_cast<long>(b) * rows + r] = scales[r] * sum;
+      }
+  });
+}
+
+void gemv_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols, int group,
+               int batch) {
+  require(rows >= 1 && cols >= 1 && batch >= 1, "gemv_int4: rows, cols and batch must be >= 1, got ", rows, " x ",
+          cols, ", batch ", batch);
+  require(group > 0 && group % 2 == 0 && cols % group == 0, "gemv_int4: a group of ", group, " columns for a matrix of ",
+          cols, " (a group must be a positive even number that divides the columns)");
+  require_device_pointers("gemv_int4", {packed, scales, x, y});
+  host_device::launch([=] {
+    const int half = group / 2, groups = cols / group;
+    for (int b = 0; b < batch; ++b)
+      for (int r = 0; r < rows; ++r) {
+        float sum = 0.0f;
+        for (int g = 0; g < groups; ++g) {
+          const uint8_t* bytes = packed + (static_cast<long>(r) * cols + static_cast<long>(g) * group) / 2;
+          const float* xg = x + static_cast<long>(b) * cols + static_cast<long>(g) * group;
+          const float s = scales[static_cast<long>(r) * groups + g];
+          for (int i = 0; i < half; ++i)
+            sum += s * static_cast<float>((bytes[i] & 0x0F) - 8) * xg[i] + s * static_cast<float>((bytes[i] >> 4) - 8) * xg[half + i];
+        }
+        y[static_cast<long>(b) * rows + r] = sum;
       }
   });
 }

@@ -1,0 +1,61 @@
+// Lesson 11: the GPU forward's side of the seam (given): lesson 07's CudaForward on your INT8 and
+// INT4 formats and kernels. Built where CUDA is.
+#include "common/cuda_buffer.hpp"
+#include "common/errors.hpp"
+#include "lessons/11_quantization/cuda_weights.hpp"
+#include "lessons/11_quantization/kernels.hpp"
+
+namespace infer::gpu {
+namespace {
+
+/// A QuantizedMatrix on the device, its arrays copied as they are, and your GEMV over them.
+class QuantizedDeviceMatrix final : public DeviceProjection {
+ public:
+  explicit QuantizedDeviceMatrix(const QuantizedMatrix& w)
+      : format_(w.format), rows_(static_cast<int>(w.rows)), cols_(static_cast<int>(w.cols)), group_(w.group),
+        scales_(w.scales) {
+    if (format_ == WeightFormat::int8) q_ = DeviceArray<int8_t>(w.q);
+    else packed_ = DeviceArray<uint8_t>(w.packed);
+  }
+  int rows() const override { return rows_; }
+  int cols() const override { return cols_; }
+  void product(const float* x, float* y, int batch) const override {
+    if (format_ == WeightFormat::int8) gemv_int8(q_.get(), scales_.get(), x, y, rows_, cols_, batch);
+    else gemv_int4(packed_.get(), scales_.get(), x, y, rows_, cols_, group_, batch);
+  }
+  double bytes() const override {
+    return static_cast<double>(q_.size() + packed_.size()) + 4.0 * static_cast<double>(scales_.size());
+  }
+
+ private:
+  WeightFormat format_;
+  int rows_, cols_, group_;
+  DeviceArray<int8_t> q_;
+  DeviceArray<uint8_t> packed_;
+  DeviceArray<float> scales_;
+};
+
+}  // namespace
+
+DeviceWeights quantized_device_weights(WeightFormat format, int group) {
+  require(format == WeightFormat::int8 || format == WeightFormat::int4,
+          "quantized_device_weights: format int8 or int4, got ", weight_format_name(format),
+          " (float32 on the GPU is lesson 07's WeightType::F32)");
+  require(format == WeightFormat::int8 || group >= 2, "quantized_device_weights: an INT4 group of ", group,
+          " columns (at least 2)");
+  const std::string name = format == WeightFormat::int8 ? "int8" : cat("int4 g", group);
+  return DeviceWeights(name, [format, group](ConstMatrixRef w) -> std::unique_ptr<DeviceProjection> {
+    return std::make_unique<QuantizedDeviceMatrix>(format == WeightFormat::int8 ? quantize_int8(w)
+                                                                                : quantize_int4(w, group));
+  });
+}
+
+DeviceWeights device_weights(const WeightChoice& choice, const ModelConfig& config) {
+  if (!choice.quantized()) return choice.name == "bf16" ? WeightType::BF16 : WeightType::F32;
+  if (choice.format == WeightFormat::int4)
+    for (int cols : {config.hidden_size, config.num_attention_heads * config.head_dim, config.intermediate_size})
+      quantize_int4(Matrix::Zero(1, cols), choice.group);
+  return quantized_device_weights(choice.format, choice.group);
+}
+
+}  // namespace infer::gpu
