@@ -105,6 +105,9 @@ def main():
             for k in kernels:
                 md += [f"| {k.get('name')} | {k.get('shape', '')} | {k.get('ms', 0):.4f} | {k.get('gbps', 0):.0f} | "
                        f"{100 * k.get('fraction_of_copy', 0):.0f}% |"]
+        notes = bench.get("notes", [])  # lesson 08's: the second design's output against the track's
+        if notes:
+            md += [""] + [f"- {n}" for n in notes]
         for d in bench.get("decode", []):
             md += [f"- decode, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s "
                    f"({100 * d.get('fraction_of_roofline', 0):.0f}% of its memory roofline)"]

@@ -9,7 +9,10 @@
 //   1. contiguous against paged, batch 32 at 2,048 positions (Llama-3-8B's heads, 32 over 8, of
 //      128): lesson 07's decode_attention (a launch per sequence, a block per query head), your
 //      paged kernel over tables whose blocks lie in order, and over shuffled tables, at block
-//      sizes 8, 16 and 32. Shuffled against in-order is the cost of paging.
+//      sizes 8, 16 and 32. Shuffled against in-order is the cost of paging. Beside yours, at
+//      block size 16, a second design (attention_variants.hpp: 32 positions a warp), its output
+//      compared with yours (the largest difference, printed and in the JSON), and both at head_dim
+//      64 too (the 1.1B shape's heads).
 //   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
 //      split, and the speedup.
 //   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
@@ -21,6 +24,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -35,6 +40,7 @@
 #include "common/timer.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/08_cuda_paged_attention/attention_variants.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
@@ -47,6 +53,17 @@ struct Result {
   std::string name, shape;
   double bytes = 0, ms = 0;
 };
+
+/// The largest |x - y| over two device arrays of the same size, and the largest |y|.
+std::pair<double, double> max_difference(const DeviceArray<float>& x, const DeviceArray<float>& y) {
+  const std::vector<float> hx = x.download(), hy = y.download();
+  double diff = 0, big = 0;
+  for (size_t i = 0; i < hx.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(hx[i] - hy[i])));
+    big = std::max(big, static_cast<double>(std::abs(hy[i])));
+  }
+  return {diff, big};
+}
 
 struct SplitPoint {
   int length = 0, splits = 1;
@@ -80,6 +97,7 @@ int main(int argc, char** argv) {
 
     const int heads = 32, kv_heads = 8, hd = 128, kvd = kv_heads * hd;
     std::vector<Result> results;
+    std::vector<std::string> checks;  // the second design's output against yours
 
     // 1. Contiguous against paged: batch 32 at 2,048 positions.
     {
@@ -111,8 +129,46 @@ int main(int argc, char** argv) {
           a.kv_heads = kv_heads, a.head_dim = hd, a.max_length = length;
           results.push_back({cat("paged, ", shuffled ? "shuffled" : "in-order", " blocks of ", bs), shape, bytes,
                              cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
+          if (bs != 16) continue;
+          // The second design on the same inputs, its output checked against yours first.
+          gpu::paged_decode_attention(a);
+          DeviceArray<float> mine(out.size());
+          gpu::PagedBatch b = a;
+          b.out = mine.get();
+          gpu::paged_decode_attention_tiled(b);
+          const auto [diff, big] = max_difference(mine, out);
+          checks.push_back(cat("32 positions a warp, ", shuffled ? "shuffled" : "in-order", ", head_dim ", hd,
+                               ": largest difference from yours ", diff, " (largest output ", big, ")"));
+          results.push_back({cat("paged (32 a warp), ", shuffled ? "shuffled" : "in-order", " blocks of ", bs), shape,
+                             bytes, cuda_time_ms([&] { gpu::paged_decode_attention_tiled(b); }, reps)});
         }
       }
+    }
+    // 1b. Both designs at the 1.1B shape's heads (32 over 4 of 64), batch 32 at 2,048 positions,
+    // shuffled blocks of 16.
+    {
+      const int batch = quick ? 8 : 32, length = 2048, h = 32, kvh = 4, d = 64, bs = 16, blocks = length / bs;
+      const double bytes = 2.0 * sizeof(float) * batch * static_cast<double>(length) * kvh * d;
+      const size_t rows = static_cast<size_t>(batch) * length;
+      DeviceArray<float> q(static_cast<size_t>(batch) * h * d), k(rows * kvh * d), v(rows * kvh * d), out(q.size()),
+          mine(q.size());
+      fill_random(q, 5), fill_random(k, 6), fill_random(v, 7);
+      DeviceArray<int> t = tables(batch, blocks, true), dlengths(std::vector<int>(batch, length));
+      gpu::PagedBatch a;
+      a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlengths.get();
+      a.out = out.get(), a.batch = batch, a.max_blocks = blocks, a.block_size = bs, a.heads = h, a.kv_heads = kvh;
+      a.head_dim = d, a.max_length = length;
+      gpu::PagedBatch b = a;
+      b.out = mine.get();
+      gpu::paged_decode_attention(a);
+      gpu::paged_decode_attention_tiled(b);
+      const auto [diff, big] = max_difference(mine, out);
+      checks.push_back(cat("32 positions a warp, shuffled, head_dim ", d, ": largest difference from yours ", diff,
+                           " (largest output ", big, ")"));
+      const std::string shape = cat("batch ", batch, " x ", length, ", 32/4 heads of 64");
+      results.push_back({"paged, shuffled blocks of 16", shape, bytes, cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
+      results.push_back({"paged (32 a warp), shuffled, 16", shape, bytes,
+                         cuda_time_ms([&] { gpu::paged_decode_attention_tiled(b); }, reps)});
     }
 
     // 2. Split-K at batch 1 over the context length.
@@ -189,6 +245,7 @@ int main(int argc, char** argv) {
       std::printf("%-32s %-28s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
                   100 * gbps / copy_gbps);
     }
+    for (const std::string& c : checks) std::printf("%s\n", c.c_str());
     std::printf("\n%-10s %8s %14s %12s %9s\n", "positions", "splits", "one pass ms", "split ms", "speedup");
     for (const SplitPoint& p : splits)
       std::printf("%-10d %8d %14.4f %12.4f %8.1fx\n", p.length, p.splits, p.one_pass_ms, p.split_ms,
@@ -212,6 +269,9 @@ int main(int argc, char** argv) {
         std::fprintf(f, "  {\"length\": %d, \"splits\": %d, \"one_pass_ms\": %.5f, \"split_ms\": %.5f}%s\n", p.length,
                      p.splits, p.one_pass_ms, p.split_ms, i + 1 < splits.size() ? "," : "");
       }
+      std::fprintf(f, "], \"notes\": [\n");
+      for (size_t i = 0; i < checks.size(); ++i)
+        std::fprintf(f, "  \"%s\"%s\n", checks[i].c_str(), i + 1 < checks.size() ? "," : "");
       std::fprintf(f, "], \"steps\": [\n");
       for (size_t i = 0; i < decodes.size(); ++i)
         std::fprintf(f, "  {\"model\": \"%s\", \"tokens_per_s\": %.1f}%s\n", decodes[i].model.c_str(),

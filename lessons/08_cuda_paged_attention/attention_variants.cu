@@ -1,0 +1,188 @@
+// Lesson 08's bench: a second design of paged decode attention, measured beside yours (given,
+// not graded; see attention_variants.hpp for why it exists and what it changes).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/cuda_check.hpp"
+#include "common/errors.hpp"
+#include "lessons/08_cuda_paged_attention/attention_variants.hpp"
+
+namespace infer::gpu {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTile = 32;       // positions a warp takes at once: one a lane for the scores
+constexpr int kHeads = 8;       // query heads of one K/V head a block serves
+constexpr int kChunks = 2;      // float4 chunks of a value row a lane owns: head_dim up to 2 * 32 * 4
+
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+/// Shared memory: the scaled queries [kHeads][hd], each warp's tile weights [kTile][kHeads] and
+/// rows [kTile], then each warp's m, l [kHeads] and output [kHeads][hd] for the block's merge.
+__host__ __device__ size_t tiled_smem_bytes(int hd) {
+  return sizeof(float) * (kHeads * hd + kWarps * kTile * kHeads + 2 * kWarps * kHeads + kWarps * kHeads * hd) +
+         sizeof(long long) * kWarps * kTile;
+}
+
+/// One block per (K/V head and up to 8 of its query heads, sequence). Warp w takes the tiles of
+/// 32 positions starting at 32 w, 32 (w + 4), ...; for a tile:
+///  1. scores: lane i owns position t0 + i, finds its row through the block table and dots its
+///     key row (float4 loads) with every query head (queries in shared memory, read by all lanes
+///     at once: a broadcast);
+///  2. softmax: per head, the tile's max (one warp reduction for 32 positions), the running max m,
+///     each lane's weight exp(s - m) (one exponential per position and head), the running sum l;
+///  3. values: lane i owns dims 4i..4i+3 (and 128 further on); the 32 positions' value rows are
+///     read in turn, each by the whole warp (coalesced), weighted from shared memory.
+/// Then the four warps' (m, l, output) merge as in your kernel.
+__global__ void tiled_attention_kernel(PagedBatch a) {
+  extern __shared__ float smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = a.heads / a.kv_heads, qchunks = (group + kHeads - 1) / kHeads;
+  const int g = blockIdx.x / qchunks, h0 = g * group + (blockIdx.x % qchunks) * kHeads;
+  const int nh = min(kHeads, (g + 1) * group - h0), seq = blockIdx.y, hd = a.head_dim, hd4 = hd / 4;
+  const int length = a.lengths[seq];
+
+  float* qs = smem;                                   // [kHeads][hd]
+  float* ws = qs + kHeads * hd;                       // [kWarps][kTile][kHeads]
+  float* ms = ws + kWarps * kTile * kHeads;           // [kWarps][kHeads]
+  float* ls = ms + kWarps * kHeads;                   // [kWarps][kHeads]
+  float* accs = ls + kWarps * kHeads;                 // [kWarps][kHeads][hd]
+  long long* rows = reinterpret_cast<long long*>(accs + kWarps * kHeads * hd);  // [kWarps][kTile]
+
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* q = a.q + (static_cast<long>(seq) * a.heads + h0) * hd;
+  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qs[i] = q[i] * scale;
+  __syncthreads();
+
+  float m[kHeads], l[kHeads];
+  float4 acc[kHeads][kChunks];
+#pragma unroll
+  for (int j = 0; j < kHeads; ++j) {
+    m[j] = -INFINITY, l[j] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) acc[j][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int* table = a.block_tables + static_cast<long>(seq) * a.max_blocks;
+  const long kvd = static_cast<long>(a.kv_heads) * hd;
+  float* wt = ws + warp * kTile * kHeads;
+  long long* rt = rows + warp * kTile;
+
+  for (int t0 = warp * kTile; t0 < length; t0 += kWarps * kTile) {
+    // 1. scores, a position a lane
+    const int p = t0 + lane;
+    const bool live = p < length;
+    float s[kHeads];
+#pragma unroll
+    for (int j = 0; j < kHeads; ++j) s[j] = 0.0f;
+    long long row = 0;
+    if (live) {
+      row = static_cast<long long>(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      const float4* kr = reinterpret_cast<const float4*>(a.k_pool + row * kvd + static_cast<long>(g) * hd);
+#pragma unroll 8
+      for (int c = 0; c < hd4; ++c) {
+        const float4 k4 = kr[c];
+#pragma unroll
+        for (int j = 0; j < kHeads; ++j) {
+          if (j < nh) {
+            const float4 q4 = reinterpret_cast<const float4*>(qs + j * hd)[c];
+            s[j] += k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w;
+          }
+        }
+      }
+    }
+    rt[lane] = row;
+    // 2. the tile's softmax, per head
+#pragma unroll
+    for (int j = 0; j < kHeads; ++j) {
+      if (j >= nh) break;  // the same in every lane
+      const float sj = live ? s[j] : -INFINITY;
+      const float m_new = fmaxf(m[j], warp_max(sj));  // finite: lane 0 is live
+      const float correction = expf(m[j] - m_new);    // 0 on the first tile (m = -inf)
+      const float w = live ? expf(sj - m_new) : 0.0f;
+      l[j] = l[j] * correction + warp_sum(w);
+      m[j] = m_new;
+      wt[lane * kHeads + j] = w;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        acc[j][c].x *= correction, acc[j][c].y *= correction;
+        acc[j][c].z *= correction, acc[j][c].w *= correction;
+      }
+    }
+    __syncwarp();
+    // 3. values, a row at a time across the warp
+    const int n = min(kTile, length - t0);
+#pragma unroll 4
+    for (int t = 0; t < n; ++t) {
+      const float4* vr = reinterpret_cast<const float4*>(a.v_pool + rt[t] * kvd + static_cast<long>(g) * hd);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int chunk = lane + 32 * c;
+        if (chunk < hd4) {
+          const float4 v4 = vr[chunk];
+#pragma unroll
+          for (int j = 0; j < kHeads; ++j) {
+            if (j < nh) {
+              const float w = wt[t * kHeads + j];
+              acc[j][c].x += w * v4.x, acc[j][c].y += w * v4.y, acc[j][c].z += w * v4.z, acc[j][c].w += w * v4.w;
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // the tile's weights and rows are read before the next tile writes them
+  }
+
+  // Each warp's state into shared memory, then the block's merge of the four.
+#pragma unroll
+  for (int j = 0; j < kHeads; ++j) {
+    if (j >= nh) break;
+    if (lane == 0) ms[warp * kHeads + j] = m[j], ls[warp * kHeads + j] = l[j];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int chunk = lane + 32 * c;
+      if (chunk < hd4) reinterpret_cast<float4*>(accs + (warp * kHeads + j) * hd)[chunk] = acc[j][c];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * hd; idx += blockDim.x) {
+    const int j = idx / hd, d = idx % hd;
+    float big = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, ms[w * kHeads + j]);
+    float total = 0.0f, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = ms[w * kHeads + j] == -INFINITY ? 0.0f : expf(ms[w * kHeads + j] - big);  // an idle warp weighs nothing
+      total += ls[w * kHeads + j] * f;
+      sum += accs[(w * kHeads + j) * hd + d] * f;
+    }
+    a.out[(static_cast<long>(seq) * a.heads + h0 + j) * hd + d] = sum / total;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void paged_decode_attention_tiled(const PagedBatch& a) {
+  check_paged_batch(a, "paged_decode_attention_tiled");
+  require(a.head_dim % 4 == 0 && a.head_dim <= 32 * 4 * kChunks, "paged_decode_attention_tiled: head_dim ", a.head_dim,
+          " (this variant reads float4s: a multiple of 4, at most ", 32 * 4 * kChunks, ")");
+  require(aligned16(a.q) && aligned16(a.k_pool) && aligned16(a.v_pool),
+          "paged_decode_attention_tiled: q, k_pool and v_pool must lie on 16-byte boundaries");
+  require(a.batch <= 65535, "paged_decode_attention_tiled: batch ", a.batch, " must be at most 65535 (a grid dimension)");
+  const int group = a.heads / a.kv_heads, qchunks = (group + kHeads - 1) / kHeads;
+  const size_t smem = tiled_smem_bytes(a.head_dim);  // at most 46 KiB for head_dim 256: no opt-in
+  tiled_attention_kernel<<<dim3(a.kv_heads * qchunks, a.batch), kThreads, smem>>>(a);
+  cuda_check_launch("paged_decode_attention_tiled");
+}
+
+}  // namespace infer::gpu

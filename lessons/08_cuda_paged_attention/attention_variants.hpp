@@ -1,0 +1,27 @@
+/// @file attention_variants.hpp
+/// @brief Lesson 08's bench: a second design of paged decode attention, timed beside yours on the
+/// same inputs, its output compared with yours (given, not graded).
+///
+/// Why a second design: the course's GPU report measured the reference paged_decode_attention at
+/// about 15% of the H200's copy bandwidth, where a memory-bound kernel should reach most of it. That
+/// kernel walks the positions one per warp: each position costs a dependent block-table read, a key
+/// read, and then for every query head a warp-wide sum (five shuffles) and two exponentials that all
+/// 32 lanes compute alike. Few bytes are in flight, and most of the work is repeated 32 times.
+///
+/// This one takes 32 positions per warp at once: each lane finds its own position's row and reads
+/// its whole key row (16-byte loads), so a warp has many rows in flight; the softmax needs one warp
+/// reduction per head for 32 positions and one exponential per position and head; then the 32
+/// value rows are read by the whole warp, one after another (coalesced), weighted from shared
+/// memory. The report's rows say whether it wins on a GPU; until then that is a hypothesis.
+#pragma once
+
+#include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
+
+namespace infer::gpu {
+
+/// paged_decode_attention()'s contract, computed by the tiled design above. Also refuses a
+/// head_dim that is not a multiple of 4 or above 256, and q, k_pool or v_pool off a 16-byte
+/// boundary (infer::Error naming the function).
+void paged_decode_attention_tiled(const PagedBatch& a);
+
+}  // namespace infer::gpu
