@@ -6,10 +6,12 @@
 ///
 /// A step runs the same forward as lesson 03's forward_batch, for B sequences at once, with
 /// every operation one of lesson 07's kernels: embedding of the B tokens, then per layer
-/// rms_norm over B rows, three batched GEMVs, rope at each row's own position, each row's K/V
-/// appended to its own cache, decode_attention per sequence, a batched GEMV and add, rms_norm,
-/// two batched GEMVs, swiglu, a batched GEMV and add; then rms_norm and the lm_head's batched
-/// GEMV. At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
+/// rms_norm over B rows, the Q, K and V products, rope at each row's own position, each row's K/V
+/// appended to its own cache, decode_attention per sequence, a product and add, rms_norm, the
+/// gate and up products, swiglu, a product and add; then rms_norm and the lm_head's product.
+/// Q, K and V are one stacked matrix, gate and up another: at B = 1 each is one launch, and q and
+/// k take one RoPE launch (12 launches a layer at B = 1 over lesson 08's paged attention, 16
+/// above: tests/common/host_device/launches_test.cpp counts them). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
 /// which read each weight once for up to 16 rows. A prompt (or a piece of one) is a chunk of several
 /// rows in the same step: its rows go through the weights with everyone else's, and each of its
 /// rows attends causally over its own sequence (lesson 09 writes a prefill kernel that does that
@@ -45,9 +47,14 @@ class DeviceProjection {
   virtual int rows() const = 0;
   /// Input features: columns of W (and of x).
   virtual int cols() const = 0;
-  /// y [batch, rows] = x [batch, cols] W^T, device arrays, every element of y written; launched on
-  /// the default stream (it may be captured in a CUDA graph: no host synchronisation).
-  virtual void product(const float* x, float* y, int batch) const = 0;
+  /// y [batch, count] = x [batch, cols] W[first .. first + count)^T: rows `first` to first + count
+  /// of W alone (W's rows are independent: a matrix of stacked ones, as CudaForward keeps Q, K and
+  /// V, answers for each), device arrays, every element of y written; launched on the default
+  /// stream (it may be captured in a CUDA graph: no host synchronisation). The caller keeps
+  /// first and count within W.
+  virtual void product(const float* x, float* y, int batch, int first, int count) const = 0;
+  /// y [batch, rows] = x [batch, cols] W^T: every row of W.
+  void product(const float* x, float* y, int batch) const { product(x, y, batch, 0, rows()); }
   /// Bytes of W on the device, scales included: what a decode step reads for this product.
   virtual double bytes() const = 0;
 };
@@ -183,7 +190,9 @@ class CudaForward final : public ModelRunner {
   /// A step of the engine (forward_step()'s contract, validated the same way first), in one pass
   /// over the weights whatever its shape: the N rows of every chunk stacked (a decode is one row,
   /// a prompt chunk n of them), every weight matrix read once for all N (gemv_f32/gemv_bf16 at
-  /// N = 1, skinny_gemm_* above), RoPE at each row's own position, the attention's
+  /// N = 1, skinny_gemm_* above; Q, K and V are kept as one stacked matrix, and gate and up as
+  /// another, so that at N = 1, where a step is a string of small launches, each is one product,
+  /// and q and k, side by side in its output, take one RoPE launch), RoPE at each row's own position, the attention's
   /// append_and_attend() over the N rows, then the final norm and the output head over the
   /// wanted rows only (each chunk's last `logits`). Rows of logits as forward_step() gives them.
   /// A tree of guesses (a chunk with a mask) puts each token at its depth and leaves the mask to

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <set>
 
@@ -29,13 +30,14 @@ class DeviceMatrix final : public DeviceProjection {
   }
   int rows() const override { return rows_; }
   int cols() const override { return cols_; }
-  void product(const float* x, float* y, int batch) const override {
+  void product(const float* x, float* y, int batch, int first, int count) const override {
+    const size_t at = static_cast<size_t>(first) * cols_;
     if (f32_.size() > 0) {
-      if (batch == 1) gemv_f32(gemv_versions(), f32_.get(), x, y, rows_, cols_);
-      else skinny_gemm_f32(f32_.get(), x, y, rows_, cols_, batch);
+      if (batch == 1) gemv_f32(gemv_versions(), f32_.get() + at, x, y, count, cols_);
+      else skinny_gemm_f32(f32_.get() + at, x, y, count, cols_, batch);
     } else {
-      if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get(), x, y, rows_, cols_);
-      else skinny_gemm_bf16(bf16_.get(), x, y, rows_, cols_, batch);
+      if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
+      else skinny_gemm_bf16(bf16_.get() + at, x, y, count, cols_, batch);
     }
   }
   double bytes() const override { return f32_.size() > 0 ? 4.0 * f32_.size() : 2.0 * bf16_.size(); }
@@ -89,6 +91,16 @@ std::unique_ptr<DeviceProjection> pattern(int rows, int cols, const DeviceWeight
   return d;
 }
 
+/// The matrices `parts`, one under another (the same columns): the rows of each, in order.
+Matrix stacked(std::initializer_list<const Matrix*> parts) {
+  Eigen::Index rows = 0;
+  for (const Matrix* p : parts) rows += p->rows();
+  Matrix out(rows, (*parts.begin())->cols());
+  Eigen::Index at = 0;
+  for (const Matrix* p : parts) out.middleRows(at, p->rows()) = *p, at += p->rows();
+  return out;
+}
+
 /// The device form of `m` as `weights` says.
 std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, const DeviceWeights& weights) {
   return weights.upload ? weights.upload(m) : upload(m, weights.type);
@@ -99,6 +111,7 @@ struct Scratch {
   int capacity = 0, logit_capacity = 0;
   long generation = 0;  // bumped whenever an array is replaced: a graph holds the old ones' addresses
   DeviceArray<float> x, h, q, k, v, attn, tmp, gate, up, logits;
+  DeviceArray<float> qkv1, gate_up1;  // a one-row step's stacked products: [q | k | v], [gate | up]
   DeviceArray<int> tokens, positions;
 
   void ensure(const ModelConfig& c, int rows, int wanted) {
@@ -109,6 +122,7 @@ struct Scratch {
       q = DeviceArray<float>(b * qd), attn = DeviceArray<float>(b * qd);
       k = DeviceArray<float>(b * kvd), v = DeviceArray<float>(b * kvd);
       gate = DeviceArray<float>(b * inter), up = DeviceArray<float>(b * inter);
+      qkv1 = DeviceArray<float>(qd + 2 * kvd), gate_up1 = DeviceArray<float>(2 * inter);
       tokens = DeviceArray<int>(b), positions = DeviceArray<int>(b);
       capacity = rows;
       ++generation;
@@ -309,7 +323,9 @@ struct CudaForward::Impl {
   std::unique_ptr<DeviceProjection> lm_head;
   struct Layer {
     DeviceArray<float> input_norm, post_norm;
-    std::unique_ptr<DeviceProjection> q, k, v, o, gate, up, down;
+    // Q, K and V stacked in one matrix [qd + 2 kvd, hidden], gate and up in another [2 inter,
+    // hidden]: at one row each is one launch (see layers_of).
+    std::unique_ptr<DeviceProjection> qkv, o, gate_up, down;
   };
   std::vector<Layer> layers;
   std::unique_ptr<DeviceAttention> attention;
@@ -331,20 +347,36 @@ struct CudaForward::Impl {
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
       rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.q->product(s.h.get(), s.q.get(), N);
-      l.k->product(s.h.get(), s.k.get(), N);
-      l.v->product(s.h.get(), s.v.get(), N);
-      rope(s.q.get(), s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
-      rope(s.k.get(), s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
-      if (captured) attention->launch(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
-      else attention->append_and_attend(li, s.q.get(), s.k.get(), s.v.get(), s.attn.get());
+      const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd, inter = c.intermediate_size;
+      float *q = s.q.get(), *k = s.k.get(), *v = s.v.get();
+      if (N == 1) {
+        // One product into [q | k | v], and one RoPE over q's and k's heads, side by side there.
+        q = s.qkv1.get(), k = q + qd, v = k + kvd;
+        l.qkv->product(s.h.get(), q, 1);
+        rope(q, s.positions.get(), 1, c.num_attention_heads + c.num_key_value_heads, hd, c.rope_theta);
+      } else {
+        // N rows: each product's rows must be an array of their own (the attention reads them so).
+        l.qkv->product(s.h.get(), q, N, 0, qd);
+        l.qkv->product(s.h.get(), k, N, qd, kvd);
+        l.qkv->product(s.h.get(), v, N, qd + kvd, kvd);
+        rope(q, s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
+        rope(k, s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
+      }
+      if (captured) attention->launch(li, q, k, v, s.attn.get());
+      else attention->append_and_attend(li, q, k, v, s.attn.get());
       l.o->product(s.attn.get(), s.tmp.get(), N);
       add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
       rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      l.gate->product(s.h.get(), s.gate.get(), N);
-      l.up->product(s.h.get(), s.up.get(), N);
-      swiglu(s.gate.get(), s.up.get(), s.gate.get(), static_cast<long>(N) * c.intermediate_size);
-      l.down->product(s.gate.get(), s.tmp.get(), N);
+      float *gate = s.gate.get(), *up = s.up.get();
+      if (N == 1) {
+        gate = s.gate_up1.get(), up = gate + inter;
+        l.gate_up->product(s.h.get(), gate, 1);
+      } else {
+        l.gate_up->product(s.h.get(), gate, N, 0, inter);
+        l.gate_up->product(s.h.get(), up, N, inter, inter);
+      }
+      swiglu(gate, up, gate, static_cast<long>(N) * inter);
+      l.down->product(gate, s.tmp.get(), N);
       add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
     }
   }
@@ -455,9 +487,10 @@ CudaForward::CudaForward(const ModelWeights& model, const DeviceWeights& weights
   for (const LayerWeights& w : model.layers) {
     Impl::Layer l;
     l.input_norm = upload(w.input_layernorm), l.post_norm = upload(w.post_attention_layernorm);
-    l.q = upload(w.q_proj, weights), l.k = upload(w.k_proj, weights), l.v = upload(w.v_proj, weights);
+    l.qkv = upload(stacked({&w.q_proj, &w.k_proj, &w.v_proj}), weights);
     l.o = upload(w.o_proj, weights);
-    l.gate = upload(w.gate_proj, weights), l.up = upload(w.up_proj, weights), l.down = upload(w.down_proj, weights);
+    l.gate_up = upload(stacked({&w.gate_proj, &w.up_proj}), weights);
+    l.down = upload(w.down_proj, weights);
     m.layers.push_back(std::move(l));
   }
 }
@@ -484,11 +517,9 @@ std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig
     Impl::Layer l;
     l.input_norm = DeviceArray<float>(std::vector<float>(hidden, 1.0f));
     l.post_norm = DeviceArray<float>(std::vector<float>(hidden, 1.0f));
-    l.q = pattern(qd, hidden, weights, tile), l.k = pattern(kvd, hidden, weights, tile);
-    l.v = pattern(kvd, hidden, weights, tile);
+    l.qkv = pattern(qd + 2 * kvd, hidden, weights, tile);
     l.o = pattern(hidden, qd, weights, tile);
-    l.gate = pattern(c.intermediate_size, hidden, weights, tile);
-    l.up = pattern(c.intermediate_size, hidden, weights, tile);
+    l.gate_up = pattern(2 * c.intermediate_size, hidden, weights, tile);
     l.down = pattern(hidden, c.intermediate_size, weights, tile);
     m->layers.push_back(std::move(l));
   }
@@ -543,7 +574,7 @@ int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.
 double CudaForward::weight_bytes_per_step() const {
   double bytes = impl_->lm_head->bytes();
   for (const Impl::Layer& l : impl_->layers)
-    for (const auto* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += (*w)->bytes();
+    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) bytes += (*w)->bytes();
   return bytes;
 }
 

@@ -19,9 +19,13 @@ class QuantizedDeviceMatrix final : public DeviceProjection {
   }
   int rows() const override { return rows_; }
   int cols() const override { return cols_; }
-  void product(const float* x, float* y, int batch) const override {
-    if (format_ == WeightFormat::int8) gemv_int8(q_.get(), scales_.get(), x, y, rows_, cols_, batch);
-    else gemv_int4(packed_.get(), scales_.get(), x, y, rows_, cols_, group_, batch);
+  void product(const float* x, float* y, int batch, int first, int count) const override {
+    // Rows [first, first + count) of W are a run of its arrays: QuantizedMatrix's rows are independent.
+    const size_t r = static_cast<size_t>(first);
+    if (format_ == WeightFormat::int8)
+      gemv_int8(q_.get() + r * cols_, scales_.get() + r, x, y, count, cols_, batch);
+    else
+      gemv_int4(packed_.get() + r * cols_ / 2, scales_.get() + r * (cols_ / group_), x, y, count, cols_, group_, batch);
   }
   double bytes() const override {
     return static_cast<double>(q_.size() + packed_.size()) + 4.0 * static_cast<double>(scales_.size());

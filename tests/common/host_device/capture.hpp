@@ -9,7 +9,9 @@ namespace infer::host_device {
 
 /// Whether a capture is under way (cudaStreamBeginCapture .. cudaStreamEndCapture).
 bool capturing();
-/// Runs `work` now, or records it into the graph being captured.
+/// Runs `work` now, or records it into the graph being captured. Each call is one kernel launch.
 void launch(std::function<void()> work);
+/// Kernel launches so far (launch() calls; a graph's replay counts as one, as on a GPU).
+long launches();
 
 }  // namespace infer::host_device

@@ -17,11 +17,14 @@
 namespace {
 using Work = std::vector<std::function<void()>>;
 Work* recording = nullptr;  // the graph being captured (null: none)
+long launched = 0;          // kernels launched from the host (a graph counts once)
 }  // namespace
 
 namespace infer::host_device {
 bool capturing() { return recording != nullptr; }
+long launches() { return launched; }
 void launch(std::function<void()> work) {
+  if (!recording) ++launched;  // a captured kernel launches with its graph
   if (recording) recording->push_back(std::move(work));
   else work();
 }
@@ -104,6 +107,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
   if (recording) return cudaErrorStreamCaptureUnsupported;
+  ++launched;  // the whole graph: one launch from the host
   for (const auto& work : *reinterpret_cast<Work*>(exec)) work();
   return cudaSuccess;
 }

@@ -1,0 +1,56 @@
+// Kernel launches per decode step of the GPU forward, counted on the host stand-in (it counts every
+// launch the given engine code makes; the code is the same on a GPU). A decode step at batch 1 is
+// launch-bound on a large GPU (lesson 07's report): these cases pin how many launches a step
+// makes, so that a change that adds some is seen. Not speed: the count of what the host asks for.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/testing/models.hpp"
+#include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
+#include "lessons/04_paged_attention/paged_attention.hpp"
+#include "tests/common/host_device/capture.hpp"
+
+namespace infer::gpu {
+namespace {
+
+/// Launches of one decode step of `batch` one-token chunks after a prompt of 5 each.
+long launches_per_step(CudaForward& forward, KVManager& memory, int batch) {
+  std::vector<std::unique_ptr<KVStore>> stores;
+  std::vector<KVStore*> caches;
+  const std::vector<int> prompt = {3, 4, 5, 6, 7};
+  for (int b = 0; b < batch; ++b) {
+    stores.push_back(memory.open(0));
+    forward.prefill(prompt, *stores.back());
+    caches.push_back(stores.back().get());
+  }
+  const std::vector<int> tokens(batch, 9);
+  forward.decode(tokens, caches);  // (a graph is captured here, where they are on)
+  const long before = host_device::launches();
+  forward.decode(tokens, caches);
+  const long n = host_device::launches() - before;
+  for (auto& s : stores) memory.close(std::move(s));
+  return n;
+}
+
+TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
+  const ModelWeights& m = testing::bundled_model();
+  const int layers = m.config.num_hidden_layers;
+  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  PagedKVManager memory(std::move(parts.pool));
+  const long one = launches_per_step(*parts.forward, memory, 1), four = launches_per_step(*parts.forward, memory, 4);
+  std::printf("[launches per decode step, %d layers: %ld at batch 1, %ld at batch 4]\n", layers, one, four);
+  // Per layer at batch 1: norm, the fused Q/K/V product, one RoPE for q and k, the slot write and
+  // the attention, the O product, add, norm, the fused gate/up product, SwiGLU, down, add (12);
+  // then the embedding, the final norm and the head. Above batch 1 the fused products run as
+  // three and two (their outputs must be separate arrays) and RoPE as two: 16 a layer.
+  EXPECT_EQ(one, 12L * layers + 3);
+  EXPECT_EQ(four, 16L * layers + 3);
+  parts.forward->use_graphs(true);
+  EXPECT_EQ(launches_per_step(*parts.forward, memory, 1), 1) << "a replayed step is one graph launch";
+}
+
+}  // namespace
+}  // namespace infer::gpu
