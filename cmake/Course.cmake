@@ -34,12 +34,16 @@ function(course_lesson nn topic)
   set_property(GLOBAL PROPERTY COURSE_TEST_LIBS_${nn} "${test_libs}")
 
   # lessons/NN_topic/given*.cpp: the plumbing given to students, in both tracks. given_cuda.cpp
-  # calls the CUDA runtime and is built where CUDA is; given_http.cpp and given_http_*.cpp serve
+  # calls the CUDA runtime and is built where CUDA is (given_kernels.cu too); given_http.cpp and given_http_*.cpp serve
   # HTTP (lesson 10) and are built where Boost.Beast is (COURSE_HTTP).
   file(GLOB given CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given*.cpp")
   list(FILTER given EXCLUDE REGEX "/given_(cuda|http[a-z_]*)\\.cpp$")
   if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
     list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
+  endif()
+  # given_kernels.cu: kernels the given code launches besides yours (lesson 07's fused ones).
+  if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
+    list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
   endif()
   # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server).
   set(lesson_http OFF)

@@ -13,6 +13,7 @@
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 
 namespace infer::gpu {
@@ -344,9 +345,12 @@ struct CudaForward::Impl {
   void layers_of(int N, bool captured) {
     const int hidden = c.hidden_size, hd = c.head_dim;
     embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
+    // Each residual add and the norm after it are one launch (add_rms_norm, given): the first
+    // layer's input norm runs alone, and the last add too (the final norm runs over the wanted
+    // rows only, in head_of).
+    rms_norm(s.x.get(), layers[0].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
-      rms_norm(s.x.get(), l.input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
       const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd, inter = c.intermediate_size;
       float *q = s.q.get(), *k = s.k.get(), *v = s.v.get();
       if (N == 1) {
@@ -365,8 +369,7 @@ struct CudaForward::Impl {
       if (captured) attention->launch(li, q, k, v, s.attn.get());
       else attention->append_and_attend(li, q, k, v, s.attn.get());
       l.o->product(s.attn.get(), s.tmp.get(), N);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
-      rms_norm(s.x.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      add_rms_norm(s.x.get(), s.tmp.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
       float *gate = s.gate.get(), *up = s.up.get();
       if (N == 1) {
         gate = s.gate_up1.get(), up = gate + inter;
@@ -377,7 +380,10 @@ struct CudaForward::Impl {
       }
       swiglu(gate, up, gate, static_cast<long>(N) * inter);
       l.down->product(gate, s.tmp.get(), N);
-      add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
+      if (li + 1 < c.num_hidden_layers)
+        add_rms_norm(s.x.get(), s.tmp.get(), layers[li + 1].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      else
+        add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
     }
   }
 

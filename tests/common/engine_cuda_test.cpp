@@ -16,7 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
+#include "common/rng.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
@@ -28,6 +30,8 @@
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
+#include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/10_serving/serving.hpp"
 #include "lessons/11_quantization/cuda_weights.hpp"
@@ -401,6 +405,33 @@ TEST(Lesson10OnTheGpu, CancellingFreesTheDeviceBlocks) {
   for (int id = 0; id < 4; ++id) gpu->cancel(id);
   while (!gpu->idle()) gpu->step();
   EXPECT_EQ(gpu->memory().reserved_tokens(), 0) << "cancelled sequences give their blocks back";
+}
+
+TEST(Lesson10OnTheGpu, TheFusedAddAndNormEqualsLesson07sAddThenNorm) {
+  // The forward's add_rms_norm (given) against lesson 07's add() then rms_norm() on the same rows:
+  // x gets the same sums (exactly), h the same norm up to the order of the squares' sum (1e-5
+  // relative, float32 sums of 2,048 squares). Rows of 2,048 (the 1.1B shape's hidden size) and of
+  // 100 (not a multiple of the block's threads).
+  REQUIRE_DEVICE();
+  for (const int cols : {2048, 100}) {
+    const int rows = 3;
+    Rng rng(static_cast<uint64_t>(cols));
+    std::vector<float> x(static_cast<size_t>(rows) * cols), y(x.size()), w(static_cast<size_t>(cols));
+    for (float& v : x) v = static_cast<float>(rng.uniform(-2, 2));
+    for (float& v : y) v = static_cast<float>(rng.uniform(-2, 2));
+    for (float& v : w) v = static_cast<float>(rng.uniform(0.5, 1.5));
+    DeviceArray<float> x1(x), x2(x), dy(y), dw(w), h1(x.size()), h2(x.size());
+    add(x1.get(), dy.get(), static_cast<long>(x.size()));
+    rms_norm(x1.get(), dw.get(), h1.get(), rows, cols, 1e-5f);
+    add_rms_norm(x2.get(), dy.get(), dw.get(), h2.get(), rows, cols, 1e-5f);
+    EXPECT_EQ(x2.download(), x1.download()) << "cols " << cols << ": the residual sums";
+    const std::vector<float> want = h1.download(), got = h2.download();
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i]) + 1e-6) << "cols " << cols << ", element " << i;
+  }
+  using testing::throws_error_mentioning;
+  EXPECT_TRUE(throws_error_mentioning(
+      [] { add_rms_norm(nullptr, nullptr, nullptr, nullptr, 0, 4, 1e-5f); }, "add_rms_norm"));
 }
 
 TEST(Lesson10OnTheGpu, TheNaiveGpuForwardEqualsLesson00) {

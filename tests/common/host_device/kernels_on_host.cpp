@@ -12,6 +12,7 @@
 #include "common/errors.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 #include "lessons/11_quantization/kernels.hpp"
@@ -98,6 +99,16 @@ void rms_norm(const float* x, const float* weight, float* y, int rows, int cols,
   host_device::launch([=] {
     const Vector g = Eigen::Map<const Vector>(weight, cols);
     RowMap(y, rows, cols) = ::infer::rms_norm(ConstRowMap(x, rows, cols), g, eps);
+  });
+}
+
+void add_rms_norm(float* x, const float* y, const float* weight, float* h, int rows, int cols, float eps) {
+  require(rows >= 1 && cols >= 1, "add_rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers("add_rms_norm", {x, y, weight, h});
+  host_device::launch([=] {
+    RowMap(x, rows, cols) += ConstRowMap(y, rows, cols);
+    const Vector g = Eigen::Map<const Vector>(weight, cols);
+    RowMap(h, rows, cols) = ::infer::rms_norm(ConstRowMap(x, rows, cols), g, eps);
   });
 }
 

@@ -42,12 +42,14 @@ TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
   PagedKVManager memory(std::move(parts.pool));
   const long one = launches_per_step(*parts.forward, memory, 1), four = launches_per_step(*parts.forward, memory, 4);
   std::printf("[launches per decode step, %d layers: %ld at batch 1, %ld at batch 4]\n", layers, one, four);
-  // Per layer at batch 1: norm, the fused Q/K/V product, one RoPE for q and k, the slot write and
-  // the attention, the O product, add, norm, the fused gate/up product, SwiGLU, down, add (12);
-  // then the embedding, the final norm and the head. Above batch 1 the fused products run as
-  // three and two (their outputs must be separate arrays) and RoPE as two: 16 a layer.
-  EXPECT_EQ(one, 12L * layers + 3);
-  EXPECT_EQ(four, 16L * layers + 3);
+  // Per layer at batch 1: the stacked Q/K/V product, one RoPE for q and k, the slot write and the
+  // attention, the O product, the residual add with the next norm (add_rms_norm), the stacked
+  // gate/up product, SwiGLU, down, the add with the next layer's norm (10); besides them the
+  // embedding, the first layer's norm, the final norm and the head. Above batch 1 the stacked
+  // products run as three and two (their outputs must be arrays of their own) and RoPE as two:
+  // 14 a layer. (Before the stacking and the fusion: 16 a layer at every batch.)
+  EXPECT_EQ(one, 10L * layers + 4);
+  EXPECT_EQ(four, 14L * layers + 4);
   parts.forward->use_graphs(true);
   EXPECT_EQ(launches_per_step(*parts.forward, memory, 1), 1) << "a replayed step is one graph launch";
 }
