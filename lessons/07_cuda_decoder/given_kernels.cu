@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-/// The block's total, in every thread.
+/// The block's total, in every thread (the last barrier lets a second call reuse `partial`).
 __device__ float block_sum(float v) {
   __shared__ float partial[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -18,6 +18,7 @@ __device__ float block_sum(float v) {
   __syncthreads();
   float total = 0.0f;
   for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  __syncthreads();
   return total;
 }
 

@@ -3,7 +3,8 @@
 /// that take device pointers and launch.
 ///
 /// You write them in `exercises/07_cuda_decoder/kernels.cu`. Every pointer here is a device
-/// pointer (from cudaMalloc), every matrix row-major, every launch on the default stream. Each
+/// pointer (from cudaMalloc, or into such an array: the GPU forward multiplies by runs of rows of
+/// a stacked matrix, so a weight pointer lies wherever row `first` starts), every matrix row-major, every launch on the default stream. Each
 /// function checks its sizes and pointers first and throws infer::Error before launching
 /// anything: the GEMVs through gemv_launch (its messages say "version" or "rows and cols"), the
 /// others naming the function (`rms_norm: ...`); then it launches, and checks the launch

@@ -3,7 +3,9 @@
 /// ladder, as host functions that take device pointers and launch.
 ///
 /// You write them in `exercises/11_quantization/kernels.cu`. As in lesson 07
-/// (lessons/07_cuda_decoder/kernels.hpp): every pointer is a device pointer (from cudaMalloc),
+/// (lessons/07_cuda_decoder/kernels.hpp): every pointer is a device pointer (from cudaMalloc, or
+/// into such an array: the GPU forward multiplies by a run of rows of a stacked matrix, so q or
+/// packed may start at row `first` and scales at that row's first scale, on any 4-byte boundary),
 /// every matrix row-major, every launch on the default stream, and none waits for its kernel (a
 /// cudaMemcpy back to the host does).
 ///
