@@ -13,7 +13,6 @@ namespace infer::gpu {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTile = 32;       // positions a warp takes at once: one a lane for the scores
 constexpr int kHeads = 8;       // query heads of one K/V head a block serves
 constexpr int kChunks = 2;      // float4 chunks of a value row a lane owns: head_dim up to 2 * 32 * 4
@@ -27,15 +26,17 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-/// Shared memory: the scaled queries [kHeads][hd], each warp's tile weights [kTile][kHeads] and
-/// rows [kTile], then each warp's m, l [kHeads] and output [kHeads][hd] for the block's merge.
+/// Shared memory of a block of kWarps warps: the scaled queries [kHeads][hd], each warp's tile
+/// weights [kTile][kHeads] and rows [kTile], then each warp's m, l [kHeads] and output
+/// [kHeads][hd] for the block's merge.
+template <int kWarps>
 __host__ __device__ size_t tiled_smem_bytes(int hd) {
   return sizeof(float) * (kHeads * hd + kWarps * kTile * kHeads + 2 * kWarps * kHeads + kWarps * kHeads * hd) +
          sizeof(long long) * kWarps * kTile;
 }
 
-/// One block per (K/V head and up to 8 of its query heads, sequence). Warp w takes the tiles of
-/// 32 positions starting at 32 w, 32 (w + 4), ...; for a tile:
+/// One block per (K/V head and up to 8 of its query heads, sequence), kWarps warps (4 or 8). Warp
+/// w takes the tiles of 32 positions starting at 32 w, 32 (w + kWarps), ...; for a tile:
 ///  1. scores: lane i owns position t0 + i, finds its row through the block table and dots its
 ///     key row (float4 loads) with every query head (queries in shared memory, read by all lanes
 ///     at once: a broadcast);
@@ -43,7 +44,8 @@ __host__ __device__ size_t tiled_smem_bytes(int hd) {
 ///     each lane's weight exp(s - m) (one exponential per position and head), the running sum l;
 ///  3. values: lane i owns dims 4i..4i+3 (and 128 further on); the 32 positions' value rows are
 ///     read in turn, each by the whole warp (coalesced), weighted from shared memory.
-/// Then the four warps' (m, l, output) merge as in your kernel.
+/// Then the warps' (m, l, output) merge as in your kernel.
+template <int kWarps>
 __global__ void tiled_attention_kernel(PagedBatch a) {
   extern __shared__ float smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -172,16 +174,20 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
-void paged_decode_attention_tiled(const PagedBatch& a) {
+void paged_decode_attention_tiled(const PagedBatch& a, int warps) {
   check_paged_batch(a, "paged_decode_attention_tiled");
   require(a.head_dim % 4 == 0 && a.head_dim <= 32 * 4 * kChunks, "paged_decode_attention_tiled: head_dim ", a.head_dim,
           " (this variant reads float4s: a multiple of 4, at most ", 32 * 4 * kChunks, ")");
   require(aligned16(a.q) && aligned16(a.k_pool) && aligned16(a.v_pool),
           "paged_decode_attention_tiled: q, k_pool and v_pool must lie on 16-byte boundaries");
   require(a.batch <= 65535, "paged_decode_attention_tiled: batch ", a.batch, " must be at most 65535 (a grid dimension)");
+  require(warps == 4 || (warps == 8 && a.head_dim <= 128), "paged_decode_attention_tiled: ", warps,
+          " warps a block at head_dim ", a.head_dim, " (4, or 8 up to head_dim 128: their shared memory)");
   const int group = a.heads / a.kv_heads, qchunks = (group + kHeads - 1) / kHeads;
-  const size_t smem = tiled_smem_bytes(a.head_dim);  // at most 46 KiB for head_dim 256: no opt-in
-  tiled_attention_kernel<<<dim3(a.kv_heads * qchunks, a.batch), kThreads, smem>>>(a);
+  // At most 46 KiB (4 warps, head_dim 256) or 47 KiB (8 warps, head_dim 128): no opt-in needed.
+  const dim3 grid(a.kv_heads * qchunks, a.batch);
+  if (warps == 8) tiled_attention_kernel<8><<<grid, 256, tiled_smem_bytes<8>(a.head_dim)>>>(a);
+  else tiled_attention_kernel<4><<<grid, 128, tiled_smem_bytes<4>(a.head_dim)>>>(a);
   cuda_check_launch("paged_decode_attention_tiled");
 }
 

@@ -61,14 +61,14 @@ struct Result {
 /// an output first filled with NaN (so that an element left unwritten shows), and says how far
 /// apart they are: the largest |theirs - yours| against lesson 08's tolerance, 1e-4 + 1e-4 |yours|
 /// (a NaN anywhere is outside it). a.out is left holding yours.
-std::string check_variant(const gpu::PagedBatch& a, const std::string& label) {
+std::string check_variant(const gpu::PagedBatch& a, const std::string& label, int warps = 4) {
   const size_t n = static_cast<size_t>(a.batch) * a.heads * a.head_dim;
   DeviceArray<float> yours(n), theirs(n);
   yours.fill_bytes(0xFF), theirs.fill_bytes(0xFF);
   gpu::PagedBatch y = a, t = a;
   y.out = yours.get(), t.out = theirs.get();
   gpu::paged_decode_attention(y);
-  gpu::paged_decode_attention_tiled(t);
+  gpu::paged_decode_attention_tiled(t, warps);
   const std::vector<float> hy = yours.download(), ht = theirs.download();
   double diff = 0, big = 0;
   bool within = true;
@@ -79,7 +79,7 @@ std::string check_variant(const gpu::PagedBatch& a, const std::string& label) {
     within = within && d <= 1e-4 + 1e-4 * std::abs(hy[i]);
   }
   INFER_CUDA_CHECK(cudaMemcpy(a.out, yours.get(), n * sizeof(float), cudaMemcpyDeviceToDevice));
-  return cat("32 positions a warp against yours, ", label, ": largest difference ", diff, " (largest output ", big,
+  return cat("32 positions a warp (", warps, " warps a block) against yours, ", label, ": largest difference ", diff, " (largest output ", big,
              "): ", within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|");
 }
 
@@ -149,9 +149,12 @@ int main(int argc, char** argv) {
                              cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
           if (bs != 16) continue;
           // The second design on the same inputs, its output checked against yours first.
-          checks.push_back(check_variant(a, cat(shape, ", ", shuffled ? "shuffled" : "in-order", ", head_dim ", hd)));
-          results.push_back({cat("paged (32 a warp), ", shuffled ? "shuffled" : "in-order", " blocks of ", bs), shape,
-                             bytes, cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a); }, reps)});
+          for (const int warps : {4, 8}) {
+            checks.push_back(
+                check_variant(a, cat(shape, ", ", shuffled ? "shuffled" : "in-order", ", head_dim ", hd), warps));
+            results.push_back({cat("paged (32 a warp, ", warps, " warps), ", shuffled ? "shuffled" : "in-order"), shape,
+                               bytes, cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a, warps); }, reps)});
+          }
         }
       }
     }
@@ -169,10 +172,12 @@ int main(int argc, char** argv) {
       a.out = out.get(), a.batch = batch, a.max_blocks = blocks, a.block_size = bs, a.heads = h, a.kv_heads = kvh;
       a.head_dim = d, a.max_length = length;
       const std::string shape = cat("batch ", batch, " x ", length, ", 32/4 heads of 64");
-      checks.push_back(check_variant(a, cat(shape, ", shuffled")));
       results.push_back({"paged, shuffled blocks of 16", shape, bytes, cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
-      results.push_back({"paged (32 a warp), shuffled, 16", shape, bytes,
-                         cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a); }, reps)});
+      for (const int warps : {4, 8}) {
+        checks.push_back(check_variant(a, cat(shape, ", shuffled"), warps));
+        results.push_back({cat("paged (32 a warp, ", warps, " warps), shuffled"), shape, bytes,
+                           cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a, warps); }, reps)});
+      }
     }
     // 1c. The second design's edges, correctness only: lengths that leave tiles, lanes and warps
     // idle (1 to 200 in one batch), a group of 1 and one of 12 (two blocks a K/V head), head_dim
@@ -188,7 +193,10 @@ int main(int argc, char** argv) {
       a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlengths.get();
       a.out = out.get(), a.batch = batch, a.max_blocks = blocks, a.block_size = bs, a.heads = h, a.kv_heads = kvh;
       a.head_dim = d, a.max_length = 200;
-      checks.push_back(check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs)));
+      for (const int warps : {4, 8})
+        if (warps == 4 || d <= 128)
+          checks.push_back(
+              check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs), warps));
     }
 
     // 2. Split-K at batch 1 over the context length.
