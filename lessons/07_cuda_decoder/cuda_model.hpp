@@ -12,7 +12,7 @@
 /// Q, K and V are one stacked matrix, gate and up another: at B = 1 each is one launch, and q and
 /// k take one RoPE launch; and each residual add runs with the norm after it (add_rms_norm,
 /// given: fused_kernels.hpp). 10 launches a layer at B = 1 over lesson 08's paged attention, 14
-/// above (tests/common/host_device/launches_test.cpp counts them; 16 before these fusions). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
+/// above, one more where the attention splits a long context (its merge) (tests/common/host_device/launches_test.cpp counts them; 16 before these fusions). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
 /// which read each weight once for up to 16 rows. A prompt (or a piece of one) is a chunk of several
 /// rows in the same step: its rows go through the weights with everyone else's, and each of its
 /// rows attends causally over its own sequence (lesson 09 writes a prefill kernel that does that
