@@ -15,6 +15,9 @@
 //      printed and in the JSON's notes), and both at head_dim 64 too (the 1.1B shape's heads);
 //      then the second design's edge cases, correctness only (lengths 1 to 200 in one batch,
 //      groups of 1 and 12, head_dim 256, blocks of 3).
+//   1d. a prompt chunk's attention (chunks of 8 to 2,048 tokens after up to 2,040 cached, the
+//      1.1B shape's heads): its rows through your decode kernel, one row at a time, against the
+//      given chunk kernel's tiles of 32 rows (chunk_attention.hpp), its output checked first.
 //   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
 //      split, and the speedup.
 //   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
@@ -44,6 +47,7 @@
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/08_cuda_paged_attention/attention_variants.hpp"
+#include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
@@ -196,6 +200,50 @@ int main(int argc, char** argv) {
         if (warps == 4 || d <= 128)
           checks.push_back(
               check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs), warps));
+    }
+
+    // 1d. A prompt chunk through the pool: n rows of one sequence after L cached positions (the
+    // 1.1B shape's heads, 32 over 4 of 64, shuffled blocks of 16), row t seeing L + t + 1 of them.
+    // Your decode kernel reads them row by row, each row its whole context; the given chunk kernel
+    // (chunk_attention.hpp) in tiles of 32 rows. Bytes: the chunk's K/V read once, the least any
+    // kernel must read. Its output is checked against yours first.
+    for (const auto& [n, cached] : quick ? std::vector<std::pair<int, int>>{{512, 1536}}
+                                        : std::vector<std::pair<int, int>>{{8, 2040}, {32, 2016}, {512, 1536}, {2048, 0}}) {
+      const int h = 32, kvh = 4, d = 64, bs = 16, length = cached + n, blocks = blocks_for(length, bs);
+      DeviceArray<float> q(static_cast<size_t>(n) * h * d), k(static_cast<size_t>(blocks) * bs * kvh * d), v(k.size());
+      fill_random(q, 11), fill_random(k, 12), fill_random(v, 13);
+      const std::vector<int> table = tables(1, blocks, true).download();
+      std::vector<int> rows_tables, lengths;
+      for (int t = 0; t < n; ++t) rows_tables.insert(rows_tables.end(), table.begin(), table.end()), lengths.push_back(cached + t + 1);
+      const gpu::StepKernels plan = gpu::step_kernels(std::vector<int>{n}, true, 2);
+      DeviceArray<int> dt(rows_tables), dl(lengths), first(plan.tile_first), count(plan.tile_rows);
+      DeviceArray<float> yours(q.size()), chunk(q.size());
+      gpu::PagedBatch a;
+      a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = dt.get(), a.lengths = dl.get();
+      a.batch = n, a.max_blocks = blocks, a.block_size = bs, a.heads = h, a.kv_heads = kvh, a.head_dim = d;
+      a.max_length = length;
+      gpu::PagedBatch c = a;
+      a.out = yours.get(), c.out = chunk.get();
+      const int tiles = static_cast<int>(plan.tile_first.size());
+      yours.fill_bytes(0xFF), chunk.fill_bytes(0xFF);
+      gpu::paged_decode_attention(a);
+      gpu::paged_chunk_attention(c, first.get(), count.get(), tiles);
+      const std::vector<float> hy = yours.download(), hc = chunk.download();
+      double diff = 0;
+      bool within = true;
+      for (size_t i = 0; i < hy.size(); ++i) {
+        const double e = std::abs(static_cast<double>(hc[i]) - hy[i]);
+        if (!(e <= diff)) diff = e;
+        within = within && e <= 1e-4 + 1e-4 * std::abs(hy[i]);
+      }
+      const std::string shape = cat("chunk of ", n, " after ", cached);
+      checks.push_back(cat("chunk kernel against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
+                           within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
+      const double bytes = 2.0 * sizeof(float) * length * kvh * d;
+      results.push_back({"chunk rows through your decode kernel", shape, bytes,
+                         cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
+      results.push_back({"chunk kernel (tiles of 32 rows)", shape, bytes,
+                         cuda_time_ms([&] { gpu::paged_chunk_attention(c, first.get(), count.get(), tiles); }, reps)});
     }
 
     // 2. Split-K at batch 1 over the context length.

@@ -24,6 +24,7 @@
 #include "common/model_config.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 
 namespace infer::gpu {
 
@@ -87,6 +88,24 @@ struct PagedStepRows {
 /// and as reserve().
 PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<const int> tokens,
                               std::span<const TreeMask* const> masks = {}, int min_blocks = 0);
+
+/// Chunks of fewer tokens than this go to the decode kernel, row by row: a tile of a few rows
+/// leaves most of paged_chunk_attention()'s block idle, while the decode kernel spreads them over
+/// blocks (a guess to be measured: lesson08_cuda_bench times both at several chunk sizes).
+inline constexpr int kChunkKernelMinTokens = 8;
+
+/// Which kernel reads which rows of a step (PagedStepRows' rows, chunk after chunk).
+struct StepKernels {
+  std::vector<int> tile_first, tile_rows;  ///< paged_chunk_attention()'s tiles
+  std::vector<int> run_first, run_rows;    ///< the decode kernel's runs: rows [first, first + rows)
+};
+
+/// Splits a step whose chunks have `tokens[i]` tokens: each causal chunk of at least `min_chunk`
+/// tokens becomes tiles of kChunkTileRows rows (its last tile the rest); every other row (a
+/// decode, a short chunk, every row when `causal` is false: a tree's rows list slots) joins a run
+/// of consecutive rows for the decode kernel. Every row lands in exactly one tile or run. Given.
+/// Throws infer::Error for no chunks, a chunk below 1 token or min_chunk below 2.
+StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk = kChunkKernelMinTokens);
 
 /// The forward's DeviceAttention over `pool`: paged attention with your kernels, the batch in one
 /// launch per layer, split over the context by choose_splits() (`num_splits` > 0 fixes the count

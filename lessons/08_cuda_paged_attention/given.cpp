@@ -86,4 +86,25 @@ PagedStepRows paged_step_rows(std::span<PagedKVCache* const> caches, std::span<c
   return r;
 }
 
+StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk) {
+  require(!tokens.empty(), "step_kernels: a step has at least one chunk");
+  require(min_chunk >= 2, "step_kernels: min_chunk must be >= 2, got ", min_chunk);
+  StepKernels k;
+  int row = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int n = tokens[i];
+    require(n >= 1, "step_kernels: chunk ", i, " has ", n, " tokens (expected at least one)");
+    if (causal && n >= min_chunk) {
+      for (int t = 0; t < n; t += kChunkTileRows)
+        k.tile_first.push_back(row + t), k.tile_rows.push_back(std::min(kChunkTileRows, n - t));
+    } else if (!k.run_first.empty() && k.run_first.back() + k.run_rows.back() == row) {
+      k.run_rows.back() += n;  // continues the run before it
+    } else {
+      k.run_first.push_back(row), k.run_rows.push_back(n);
+    }
+    row += n;
+  }
+  return k;
+}
+
 }  // namespace infer::gpu

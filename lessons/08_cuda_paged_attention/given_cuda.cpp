@@ -104,11 +104,13 @@ Matrix CudaPagedKVPool::attend(int, ConstMatrixRef, std::span<const int>, int, i
 namespace {
 
 /// The paged DeviceAttention: per step, the rows' block tables, lengths and slots uploaded once;
-/// per layer, one write_kv_slots and one paged attention (split when choose_splits says so) over
-/// every row of the step. A chunk of n tokens is n rows of the kernel's batch, each with its
-/// sequence's block table and its own length (row t of a chunk after L cached positions sees
-/// L + t + 1 of them): causal attention through the table with the decode kernel, no copy. A
-/// step with a tree (a chunk with a mask) gives each row the list of slots it sees instead.
+/// per layer, one write_kv_slots, then the attention: the rows of long causal chunks (a prompt, or
+/// a piece of one) in one paged_chunk_attention launch, tiles of 32 rows reading each K/V tile once;
+/// the others (decodes, short chunks) through your paged attention (split when choose_splits says
+/// so), one launch per run of consecutive such rows. Row t of a chunk after L cached positions
+/// sees L + t + 1 of them through its sequence's block table: causal attention, no copy. A step
+/// with a tree (a chunk with a mask) gives each row the list of slots it sees instead, and every
+/// row goes through the decode kernel.
 class PagedAttention final : public DeviceAttention {
  public:
   PagedAttention(CudaPagedKVPool& pool, int num_splits) : c_(pool.config()), pool_(pool), fixed_splits_(num_splits) {
@@ -141,7 +143,20 @@ class PagedAttention final : public DeviceAttention {
     tables_.upload(r.tables.data(), r.tables.size());
     lengths_.upload(r.lengths.data(), N);
     slots_.upload(r.slots.data(), N);
-    splits_ = fixed_splits_ > 0 ? fixed_splits_ : choose_splits(N, c_.num_key_value_heads, max_length_, multiprocessors_);
+    // Long causal chunks to the tiled chunk kernel, every other row to the decode kernel.
+    plan_ = step_kernels(rows_, r.block_size > 1);
+    if (!plan_.tile_first.empty()) {
+      const size_t tiles = plan_.tile_first.size();
+      grow(tile_first_, tiles), grow(tile_rows_, tiles);
+      tile_first_.upload(plan_.tile_first.data(), tiles);
+      tile_rows_.upload(plan_.tile_rows.data(), tiles);
+    }
+    int decode_rows = 0;
+    for (const int n : plan_.run_rows) decode_rows += n;
+    splits_ = decode_rows == 0 ? 1
+              : fixed_splits_ > 0
+                  ? fixed_splits_
+                  : choose_splits(decode_rows, c_.num_key_value_heads, max_length_, multiprocessors_);
     if (splits_ > 1) {
       grow(partial_out_, static_cast<size_t>(N) * c_.num_attention_heads * splits_ * c_.head_dim);
       grow(partial_lse_, static_cast<size_t>(N) * c_.num_attention_heads * splits_);
@@ -173,8 +188,20 @@ class PagedAttention final : public DeviceAttention {
     a.batch = N, a.max_blocks = max_blocks_, a.block_size = table_block_;  // 1: the rows list slots (a tree)
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
     a.max_length = kernel_max_length_;
-    if (splits_ > 1) paged_decode_attention_split(a, splits_, partial_out_.get(), partial_lse_.get());
-    else paged_decode_attention(a);
+    if (!plan_.tile_first.empty())
+      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), static_cast<int>(plan_.tile_first.size()));
+    const long q_dim = static_cast<long>(a.heads) * a.head_dim;
+    for (size_t i = 0; i < plan_.run_first.size(); ++i) {  // the decode rows, run by run
+      const long first = plan_.run_first[i];
+      PagedBatch run = a;
+      run.q = a.q + first * q_dim, run.out = a.out + first * q_dim, run.lengths = a.lengths + first;
+      run.block_tables = a.block_tables + first * a.max_blocks, run.batch = plan_.run_rows[i];
+      if (splits_ > 1)
+        paged_decode_attention_split(run, splits_, partial_out_.get() + first * a.heads * splits_ * a.head_dim,
+                                     partial_lse_.get() + first * a.heads * splits_);
+      else
+        paged_decode_attention(run);
+    }
   }
 
   /// The host's record that the step's positions of `layer` are written.
@@ -197,7 +224,8 @@ class PagedAttention final : public DeviceAttention {
   int rows_total_ = 0, table_block_ = 1, kernel_max_length_ = 1;
   bool graphs_ = false;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
-  DeviceArray<int> tables_, lengths_, slots_;
+  StepKernels plan_;  // which rows each kernel reads
+  DeviceArray<int> tables_, lengths_, slots_, tile_first_, tile_rows_;
   DeviceArray<float> partial_out_, partial_lse_;
 };
 

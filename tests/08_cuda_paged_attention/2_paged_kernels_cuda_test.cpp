@@ -16,6 +16,8 @@
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
+#include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
+#include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 
@@ -264,6 +266,51 @@ GRADED_TEST(Lesson08Kernels, BadArgumentsAreRefusedBeforeLaunching, 1) {
   EXPECT_TRUE(throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), out.get(), 0, 2, 8); }, "rows"));
   EXPECT_TRUE(throws_error_mentioning([&] { write_kv_slots(po.get(), po.get(), po.get(), po.get(), nullptr, 1, 8); },
                                       "null"));
+}
+
+// Given code, not graded: the chunk kernel the GPU forward runs for a step's prompt chunks
+// (chunk_attention.hpp), on the rows step_kernels() tiles. Each chunk of n tokens after L cached
+// positions is n rows sharing its sequence's table, row t seeing L + t + 1 positions; a one-token
+// chunk among them is left to the decode kernel, so its row must stay as poisoned. Chunks of 40,
+// 9 and 70 tokens leave tiles of every size; blocks of 3 and 16 positions; head_dim up to 256.
+TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
+  REQUIRE_DEVICE();
+  const std::vector<int> cached = {0, 10, 37, 100}, tokens = {40, 1, 9, 70};
+  const StepKernels plan = step_kernels(tokens, true);
+  for (const Shape s : {Shape{8, 2, 64}, Shape{12, 1, 64}, Shape{32, 4, 64}, Shape{4, 4, 256}, Shape{6, 2, 24}}) {
+    for (const int bs : {3, 16}) {
+      SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim, ", blocks of ", bs));
+      std::vector<int> seq_lengths;
+      for (size_t i = 0; i < tokens.size(); ++i) seq_lengths.push_back(cached[i] + tokens[i]);
+      PagedFixture f(s, bs, seq_lengths, 500 + s.head_dim + bs);
+      const int qd = s.heads * s.head_dim, rows = std::accumulate(tokens.begin(), tokens.end(), 0);
+      std::vector<int> flat(static_cast<size_t>(rows) * f.max_blocks, -1), lengths;
+      std::vector<size_t> owner;  // each row's chunk
+      for (size_t i = 0; i < tokens.size(); ++i)
+        for (int t = 0; t < tokens[i]; ++t) {
+          std::copy(f.tables[i].begin(), f.tables[i].end(), flat.begin() + lengths.size() * f.max_blocks);
+          lengths.push_back(cached[i] + t + 1), owner.push_back(i);
+        }
+      const std::vector<float> q = random_values(static_cast<size_t>(rows) * qd, 600 + bs);
+      DeviceArray<float> dq(q), out = poisoned(static_cast<size_t>(rows) * qd);
+      DeviceArray<int> dtables(flat), dlengths(lengths), first(plan.tile_first), count(plan.tile_rows);
+      PagedBatch a = f.args(out.get());
+      a.q = dq.get(), a.block_tables = dtables.get(), a.lengths = dlengths.get(), a.batch = rows;
+      paged_chunk_attention(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()));
+      const std::vector<float> got = out.download();
+      for (int r = 0; r < rows; ++r) {
+        const Matrix row = Eigen::Map<const Matrix>(got.data() + static_cast<size_t>(r) * qd, 1, qd);
+        if (tokens[owner[r]] == 1) {
+          EXPECT_TRUE(row.array().isNaN().all()) << "row " << r << " is no tile's: the kernel must not write it";
+          continue;
+        }
+        const Matrix qr = Eigen::Map<const Matrix>(q.data() + static_cast<size_t>(r) * qd, 1, qd);
+        const Matrix want =
+            paged_attention(qr, *f.pool, f.tables[owner[r]], 0, lengths[r], s.heads, s.kv_heads, s.head_dim);
+        ASSERT_TRUE(testing::all_close(want, row, 1e-5, 1e-4, cat("row ", r, " (", lengths[r], " positions)")));
+      }
+    }
+  }
 }
 
 }  // namespace

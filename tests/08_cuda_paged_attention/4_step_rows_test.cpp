@@ -143,5 +143,35 @@ TEST(Lesson08StepRows, BadStepsAreRefused) {
   EXPECT_EQ(a.block_table().size(), 0u) << "a refused reservation takes nothing";
 }
 
+// Which kernel reads which row: long causal chunks in tiles of kChunkTileRows rows of one chunk,
+// everything else in runs of consecutive rows for the decode kernel; every row exactly once.
+TEST(Lesson08StepRows, StepKernelsTilesLongChunksAndRunsTheRest) {
+  const int tokens[] = {1, 1, 70, 3, 1, 8, 32};  // rows 0-1 | 2-71 | 72-74, 75 | 76-83 | 84-115
+  const StepKernels k = step_kernels(tokens, true);
+  EXPECT_EQ(k.tile_first, (std::vector<int>{2, 34, 66, 76, 84}));
+  EXPECT_EQ(k.tile_rows, (std::vector<int>{32, 32, 6, 8, 32}));
+  EXPECT_EQ(k.run_first, (std::vector<int>{0, 72}));
+  EXPECT_EQ(k.run_rows, (std::vector<int>{2, 4})) << "a chunk of 3 and a decode next to it make one run";
+  std::vector<int> seen(116, 0);
+  for (size_t i = 0; i < k.tile_first.size(); ++i)
+    for (int r = 0; r < k.tile_rows[i]; ++r) ++seen[k.tile_first[i] + r];
+  for (size_t i = 0; i < k.run_first.size(); ++i)
+    for (int r = 0; r < k.run_rows[i]; ++r) ++seen[k.run_first[i] + r];
+  EXPECT_EQ(seen, std::vector<int>(116, 1)) << "every row in exactly one tile or run";
+
+  const StepKernels tree = step_kernels(tokens, false);  // a step with a tree: slot lists
+  EXPECT_TRUE(tree.tile_first.empty());
+  EXPECT_EQ(tree.run_first, std::vector<int>{0});
+  EXPECT_EQ(tree.run_rows, std::vector<int>{116});
+  const StepKernels all = step_kernels(tokens, true, 2);
+  EXPECT_EQ(all.run_first, (std::vector<int>{0, 75})) << "the decodes only";
+  EXPECT_EQ(all.run_rows, (std::vector<int>{2, 1}));
+
+  const int none[] = {0};
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels(none, true); }, "at least one"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels({}, true); }, "at least one chunk"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels(tokens, true, 1); }, "min_chunk"));
+}
+
 }  // namespace
 }  // namespace infer::gpu

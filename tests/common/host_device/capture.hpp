@@ -13,5 +13,9 @@ bool capturing();
 void launch(std::function<void()> work);
 /// Kernel launches so far (launch() calls; a graph's replay counts as one, as on a GPU).
 long launches();
+/// Rows the stand-in's paged attention has read so far: through the decode kernel
+/// (paged_decode_attention and its split), and through the chunk kernel (paged_chunk_attention).
+long decode_kernel_rows();
+long chunk_kernel_rows();
 
 }  // namespace infer::host_device

@@ -14,6 +14,7 @@
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 #include "lessons/11_quantization/kernels.hpp"
 #include "tests/common/host_device/capture.hpp"
@@ -174,18 +175,42 @@ void decode_attention(const float* q, const float* k, const float* v, float* out
   });
 }
 
+namespace {
+long decode_rows = 0, chunk_rows = 0;  // rows each paged attention kernel has read (host_device::)
+
+/// Row i of `a`, reading the block table of row `table_row`, as lesson 04's paged attention.
+void paged_row(const PagedBatch& a, int i, int table_row, const char* who) {
+  const long kvd = static_cast<long>(a.kv_heads) * a.head_dim, qd = static_cast<long>(a.heads) * a.head_dim;
+  const int* table = a.block_tables + static_cast<long>(table_row) * a.max_blocks;
+  require(a.lengths[i] >= 1 && a.lengths[i] <= a.max_length, who, ": row ", i, "'s length ", a.lengths[i],
+          " is outside [1, max_length = ", a.max_length, "]");
+  const auto row = [&](int p) { return static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size; };
+  attend(a.q + i * qd, a.out + i * qd, a.lengths[i], a.heads, a.kv_heads, a.head_dim,
+         [&](int p) { return a.k_pool + row(p) * kvd; }, [&](int p) { return a.v_pool + row(p) * kvd; });
+}
+}  // namespace
+
 void paged_decode_attention(const PagedBatch& batch) {
   check_paged_batch(batch, "paged_decode_attention");
   host_device::launch([a = batch] {
-  const long kvd = static_cast<long>(a.kv_heads) * a.head_dim, qd = static_cast<long>(a.heads) * a.head_dim;
-  for (int i = 0; i < a.batch; ++i) {
-    const int* table = a.block_tables + static_cast<long>(i) * a.max_blocks;
-    require(a.lengths[i] >= 1 && a.lengths[i] <= a.max_length, "paged_decode_attention: sequence ", i, "'s length ",
-            a.lengths[i], " is outside [1, max_length = ", a.max_length, "]");
-    const auto row = [&](int p) { return static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size; };
-    attend(a.q + i * qd, a.out + i * qd, a.lengths[i], a.heads, a.kv_heads, a.head_dim,
-           [&](int p) { return a.k_pool + row(p) * kvd; }, [&](int p) { return a.v_pool + row(p) * kvd; });
-  }
+    for (int i = 0; i < a.batch; ++i) paged_row(a, i, i, "paged_decode_attention");
+    decode_rows += a.batch;
+  });
+}
+
+void paged_chunk_attention(const PagedBatch& batch, const int* tile_first, const int* tile_rows, int tiles) {
+  check_paged_batch(batch, "paged_chunk_attention");
+  require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
+  require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
+  host_device::launch([a = batch, tile_first, tile_rows, tiles] {
+    for (int t = 0; t < tiles; ++t) {
+      require(tile_rows[t] >= 1 && tile_rows[t] <= kChunkTileRows && tile_first[t] >= 0 &&
+                  tile_first[t] + tile_rows[t] <= a.batch,
+              "paged_chunk_attention: tile ", t, " (rows ", tile_first[t], " + ", tile_rows[t],
+              ") is not within the batch's ", a.batch, " rows in pieces of at most ", kChunkTileRows);
+      for (int r = 0; r < tile_rows[t]; ++r) paged_row(a, tile_first[t] + r, tile_first[t], "paged_chunk_attention");
+      chunk_rows += tile_rows[t];
+    }
   });
 }
 
@@ -252,3 +277,8 @@ void gemv_int4(const uint8_t* packed, const float* scales, const float* x, float
 }
 
 }  // namespace infer::gpu
+
+namespace infer::host_device {
+long decode_kernel_rows() { return gpu::decode_rows; }
+long chunk_kernel_rows() { return gpu::chunk_rows; }
+}  // namespace infer::host_device

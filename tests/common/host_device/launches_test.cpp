@@ -54,5 +54,32 @@ TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
   EXPECT_EQ(launches_per_step(*parts.forward, memory, 1), 1) << "a replayed step is one graph launch";
 }
 
+// The lesson's point for a prompt on the GPU: its rows go to the chunk kernel in tiles, each tile
+// of K/V read once for 32 query rows, not row by row through the decode kernel (each row reading
+// its whole context again). In a mixed step the decodes still go to the decode kernel.
+TEST(Launches, APromptGoesToTheChunkKernelAndDecodesToTheDecodeKernel) {
+  const ModelWeights& m = testing::bundled_model();
+  const long layers = m.config.num_hidden_layers;
+  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  PagedKVManager memory(std::move(parts.pool));
+  auto a = memory.open(0), b = memory.open(0), c = memory.open(0);
+  std::vector<int> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + static_cast<int>(i % 50);
+  long decode = host_device::decode_kernel_rows(), chunk = host_device::chunk_kernel_rows();
+  parts.forward->prefill(prompt, *a);
+  EXPECT_EQ(host_device::chunk_kernel_rows() - chunk, 40 * layers) << "the prompt's 40 rows, in every layer";
+  EXPECT_EQ(host_device::decode_kernel_rows() - decode, 0) << "no prompt row through the decode kernel";
+
+  // One step: a's decode, b's prompt of 20, c's short chunk of 3 (below kChunkKernelMinTokens).
+  const std::vector<int> one = {9}, twenty(prompt.begin(), prompt.begin() + 20), three = {5, 6, 7};
+  StepInput step;
+  step.chunks = {{one, a.get()}, {twenty, b.get()}, {three, c.get()}};
+  decode = host_device::decode_kernel_rows(), chunk = host_device::chunk_kernel_rows();
+  parts.forward->forward(step);
+  EXPECT_EQ(host_device::chunk_kernel_rows() - chunk, 20 * layers);
+  EXPECT_EQ(host_device::decode_kernel_rows() - decode, 4 * layers) << "the decode and the short chunk";
+  memory.close(std::move(a)), memory.close(std::move(b)), memory.close(std::move(c));
+}
+
 }  // namespace
 }  // namespace infer::gpu
