@@ -43,7 +43,8 @@ function(course_lesson nn topic)
   endif()
   # given_kernels.cu: kernels the given code launches besides yours (lesson 07's fused ones).
   if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
-    list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
+    course_cuda_source(given_kernels "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
+    list(APPEND given "${given_kernels}")
   endif()
   # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server).
   set(lesson_http OFF)
@@ -98,7 +99,7 @@ function(course_lesson nn topic)
                                             "${CMAKE_SOURCE_DIR}/tests/${dir}/*_cuda_test.cpp")
   if(cuda_test_src AND COURSE_HAVE_CUDA)
     course_add_tests(lesson${nn}_cuda_tests "lesson${nn};graded;cuda" "${test_libs}" ${cuda_test_src})
-    target_link_libraries(lesson${nn}_cuda_tests PRIVATE CUDA::cudart)
+    target_link_libraries(lesson${nn}_cuda_tests PRIVATE course_cudart)
     course_manifest_add("${dir}" lesson${nn}_cuda_tests "${cuda_test_src}" "")
   endif()
 
@@ -117,28 +118,59 @@ function(course_lesson nn topic)
     endif()
   endforeach()
   # lessons/NN_topic/cuda_bench.cpp: the lesson's GPU measurements (./course gpu-check runs them).
-  if(COURSE_HAVE_CUDA AND progs AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
+  # (Not emulated: their figures would be the host's, and lesson 07's compares with cuBLAS.)
+  if(COURSE_HAVE_CUDA AND NOT COURSE_CUDA_EMULATED AND progs AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
     add_executable(lesson${nn}_cuda_bench "${CMAKE_SOURCE_DIR}/lessons/${dir}/cuda_bench.cpp")
     target_link_libraries(lesson${nn}_cuda_bench PRIVATE lesson${nn} course_flags CUDA::cudart CUDA::cublas)
   endif()
 endfunction()
 
+# course_cuda_source(out file.cu): the source to compile for a .cu file: itself, or with
+# COURSE_CUDA=EMULATE its rewrite as host C++ (course_emulated_source).
+function(course_cuda_source out cu)
+  if(COURSE_CUDA_EMULATED)
+    course_emulated_source(cpp "${cu}")
+  else()
+    set(cpp "${cu}")
+  endif()
+  set(${out} "${cpp}" PARENT_SCOPE)
+endfunction()
+
+# course_emulated_source(out file.cu): the .cu file rewritten as host C++ whose kernels run thread
+# by thread (tests/common/host_device/emulate_cu.py, emulated_cuda.hpp), in
+# build/.../emulated/<path>.cpp, redone when the .cu file changes. Link course_cudart's stand-in.
+function(course_emulated_source out cu)
+  file(RELATIVE_PATH rel "${CMAKE_SOURCE_DIR}" "${cu}")
+  string(REPLACE "../" "" rel "${rel}")  # an exercises directory outside the tree
+  set(cpp "${CMAKE_BINARY_DIR}/emulated/${rel}.cpp")
+  add_custom_command(OUTPUT "${cpp}"
+    COMMAND Python3::Interpreter "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py" "${cu}" "${cpp}"
+    DEPENDS "${cu}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py"
+    COMMENT "Rewriting ${rel} to run on the host")
+  # The rewrite is the kernels' source as it is: nvcc does not warn of what these would.
+  set_source_files_properties("${cpp}" PROPERTIES COMPILE_OPTIONS "-Wno-unknown-pragmas;-Wno-sign-compare;-Wno-unused-parameter;-Wno-error")
+  set(${out} "${cpp}" PARENT_SCOPE)
+endfunction()
+
 # course_sources(out dir): a lesson's sources in dir, its .cu files too where CUDA is built.
 function(course_sources out dir)
-  set(patterns "${dir}/*.cpp")
+  file(GLOB found CONFIGURE_DEPENDS "${dir}/*.cpp")
   if(COURSE_HAVE_CUDA)
-    list(APPEND patterns "${dir}/*.cu")
+    file(GLOB cu_files CONFIGURE_DEPENDS "${dir}/*.cu")
+    foreach(cu IN LISTS cu_files)
+      course_cuda_source(src "${cu}")
+      list(APPEND found "${src}")
+    endforeach()
   endif()
-  file(GLOB found CONFIGURE_DEPENDS ${patterns})
   set(${out} "${found}" PARENT_SCOPE)
 endfunction()
 
-# course_link_cuda(target sources): a library with .cu sources (or given_cuda.cpp) needs the
-# CUDA runtime.
+# course_link_cuda(target sources): a library with .cu sources (or given_cuda.cpp, or their
+# emulated rewrites) needs the CUDA runtime.
 function(course_link_cuda target sources)
-  list(FILTER sources INCLUDE REGEX "(\\.cu|given_cuda\\.cpp)$")
+  list(FILTER sources INCLUDE REGEX "(\\.cu|\\.cu\\.cpp|given_cuda\\.cpp)$")
   if(sources)
-    target_link_libraries(${target} PUBLIC CUDA::cudart)
+    target_link_libraries(${target} PUBLIC course_cudart)
   endif()
 endfunction()
 
@@ -240,5 +272,5 @@ function(course_write_manifest)
   get_property(entries GLOBAL PROPERTY COURSE_MANIFEST)
   string(REGEX REPLACE ",\n$" "\n" entries "${entries}")
   file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/course_tests.json" CONTENT
-    "{\"track\": \"${COURSE_TRACK}\", \"exercises\": \"${COURSE_EXERCISES_DIR}\", \"source\": \"${CMAKE_SOURCE_DIR}\", \"tests\": [\n${entries}]}\n")
+    "{\"track\": \"${COURSE_TRACK}\", \"exercises\": \"${COURSE_EXERCISES_DIR}\", \"source\": \"${CMAKE_SOURCE_DIR}\", \"cuda_emulated\": $<IF:$<BOOL:${COURSE_CUDA_EMULATED}>,true,false>, \"tests\": [\n${entries}]}\n")
 endfunction()

@@ -15,6 +15,11 @@ first, so an entry is usually graded by one case; --record-caught-by rewrites th
 the graded tests change. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
 (the reference changed under it: update the patch).
 
+An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
+the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded
+tests); a line "Not emulated: why" above its diff keeps it for a GPU (tensor-core code, which the
+emulator runs as the version below it).
+
 Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/known_wrong/NAME.patch`,
 `git checkout solutions/`, and put the mistake in a line or two above the diff.
 """
@@ -47,9 +52,20 @@ def header(path):
     return lines
 
 
+NOT_EMULATED = "Not emulated: "
+
+
 def describe(path):
-    """What mistake the patch stands for (the lines above the diff, but its Caught-by line)."""
-    return " ".join(l for l in header(path) if not l.startswith(CAUGHT_BY))
+    """What mistake the patch stands for (the lines above the diff, but its Caught-by and Not-emulated lines)."""
+    return " ".join(l for l in header(path) if not l.startswith((CAUGHT_BY, NOT_EMULATED)))
+
+
+def not_emulated(path):
+    """Why the kernel emulator cannot show the patch's mistake (its "Not emulated: ..." line), or None."""
+    for line in header(path):
+        if line.startswith(NOT_EMULATED):
+            return line[len(NOT_EMULATED):]
+    return None
 
 
 def caught_by(path):
@@ -97,6 +113,15 @@ def read_proven(path):
     return proven
 
 
+def cuda_headers():
+    """Whether the CUDA Toolkit's headers are here (COURSE_CUDA=EMULATE needs them, not a GPU)."""
+    roots = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda", "/usr"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    return any(r and os.path.exists(os.path.join(r, "include", "cuda_runtime.h")) for r in roots)
+
+
 def current_commit():
     """HEAD's short hash, or the .gpu-commit file a copied tree carries."""
     try:
@@ -135,6 +160,11 @@ def main():
                     help="write FILE: the --skip-proven list with every entry caught in this run added")
     ap.add_argument("--cmake-arg", action="append", default=[],
                     help="passed to the grader's CMake configure (a bare GPU machine's package prefix)")
+    ap.add_argument("--kernels", choices=["auto", "device", "emulate", "skip"], default="auto",
+                    help="how the entries that change a CUDA kernel are graded: on this machine's GPU, "
+                         "emulated on the host (COURSE_CUDA=EMULATE: the kernels run thread by thread), or "
+                         "not at all; auto: the GPU where there is one, else emulated where the CUDA "
+                         "headers are, else skipped")
     args = ap.parse_args()
 
     patches = sorted(glob.glob(os.path.join(ROOT, "tests", "*", "known_wrong", "*.patch")))
@@ -154,6 +184,13 @@ def main():
     bad = {}  # index -> why the catalogue fails there
     counts = {}
     has_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
+    kernels = args.kernels
+    if kernels == "auto":
+        kernels = "device" if has_gpu else "emulate" if cuda_headers() else "skip"
+    if kernels == "device" and not has_gpu:
+        kernels = "skip"
+    if kernels == "emulate":
+        args.cmake_arg.append("-DCOURSE_CUDA=EMULATE")
     lock = threading.Lock()
     to_record = {}  # patch -> the case that caught it first (--record-caught-by)
 
@@ -178,10 +215,14 @@ def main():
             record(i, lesson, name, "-", f"proven on a GPU before (commit {proven[rel][1]})",
                    f"proven before (commit {proven[rel][1]}), skipped")
             continue
-        if touches_kernels and not has_gpu:
+        if touches_kernels and kernels == "emulate" and not_emulated(patch):
+            record(i, lesson, name, "-", f"needs a CUDA device ({not_emulated(patch)}): checked by ./course gpu-check",
+                   "not emulated, needs a CUDA device")
+            continue
+        if touches_kernels and kernels == "skip":
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
-            record(i, lesson, name, "-", "needs a CUDA device: checked by ./course gpu-check",
-                   "needs a CUDA device, not checked here")
+            record(i, lesson, name, "-", "needs a CUDA device or the CUDA headers: checked by ./course gpu-check",
+                   "needs a CUDA device or the CUDA headers, not checked here")
             continue
         todo.append((i, lesson, name, patch))
 
@@ -269,12 +310,13 @@ def main():
                        f"{', '.join(caught) or 'a case that did not run'}: run tools/known_wrong.py --lessons "
                        f"{lesson[:2]} --record-caught-by")
             elif lost:
-                if args.proven_out and touches(patch):
+                if args.proven_out and touches(patch) and kernels == "device":
                     with lock:
                         proven[os.path.relpath(patch, ROOT)] = (patch_hash(patch), current_commit())
                 shown = (", ".join(caught[:3]) + (f" and {len(caught) - 3} more" if len(caught) > 3 else "")
                          or "a case that did not run")
-                record(i, lesson, name, points, f"caught by {shown}", f"{points} ({seconds:.0f} s)")
+                how = " (kernels emulated)" if kernels == "emulate" and touches(patch) else ""
+                record(i, lesson, name, points, f"caught by {shown}{how}", f"{points} ({seconds:.0f} s){how}")
             else:
                 record(i, lesson, name, points, "NOT CAUGHT", f"{points}, NOT CAUGHT",
                        f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}")

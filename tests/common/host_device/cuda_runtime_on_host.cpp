@@ -75,7 +75,13 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-  *value = attr == cudaDevAttrMultiProcessorCount ? 4 : 0;  // a small device: choose_splits splits long contexts
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 4; break;  // a small device: choose_splits splits long contexts
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;  // an H100's or H200's
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    default: *value = 0;
+  }
   return cudaSuccess;
 }
 

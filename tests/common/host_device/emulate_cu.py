@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Rewrites a .cu file of the course as C++ that runs its kernels on the host (emulated_cuda.hpp).
+
+    emulate_cu.py IN.cu OUT.cpp
+
+Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp; `extern
+__shared__ T name[];` a pointer to the block's dynamic shared memory; other `__shared__` arrays
+statics (one block runs at a time); `kernel<<<grid, block[, shared]>>>(args);` a call of
+emu::launch(). Everything else compiles as it is, with the header's definitions. Line numbers are
+kept (#line), so that a compiler error or a failed check names the .cu file's own line.
+"""
+import re
+import sys
+
+
+def split_top_level(text):
+    """The comma-separated parts of `text`, ignoring commas inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def launch(match):
+    kernel, config, args = match.group(1), match.group(2), match.group(3)
+    cfg = split_top_level(config)
+    if len(cfg) == 2:
+        cfg.append("0")
+    if len(cfg) != 3:
+        raise SystemExit(f"emulate_cu.py: a launch with a stream is not emulated: {match.group(0)}")
+    call = f"::emu::launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}" + (f", {args}" if args.strip() else "") + ");"
+    return call + "\n" * match.group(0).count("\n")  # keeps the lines that follow where they were
+
+
+def rewrite(src, path):
+    src = re.sub(r"#include <(cuda_runtime|cuda_bf16|cuda_fp16|mma)\.h>", "", src)
+    src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\[\];",
+                 r"\1* \2 = reinterpret_cast<\1*>(::emu::dynamic_shared());", src)
+    src = re.sub(r"\b__shared__\s+", "static ", src)
+    src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", launch, src, flags=re.S)
+    if "<<<" in src:
+        raise SystemExit(f"emulate_cu.py: {path}: a launch it could not rewrite")
+    return f'#include "tests/common/host_device/emulated_cuda.hpp"\n#line 1 "{path}"\n' + src
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    with open(sys.argv[1]) as f:
+        out = rewrite(f.read(), sys.argv[1])
+    with open(sys.argv[2], "w") as f:
+        f.write(out)

@@ -1,0 +1,229 @@
+// The fiber scheduler behind emulated_cuda.hpp: a block's threads are fibers of the calling host
+// thread (each its own stack), run in turn; each runs until it waits (a barrier, a shuffle) or
+// returns.
+#include "tests/common/host_device/emulated_cuda.hpp"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <vector>
+
+#include "common/errors.hpp"
+#include "tests/common/host_device/capture.hpp"
+
+// (Elsewhere than x86-64:) getcontext() and swapcontext() are declared returns_twice, as setjmp()
+// is, so GCC fears for the locals around them; but a switch back restores every register saved.
+#pragma GCC diagnostic ignored "-Wclobbered"
+
+namespace emu {
+
+thread_local dim3 grid_dim, block_dim;
+thread_local uint3 thread_idx, block_idx;
+
+namespace {
+
+constexpr size_t kStack = 256 * 1024;  // per fiber (mapped lazily)
+
+enum class Wait { none, block, warp };
+
+#if defined(__x86_64__)
+// A switch of stacks that saves what the calling convention says a callee keeps (rbx, rbp,
+// r12-r15; the stack pointer in *from), and makes no system call: swapcontext() also saves the
+// signal mask, a system call each way, which made it most of the emulation's time.
+extern "C" void emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+void fiber_main();
+/// A fresh fiber's stack: six zero registers for emu_switch to pop, then fiber_main to return to.
+void prepare(Context& c, char* stack, size_t size) {
+  auto* top = reinterpret_cast<void**>((reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15}));
+  top[-1] = nullptr;  // fiber_main's return address: it never returns
+  top[-2] = reinterpret_cast<void*>(&fiber_main);
+  for (int i = 3; i <= 8; ++i) top[-i] = nullptr;
+  c.sp = top - 8;
+}
+void switch_to(Context& from, Context& to) { emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t u{};
+};
+void fiber_main();
+void prepare(Context& c, char* stack, size_t size) {
+  getcontext(&c.u);
+  c.u.uc_stack.ss_sp = stack;
+  c.u.uc_stack.ss_size = size;
+  c.u.uc_link = nullptr;
+  makecontext(&c.u, fiber_main, 0);
+}
+void switch_to(Context& from, Context& to) { swapcontext(&from.u, &to.u); }
+#endif
+
+struct Fiber {
+  Context context{};
+  char* stack = nullptr;
+  Wait waiting = Wait::none;
+  bool done = false;
+};
+
+struct Block {
+  Context scheduler{};
+  std::vector<Fiber> fibers;
+  std::vector<unsigned char> shared;
+  std::vector<uint64_t> slots;  // 2 x 32 per warp: the shuffles' exchange (warp_slots())
+  std::vector<long> shuffles;   // per thread: its shuffles so far
+  int current = 0, live = 0, at_block = 0;
+  std::vector<int> warp_live, at_warp;
+  const std::function<void()>* body = nullptr;
+};
+
+thread_local Block* block = nullptr;
+
+int warp_of(int t) { return t / 32; }
+
+/// Releases a barrier whose every live participant has arrived.
+void release_block_if_full() {
+  if (block->at_block > 0 && block->at_block == block->live) {
+    for (Fiber& f : block->fibers)
+      if (f.waiting == Wait::block) f.waiting = Wait::none;
+    block->at_block = 0;
+  }
+}
+void release_warp_if_full(int w) {
+  if (block->at_warp[w] > 0 && block->at_warp[w] == block->warp_live[w]) {
+    const int first = w * 32, last = std::min<int>(first + 32, static_cast<int>(block->fibers.size()));
+    for (int t = first; t < last; ++t)
+      if (block->fibers[t].waiting == Wait::warp) block->fibers[t].waiting = Wait::none;
+    block->at_warp[w] = 0;
+  }
+}
+
+void wait(Wait kind) {
+  Fiber& f = block->fibers[block->current];
+  f.waiting = kind;
+  if (kind == Wait::block) {
+    ++block->at_block;
+    release_block_if_full();
+  } else {
+    ++block->at_warp[warp_of(block->current)];
+    release_warp_if_full(warp_of(block->current));
+  }
+  if (f.waiting != Wait::none) switch_to(f.context, block->scheduler);
+}
+
+void fiber_main() {
+  (*block->body)();
+  Fiber& f = block->fibers[block->current];
+  f.done = true;
+  --block->live;
+  --block->warp_live[warp_of(block->current)];
+  release_block_if_full();  // a returned thread no longer holds a barrier back
+  release_warp_if_full(warp_of(block->current));
+  Context dead;
+  switch_to(dead, block->scheduler);  // never resumed
+}
+
+void set_index(int t) {
+  thread_idx.x = t % block_dim.x;
+  thread_idx.y = (t / block_dim.x) % block_dim.y;
+  thread_idx.z = t / (block_dim.x * block_dim.y);
+}
+
+}  // namespace
+
+void launch_or_record(std::function<void()> work) { infer::host_device::launch(std::move(work)); }
+
+unsigned char* dynamic_shared() { return block->shared.data(); }
+void sync_block() { wait(Wait::block); }
+void sync_warp() { wait(Wait::warp); }
+uint64_t* warp_slots() {
+  const int t = block->current;
+  const int phase = block->shuffles[static_cast<size_t>(t)]++ % 2;  // this lane's shuffles so far
+  return block->slots.data() + 64 * warp_of(t) + 32 * phase;
+}
+
+void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void()>& body) {
+  const long n = static_cast<long>(threads.x) * threads.y * threads.z;
+  infer::require(n >= 1 && n <= 1024, "emulated launch: ", n, " threads a block (expected 1 to 1,024)");
+  infer::require(grid.x >= 1 && grid.y >= 1 && grid.z >= 1, "emulated launch: an empty grid");
+  grid_dim = grid, block_dim = threads;
+  Block b;
+  b.body = &body;
+  b.fibers.resize(static_cast<size_t>(n));
+  const int warps = static_cast<int>((n + 31) / 32);
+  b.slots.assign(static_cast<size_t>(warps) * 64, 0);
+  for (Fiber& f : b.fibers) {
+    void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    infer::require(p != MAP_FAILED, "emulated launch: no memory for a fiber's stack");
+    f.stack = static_cast<char*>(p);
+  }
+  Block* outer = block;
+  block = &b;
+  struct Unmap {
+    Block& b;
+    Block* outer;
+    ~Unmap() {
+      for (Fiber& f : b.fibers) munmap(f.stack, kStack);
+      block = outer;
+    }
+  } unmap{b, outer};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        block_idx = {x, y, z};
+        b.shared.assign(shared_bytes + 16, 0xFF);
+        b.live = static_cast<int>(n), b.at_block = 0;
+        b.shuffles.assign(static_cast<size_t>(n), 0);
+        b.warp_live.assign(static_cast<size_t>(warps), 0), b.at_warp.assign(static_cast<size_t>(warps), 0);
+        for (long t = 0; t < n; ++t) {
+          Fiber& f = b.fibers[static_cast<size_t>(t)];
+          f = Fiber{{}, f.stack, Wait::none, false};
+          ++b.warp_live[warp_of(static_cast<int>(t))];
+          prepare(f.context, f.stack, kStack);
+        }
+        // Round after round, every fiber that is not waiting runs until it waits or returns.
+        for (int finished = 0; finished < n;) {
+          bool ran = false;
+          finished = 0;
+          for (int t = 0; t < n; ++t) {
+            Fiber& f = b.fibers[static_cast<size_t>(t)];
+            if (f.done) {
+              ++finished;
+              continue;
+            }
+            if (f.waiting != Wait::none) continue;
+            b.current = t;
+            set_index(t);
+            switch_to(b.scheduler, f.context);
+            ran = true;
+            if (f.done) ++finished;
+          }
+          infer::require(ran || finished == n, "emulated launch: block (", x, ", ", y, ", ", z,
+                         ") is stuck: a live thread never reaches the barrier or shuffle others wait at");
+        }
+      }
+}
+
+}  // namespace emu

@@ -1,0 +1,171 @@
+/// @file emulated_cuda.hpp
+/// @brief The course's own CUDA kernels, run on the host: what a .cu file needs to compile as
+/// C++ (emulate_cu.py rewrites its launches and shared arrays to use this), and a scheduler that
+/// runs every CUDA thread of a block as a fiber of one host thread.
+///
+/// The stand-in device (cuda_runtime_on_host.cpp) replaces the kernels with host loops
+/// (kernels_on_host.cpp): it checks the given code's bookkeeping, never a kernel. This runs the
+/// kernels' own source instead, thread by thread: __syncthreads() waits until every live thread of
+/// the block is there, a warp's shuffles and __syncwarp() until its every live lane is, as a GPU's
+/// would (a thread that has returned no longer counts, as on Volta and later). So the index
+/// arithmetic, the shared-memory layout, the barriers and the warp reductions of a kernel are
+/// checked on any machine, against the same CPU references and tests as on a GPU. It says nothing
+/// of speed, of memory coalescing, or of races between threads that a barrier-per-step
+/// interleaving cannot show (the fibers switch only at barriers and shuffles), and a kernel that
+/// needs tensor cores (WMMA, compiled only for __CUDA_ARCH__ >= 800) is empty here: its host
+/// function falls back to the version below it, as on an old GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <vector_functions.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+
+// The CUDA qualifiers mean nothing on the host (the real headers made them attributes).
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __align__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__ __restrict
+
+namespace emu {
+
+/// The launch's geometry, and the running fiber's place in it (per host thread: two host threads
+/// may each run a launch).
+extern thread_local dim3 grid_dim, block_dim;
+extern thread_local uint3 thread_idx, block_idx;
+
+/// Runs `body` for every thread of every block of `grid` x `block`, block after block, each
+/// thread a fiber; `shared_bytes` of dynamic shared memory per block (filled with 0xFF: a float
+/// read before it is written is NaN). Throws infer::Error for a deadlock (a barrier some live
+/// thread never reaches) or more than 1,024 threads a block.
+void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+
+/// The block's dynamic shared memory (extern __shared__).
+unsigned char* dynamic_shared();
+
+/// Waits for every live thread of the block / lane of the warp (a fiber switch).
+void sync_block();
+void sync_warp();
+
+/// The slots the calling warp's lanes exchange a shuffle's values through: 32 of them, one per
+/// lane, alternating between two sets from one shuffle to the next. A lane writes a set only after
+/// every lane has passed the shuffle after the one that last read it, so one wait a shuffle does.
+uint64_t* warp_slots();
+
+template <typename T>
+T shuffle_from(T v, int src_lane) {
+  static_assert(sizeof(T) <= 8);
+  uint64_t* slots = warp_slots();
+  const int lane = static_cast<int>(thread_idx.x % 32);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  slots[lane] = bits;
+  sync_warp();
+  T out;
+  std::memcpy(&out, &slots[src_lane & 31], sizeof(T));
+  return out;
+}
+
+inline dim3 to_dim3(dim3 d) { return d; }
+inline dim3 to_dim3(unsigned x) { return dim3(x); }
+inline dim3 to_dim3(int x) { return dim3(static_cast<unsigned>(x)); }
+inline dim3 to_dim3(long x) { return dim3(static_cast<unsigned>(x)); }
+
+/// Runs `work` now, or records it into the CUDA graph being captured (the stand-in's, capture.hpp).
+void launch_or_record(std::function<void()> work);
+
+/// kernel<<<grid, block, shared>>>(args...), as emulate_cu.py writes it: the arguments copied (and
+/// converted to the kernel's parameter types) when it is launched, as a launch copies them.
+template <typename G, typename B, typename... P, typename... A>
+void launch(G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
+  launch_or_record([g = to_dim3(grid), b = to_dim3(block), shared, kernel,
+                    params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
+    run(g, b, shared, [&] { std::apply(kernel, params); });
+  });
+}
+
+}  // namespace emu
+
+// The built-in variables.
+#define threadIdx (::emu::thread_idx)
+#define blockIdx (::emu::block_idx)
+#define blockDim (::emu::block_dim)
+#define gridDim (::emu::grid_dim)
+
+inline void __syncthreads() { emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::sync_warp(); }
+
+template <typename T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  return emu::shuffle_from(v, (lane / width) * width + (src % width));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  const int lane = static_cast<int>(threadIdx.x % 32), src = lane ^ mask;
+  return emu::shuffle_from(v, src / width == lane / width ? src : lane);
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = static_cast<int>(threadIdx.x % 32), src = lane + static_cast<int>(delta);
+  return emu::shuffle_from(v, src / width == lane / width ? src : lane);
+}
+
+// Device math, as the host has it.
+template <typename A, typename B>
+auto min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(a) : static_cast<C>(b);
+}
+template <typename A, typename B>
+auto max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(b) : static_cast<C>(a);
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+/// PTX's prmt in its default mode: result byte i is byte (s >> 4i) & 7 of {y, x} (x bytes 0-3).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t both = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned out = 0;
+  for (int i = 0; i < 4; ++i) out |= static_cast<unsigned>((both >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return out;
+}
+template <typename T>
+T __ldg(const T* p) { return *p; }
+template <typename T>
+T __ldcs(const T* p) { return *p; }
+
+// The runtime's templated helpers (cuda_runtime.h declares them only for nvcc), over host
+// function pointers: nothing to set, and no binary compiled for any GPU.
+template <typename T>
+cudaError_t cudaFuncSetAttribute(T*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+template <typename T>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T*) {
+  *a = cudaFuncAttributes{};  // binaryVersion 0: no tensor-core kernel was compiled here
+  return cudaSuccess;
+}
