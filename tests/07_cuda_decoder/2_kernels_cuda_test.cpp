@@ -2,7 +2,10 @@
 // (one row, sizes that are not multiples of a warp or a block, head dims 24, 64 and 128). Each
 // output is poisoned with NaN before the kernel runs, so an element it forgets to write fails.
 // Tolerances are atol + rtol * |ref|, per kernel, below. Without a device every case skips.
+#include <cuda_runtime_api.h>
+
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "common/cuda_buffer.hpp"
@@ -130,6 +133,44 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmEqualsOneGemvPerRow, 2) {
   ASSERT_NO_FATAL_FAILURE(check_batched_product(
       "skinny_gemm", skinny_gemm_f32, skinny_gemm_bf16,
       {Shape{1, 8}, Shape{31, 40}, Shape{130, 4104}, Shape{17, 264}, Shape{9, 37}}, {1, 2, 3, 5, 16, 17, 40}, 190));
+}
+
+/// The kernel launches `work` makes, counted by capturing it in a CUDA graph (its nodes) instead of
+/// running it. Kernels launch on the calling thread's default stream (the course builds with
+/// --default-stream per-thread), which is what this captures.
+size_t launches_in(const std::function<void()>& work) {
+  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+  try {
+    work();
+  } catch (...) {
+    cudaGraph_t dropped = nullptr;
+    cudaStreamEndCapture(cudaStreamPerThread, &dropped);
+    if (dropped) cudaGraphDestroy(dropped);
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  INFER_CUDA_CHECK(cudaStreamEndCapture(cudaStreamPerThread, &graph));
+  size_t nodes = 0;
+  INFER_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  INFER_CUDA_CHECK(cudaGraphDestroy(graph));
+  return nodes;
+}
+
+GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
+  // The point of the skinny GEMM: a weight read once for up to 16 batch rows, in one launch. A
+  // GEMV launched once per batch row gives the same numbers and reads W batch times over; its
+  // launches show it. (Aligned shapes: the fallback for others is gemv_batch's business.)
+  REQUIRE_DEVICE();
+  const int rows = 130, cols = 264;
+  DeviceArray<float> w(static_cast<size_t>(rows) * cols), x(40 * cols), y(40 * rows);
+  DeviceArray<uint16_t> wb(static_cast<size_t>(rows) * cols);
+  for (const int batch : {1, 5, 16, 17, 40}) {
+    const size_t want = static_cast<size_t>((batch + 15) / 16);
+    EXPECT_EQ(launches_in([&] { skinny_gemm_f32(w.get(), x.get(), y.get(), rows, cols, batch); }), want)
+        << "skinny_gemm_f32 at batch " << batch << ": one launch per 16 batch rows, not one per row";
+    EXPECT_EQ(launches_in([&] { skinny_gemm_bf16(wb.get(), x.get(), y.get(), rows, cols, batch); }), want)
+        << "skinny_gemm_bf16 at batch " << batch << ": one launch per 16 batch rows, not one per row";
+  }
 }
 
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {

@@ -118,6 +118,12 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
   return cudaSuccess;
 }
 
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  if (nodes) return cudaErrorNotSupported;  // the stand-in has no node objects, only their count
+  *count = reinterpret_cast<Work*>(graph)->size();
+  return cudaSuccess;
+}
+
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete reinterpret_cast<Work*>(graph);
   return cudaSuccess;
