@@ -96,8 +96,10 @@ inline constexpr int kChunkKernelMinTokens = 8;
 
 /// Which kernel reads which rows of a step (PagedStepRows' rows, chunk after chunk).
 struct StepKernels {
-  std::vector<int> tile_first, tile_rows;  ///< paged_chunk_attention()'s tiles
-  std::vector<int> run_first, run_rows;    ///< the decode kernel's runs: rows [first, first + rows)
+  std::vector<int> tile_first;  ///< paged_chunk_attention()'s tiles: each one's first row
+  std::vector<int> tile_rows;   ///< and its rows (1 to kChunkTileRows)
+  std::vector<int> run_first;   ///< the decode kernel's runs of consecutive rows: each one's first row
+  std::vector<int> run_rows;    ///< and its rows
 };
 
 /// Splits a step whose chunks have `tokens[i]` tokens: each causal chunk of at least `min_chunk`
