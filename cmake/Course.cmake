@@ -147,8 +147,11 @@ function(course_emulated_source out cu)
     COMMAND Python3::Interpreter "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py" "${cu}" "${cpp}"
     DEPENDS "${cu}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py"
     COMMENT "Rewriting ${rel} to run on the host")
-  # The rewrite is the kernels' source as it is: nvcc does not warn of what these would.
-  set_source_files_properties("${cpp}" PROPERTIES COMPILE_OPTIONS "-Wno-unknown-pragmas;-Wno-sign-compare;-Wno-unused-parameter;-Wno-error")
+  # The rewrite is the kernels' source as it is: nvcc does not warn of what these would. Its own
+  # #include "..." lines still find the files beside the .cu file (-iquote).
+  get_filename_component(cu_dir "${cu}" DIRECTORY)
+  set_source_files_properties("${cpp}" PROPERTIES COMPILE_OPTIONS
+    "-iquote;${cu_dir};-Wno-unknown-pragmas;-Wno-sign-compare;-Wno-unused-parameter;-Wno-error")
   set(${out} "${cpp}" PARENT_SCOPE)
 endfunction()
 

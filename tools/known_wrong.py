@@ -115,7 +115,7 @@ def read_proven(path):
 
 def cuda_headers():
     """Whether the CUDA Toolkit's headers are here (COURSE_CUDA=EMULATE needs them, not a GPU)."""
-    roots = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda", "/usr"]
+    roots = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]  # where CMake's FindCUDAToolkit looks
     nvcc = shutil.which("nvcc")
     if nvcc:
         roots.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))

@@ -137,14 +137,15 @@ class PagedAttention final : public DeviceAttention {
     const int whole = blocks_for(c_.max_position_embeddings, pool_.block_size());
     const PagedStepRows r = paged_step_rows(seqs_, rows_, masks_, graphs_ ? whole : 0);
     rows_total_ = r.rows, max_blocks_ = r.max_blocks, max_length_ = r.max_length, table_block_ = r.block_size;
-    kernel_max_length_ = graphs_ && r.block_size > 1 ? r.max_blocks * r.block_size : r.max_length;
+    lists_ = std::any_of(masks_.begin(), masks_.end(), [](const TreeMask* m) { return m != nullptr; });
+    kernel_max_length_ = graphs_ && !lists_ ? r.max_blocks * r.block_size : r.max_length;
     const int N = r.rows;
     grow(tables_, r.tables.size()), grow(lengths_, N), grow(slots_, N);
     tables_.upload(r.tables.data(), r.tables.size());
     lengths_.upload(r.lengths.data(), N);
     slots_.upload(r.slots.data(), N);
     // Long causal chunks to the tiled chunk kernel, every other row to the decode kernel.
-    plan_ = step_kernels(rows_, r.block_size > 1);
+    plan_ = step_kernels(rows_, !lists_);
     if (!plan_.tile_first.empty()) {
       const size_t tiles = plan_.tile_first.size();
       grow(tile_first_, tiles), grow(tile_rows_, tiles);
@@ -171,7 +172,7 @@ class PagedAttention final : public DeviceAttention {
   void set_graphs(bool on) override { graphs_ = on; }
 
   bool graph_key(std::vector<long>& key) const override {
-    if (!graphs_ || table_block_ == 1) return false;  // a tree's slot lists change shape every step
+    if (!graphs_ || lists_) return false;  // a tree's slot lists change shape every step
     key = {splits_, max_blocks_, kernel_max_length_, reinterpret_cast<long>(tables_.get()),
            reinterpret_cast<long>(lengths_.get()), reinterpret_cast<long>(slots_.get()),
            reinterpret_cast<long>(partial_out_.get()), reinterpret_cast<long>(partial_lse_.get())};
@@ -222,6 +223,7 @@ class PagedAttention final : public DeviceAttention {
   std::vector<int> rows_;  // each chunk's tokens
   std::vector<const TreeMask*> masks_;  // each chunk's mask (null: causal)
   int rows_total_ = 0, table_block_ = 1, kernel_max_length_ = 1;
+  bool lists_ = false;  // a tree in the step: every row lists the slots it sees (table_block_ 1)
   bool graphs_ = false;
   int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
   StepKernels plan_;  // which rows each kernel reads

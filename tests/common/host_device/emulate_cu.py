@@ -5,8 +5,9 @@
 
 Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp; `extern
 __shared__ T name[];` a pointer to the block's dynamic shared memory; other `__shared__` arrays
-statics (one block runs at a time); `kernel<<<grid, block[, shared]>>>(args);` a call of
-emu::launch(). Everything else compiles as it is, with the header's definitions. Line numbers are
+statics (one block runs at a time), refilled with 0xFF for each block; `kernel<<<grid, block[,
+shared]>>>(args);` a call of emu::launch(). A launch with a stream, or a __shared__ declaration
+outside a function, is refused with a message. Everything else compiles as it is, with the header's definitions. Line numbers are
 kept (#line), so that a compiler error or a failed check names the .cu file's own line.
 """
 import re
@@ -36,16 +37,23 @@ def launch(match):
     if len(cfg) != 3:
         raise SystemExit(f"emulate_cu.py: a launch with a stream is not emulated: {match.group(0)}")
     call = f"::emu::launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}" + (f", {args}" if args.strip() else "") + ");"
-    return call + "\n" * match.group(0).count("\n")  # keeps the lines that follow where they were
+    # The lines that follow stay where they were (#line): as many newlines as the launch had.
+    return call + "\n" * (match.group(0).count("\n") - call.count("\n"))
 
 
 def rewrite(src, path):
     src = re.sub(r"#include <(cuda_runtime|cuda_bf16|cuda_fp16|mma)\.h>", "", src)
-    src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\[\];",
+    # extern __shared__ T name[];: the block's dynamic shared memory.
+    src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w: ]*?)\s+(\w+)\[\];",
                  r"\1* \2 = reinterpret_cast<\1*>(::emu::dynamic_shared());", src)
-    src = re.sub(r"\b__shared__\s+", "static ", src)
+    # __shared__ T name[...];: a static of the function, one per host thread, refilled with 0xFF for
+    # each block (a GPU's shared memory starts as garbage, not zeros).
+    src = re.sub(r"\b__shared__\s+((?:__align__\(\d+\)\s+)?[\w:][\w: ]*?)\s+(\w+)((?:\[[^\]]*\])*);",
+                 r"static thread_local \1 \2\3; ::emu::fresh_shared(&\2, sizeof(\2));", src)
+    if "__shared__" in src:
+        raise SystemExit(f"emulate_cu.py: {path}: a __shared__ declaration it could not rewrite")
     src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", launch, src, flags=re.S)
-    if "<<<" in src:
+    if any("<<<" in line.split("//")[0] for line in src.splitlines()):
         raise SystemExit(f"emulate_cu.py: {path}: a launch it could not rewrite")
     return f'#include "tests/common/host_device/emulated_cuda.hpp"\n#line 1 "{path}"\n' + src
 

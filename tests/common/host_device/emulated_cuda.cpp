@@ -4,8 +4,12 @@
 #include "tests/common/host_device/emulated_cuda.hpp"
 
 #include <sys/mman.h>
+
+#include <cstring>
 #include <ucontext.h>
 
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "common/errors.hpp"
@@ -94,6 +98,7 @@ struct Block {
   std::vector<unsigned char> shared;
   std::vector<uint64_t> slots;  // 2 x 32 per warp: the shuffles' exchange (warp_slots())
   std::vector<long> shuffles;   // per thread: its shuffles so far
+  std::map<void*, long> fresh;  // static shared arrays: the block that last filled each one
   int current = 0, live = 0, at_block = 0;
   std::vector<int> warp_live, at_warp;
   const std::function<void()>* body = nullptr;
@@ -155,6 +160,39 @@ void set_index(int t) {
 
 void launch_or_record(std::function<void()> work) { infer::host_device::launch(std::move(work)); }
 
+namespace {
+std::mutex limits_mutex;
+std::map<const void*, int> limits;  // cudaFuncSetAttribute's dynamic shared memory per kernel
+thread_local long blocks_run = 0;   // blocks this host thread has started (fresh_shared's clock)
+}  // namespace
+
+void set_shared_limit(const void* kernel, int bytes) {
+  std::lock_guard<std::mutex> lock(limits_mutex);
+  limits[kernel] = bytes;
+}
+
+void check_shared(const void* kernel, size_t bytes) {
+  size_t limit = 48 * 1024;
+  {
+    std::lock_guard<std::mutex> lock(limits_mutex);
+    const auto it = limits.find(kernel);
+    if (it != limits.end()) limit = std::max<size_t>(limit, static_cast<size_t>(it->second));
+  }
+  infer::require(bytes <= limit, "emulated launch: ", bytes, " bytes of dynamic shared memory, more than the ", limit,
+                 " the kernel may take (above 48 KiB a GPU needs cudaFuncSetAttribute(kernel, "
+                 "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first; its launch would fail)");
+}
+
+void fresh_shared(void* array, size_t bytes) {
+  long& filled = block->fresh[array];
+  if (filled != blocks_run) {
+    std::memset(array, 0xFF, bytes);
+    filled = blocks_run;
+  }
+}
+
+int lane() { return block->current % 32; }
+
 unsigned char* dynamic_shared() { return block->shared.data(); }
 void sync_block() { wait(Wait::block); }
 void sync_warp() { wait(Wait::warp); }
@@ -193,6 +231,7 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         block_idx = {x, y, z};
+        ++blocks_run;
         b.shared.assign(shared_bytes + 16, 0xFF);
         b.live = static_cast<int>(n), b.at_block = 0;
         b.shuffles.assign(static_cast<size_t>(n), 0);

@@ -21,6 +21,7 @@
 #include <vector_functions.h>
 
 #include <bit>
+#include <concepts>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -59,6 +60,14 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
 /// The block's dynamic shared memory (extern __shared__).
 unsigned char* dynamic_shared();
 
+/// A static __shared__ array (emulate_cu.py makes it a function's static): filled with 0xFF once
+/// per block, by the first of its threads to reach it, as dynamic shared memory is: what a kernel
+/// reads before writing it is garbage on a GPU, NaN here, never a friendly zero.
+void fresh_shared(void* array, size_t bytes);
+
+/// The calling thread's lane: its linear index in the block, modulo 32 (warps are formed so).
+int lane();
+
 /// Waits for every live thread of the block / lane of the warp (a fiber switch).
 void sync_block();
 void sync_warp();
@@ -68,32 +77,47 @@ void sync_warp();
 /// every lane has passed the shuffle after the one that last read it, so one wait a shuffle does.
 uint64_t* warp_slots();
 
+/// Every lane's `v`, exchanged: out[i] is lane i's (the shuffles and votes are built on it).
 template <typename T>
-T shuffle_from(T v, int src_lane) {
+void exchange(T v, T (&out)[32]) {
   static_assert(sizeof(T) <= 8);
   uint64_t* slots = warp_slots();
-  const int lane = static_cast<int>(thread_idx.x % 32);
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  slots[lane] = bits;
+  slots[lane()] = bits;
   sync_warp();
-  T out;
-  std::memcpy(&out, &slots[src_lane & 31], sizeof(T));
-  return out;
+  for (int i = 0; i < 32; ++i) std::memcpy(&out[i], &slots[i], sizeof(T));
 }
 
+template <typename T>
+T shuffle_from(T v, int src_lane) {
+  T all[32];
+  exchange(v, all);
+  return all[src_lane & 31];
+}
+
+template <typename T>
+  requires std::is_integral_v<T>
+dim3 to_dim3(T x) {
+  return dim3(static_cast<unsigned>(x));
+}
 inline dim3 to_dim3(dim3 d) { return d; }
-inline dim3 to_dim3(unsigned x) { return dim3(x); }
-inline dim3 to_dim3(int x) { return dim3(static_cast<unsigned>(x)); }
-inline dim3 to_dim3(long x) { return dim3(static_cast<unsigned>(x)); }
 
 /// Runs `work` now, or records it into the CUDA graph being captured (the stand-in's, capture.hpp).
 void launch_or_record(std::function<void()> work);
 
+/// Throws infer::Error if `bytes` of dynamic shared memory is more than `kernel` may take: 48 KiB,
+/// or what cudaFuncSetAttribute raised it to (up to the stand-in device's 227 KiB opt-in).
+void check_shared(const void* kernel, size_t bytes);
+void set_shared_limit(const void* kernel, int bytes);
+
 /// kernel<<<grid, block, shared>>>(args...), as emulate_cu.py writes it: the arguments copied (and
-/// converted to the kernel's parameter types) when it is launched, as a launch copies them.
+/// converted to the kernel's parameter types) when it is launched, as a launch copies them. A
+/// launch asking for more dynamic shared memory than the kernel may take throws infer::Error, as
+/// a GPU's launch fails (cudaErrorInvalidValue, which cuda_check_launch would report).
 template <typename G, typename B, typename... P, typename... A>
 void launch(G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
+  check_shared(reinterpret_cast<const void*>(kernel), shared);
   launch_or_record([g = to_dim3(grid), b = to_dim3(block), shared, kernel,
                     params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
     run(g, b, shared, [&] { std::apply(kernel, params); });
@@ -107,25 +131,82 @@ void launch(G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
 #define blockIdx (::emu::block_idx)
 #define blockDim (::emu::block_dim)
 #define gridDim (::emu::grid_dim)
+#define warpSize 32
 
+// The warp's operations. Their masks are taken as the whole warp (the course's kernels use no
+// other): a lane that a shuffle reads must not have returned (undefined on a GPU; stale here).
 inline void __syncthreads() { emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::sync_warp(); }
+inline unsigned __activemask() { return 0xffffffffu; }
 
+/// Lane `src` of the lane's group of `width` (a power of two), as PTX reads it: src mod width.
 template <typename T>
 T __shfl_sync(unsigned, T v, int src, int width = 32) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  return emu::shuffle_from(v, (lane / width) * width + (src % width));
+  const int lane = emu::lane();
+  return emu::shuffle_from(v, (lane & ~(width - 1)) + (src & (width - 1)));
 }
+/// Lane ^ mask; a source in a later group of `width` gives the lane its own value (CUDA's rule).
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
-  const int lane = static_cast<int>(threadIdx.x % 32), src = lane ^ mask;
-  return emu::shuffle_from(v, src / width == lane / width ? src : lane);
+  const int lane = emu::lane(), src = lane ^ mask;
+  return emu::shuffle_from(v, src / width > lane / width ? lane : src);
 }
+/// Lane + delta, or the lane's own value past the end of its group.
 template <typename T>
 T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
-  const int lane = static_cast<int>(threadIdx.x % 32), src = lane + static_cast<int>(delta);
+  const int lane = emu::lane(), src = lane + static_cast<int>(delta);
   return emu::shuffle_from(v, src / width == lane / width ? src : lane);
 }
+/// Lane - delta, or the lane's own value before the start of its group.
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = emu::lane(), src = lane - static_cast<int>(delta);
+  return emu::shuffle_from(v, src >= 0 && src / width == lane / width ? src : lane);
+}
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  int all[32];
+  emu::exchange(predicate ? 1 : 0, all);
+  unsigned bits = 0;
+  for (int i = 0; i < 32; ++i) bits |= static_cast<unsigned>(all[i] != 0) << i;
+  return bits;
+}
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+inline int __all_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) == 0xffffffffu; }
+
+// Atomics: one fiber runs at a time, so a read-modify-write is atomic by itself.
+template <typename T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+T atomicMax(T* p, T v) {
+  const T old = *p;
+  *p = old < v ? v : old;
+  return old;
+}
+template <typename T>
+T atomicMin(T* p, T v) {
+  const T old = *p;
+  *p = v < old ? v : old;
+  return old;
+}
+template <typename T>
+T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <typename T>
+T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __clz(unsigned x) { return std::countl_zero(x); }
+inline int __ffs(unsigned x) { return x == 0 ? 0 : std::countr_zero(x) + 1; }
 
 // Device math, as the host has it.
 template <typename A, typename B>
@@ -146,7 +227,8 @@ inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
-/// PTX's prmt in its default mode: result byte i is byte (s >> 4i) & 7 of {y, x} (x bytes 0-3).
+/// PTX's prmt: result byte i is byte (s >> 4i) & 7 of {y, x} (x bytes 0-3). (A selector's bit 3,
+/// which replicates the byte's sign on a GPU, is not emulated: the course's selectors never set it.)
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const uint64_t both = (static_cast<uint64_t>(y) << 32) | x;
   unsigned out = 0;
@@ -159,9 +241,13 @@ template <typename T>
 T __ldcs(const T* p) { return *p; }
 
 // The runtime's templated helpers (cuda_runtime.h declares them only for nvcc), over host
-// function pointers: nothing to set, and no binary compiled for any GPU.
+// function pointers: the dynamic shared memory a kernel may take, and no binary compiled for any GPU.
 template <typename T>
-cudaError_t cudaFuncSetAttribute(T*, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, int value) {
+  if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > 227 * 1024) return cudaErrorInvalidValue;
+    emu::set_shared_limit(reinterpret_cast<const void*>(kernel), value);
+  }
   return cudaSuccess;
 }
 template <typename T>
