@@ -685,8 +685,8 @@ def grade(args):
         run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
         status, message = judge(name, run, args.timeout, args.max_output_mb)
         if status == "skipped" and binary in cuda_binaries and manifest.get("cuda_emulated", False):
-            # Emulated, a CUDA case that skips asks for what only a GPU has (tensor cores): it
-            # waits for one, as every CUDA case does on a machine without emulation.
+            # Emulated, a CUDA case that skips asks for what only a GPU shows: it waits for one,
+            # as every CUDA case does on a machine without emulation.
             status, message = "no gpu", "not graded here: it needs a GPU (the kernels are emulated in this build)"
         if status == "failed" and message is None:
             message = grade_report.failure_message(run["output"])

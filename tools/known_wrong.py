@@ -17,8 +17,8 @@ the graded tests change. It prints which graded cases caught each one, and exits
 
 An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
 the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded
-tests); a line "Not emulated: why" above its diff keeps it for a GPU (tensor-core code, which the
-emulator runs as the version below it).
+tests); a line "Not emulated: why" above its diff keeps it for a GPU (a mistake only a GPU shows:
+a race the emulator's one-lane-at-a-time order hides, a speed).
 
 Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/known_wrong/NAME.patch`,
 `git checkout solutions/`, and put the mistake in a line or two above the diff.

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "common/timer.hpp"
 #include "common/weights.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 
 using namespace infer;
@@ -39,6 +41,14 @@ struct Result {
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(cat("cuBLAS error ", static_cast<int>(s), " in ", what));
+}
+
+/// Throws unless the first `count` values of `got` equal `want`'s within the skinny GEMM's
+/// tolerance (1e-3 + 1e-3 |want| here: sums of 16,384 products in other orders).
+void check_agree(const std::string& what, const std::vector<float>& want, const std::vector<float>& got, long count) {
+  for (long i = 0; i < count; ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 1e-3 + 1e-3 * std::fabs(want[i])))
+      throw Error(cat(what, " disagrees with skinny_gemm_bf16 at ", i, ": ", got[i], " against ", want[i]));
 }
 
 }  // namespace
@@ -99,6 +109,18 @@ int main(int argc, char** argv) {
         const double bytes16 = 2.0 * n * n + 8.0 * batch * n, bytes32 = 4.0 * n * n + 8.0 * batch * n;
         results.push_back({"skinny_gemm_bf16", cat(n, " x ", n, " bf16, batch ", batch), bytes16,
                            cuda_time_ms([&] { gpu::skinny_gemm_bf16(wb.get(), xs.get(), ys.get(), n, n, batch); }, reps)});
+        // The given tensor-core GEMM's variants (fused_kernels.hpp), each checked against the
+        // skinny GEMM first: the forward uses kTensorGemmVariant from kTensorGemmMinBatch rows.
+        if (gpu::tensor_gemm_runs(n, n)) {
+          const std::vector<float> skinny = ys.download();
+          for (int v = 1; v <= gpu::kTensorGemmVariants; ++v) {
+            gpu::tensor_gemm_bf16(v, wb.get(), xs.get(), ys.get(), n, n, batch);
+            check_agree(cat("tensor_gemm_bf16 v", v, " at batch ", batch), skinny, ys.download(), batch * n);
+            results.push_back({cat("tensor_gemm_bf16 v", v), cat(n, " x ", n, " bf16, batch ", batch), bytes16,
+                               cuda_time_ms([&] { gpu::tensor_gemm_bf16(v, wb.get(), xs.get(), ys.get(), n, n, batch); },
+                                            reps)});
+          }
+        }
         // Row-major W [n, n] is column-major W^T: Y^T [n, batch] = (W^T)^T X^T.
         results.push_back({"cuBLAS bf16 GEMM", cat(n, " x ", n, " bf16, batch ", batch), bytes16, cuda_time_ms([&] {
                              check_cublas(cublasGemmEx(gemm, CUBLAS_OP_T, CUBLAS_OP_N, n, batch, n, &one, wb.get(),

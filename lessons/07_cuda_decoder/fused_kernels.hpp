@@ -1,11 +1,14 @@
 /// @file fused_kernels.hpp
-/// @brief Kernels the GPU forward fuses from two of yours (given, lessons/07_cuda_decoder/
-/// given_kernels.cu): fewer launches in a decode step, which at batch 1 is a string of small ones.
+/// @brief Kernels the GPU forward adds to yours (given, lessons/07_cuda_decoder/given_kernels.cu):
+/// a fused residual add and RMSNorm (fewer launches in a decode step, which at batch 1 is a string
+/// of small ones), and the skinny GEMM on tensor cores for the larger batches.
 ///
 /// A residual add followed by the next RMSNorm is two launches of yours (add(), rms_norm()) that
 /// read the same row twice; production engines fuse them (vLLM's fused_add_rms_norm). Host
 /// functions over device pointers, as kernels.hpp's; this header needs no CUDA.
 #pragma once
+
+#include <cstdint>
 
 namespace infer::gpu {
 
@@ -14,5 +17,38 @@ namespace infer::gpu {
 /// place; h may not alias x or y. Throws infer::Error (naming add_rms_norm) for rows or cols below
 /// 1 or a null pointer.
 void add_rms_norm(float* x, const float* y, const float* weight, float* h, int rows, int cols, float eps);
+
+/// Y = X W^T for bf16 W [rows, cols] (row-major), float32 X [batch, cols] and Y [batch, rows]:
+/// your skinny_gemm_bf16's contract and tolerance, on tensor cores (WMMA, bf16 inputs, float32
+/// accumulation). A CUDA core does one multiply-add per instruction; a tensor core a 16 x 16 x 16
+/// tile of them, so at batch 16 and more the product stays bound by reading W, where float32 sums
+/// become bound by the arithmetic (lesson 01's ridge, for the GPU's CUDA cores). Tensor cores take
+/// bf16 operands: x is split into hi = bf16(x) and lo = bf16(x - hi), and W hi + W lo keeps x to
+/// about 16 bits (the products are exact in float32), so the sums are as close to float32 x's as
+/// the CUDA-core kernels' are, where rounding x to bf16 would lose 8 bits of it.
+///
+/// A warp takes 16 or 32 rows of W (a variant's choice) and every batch row of a launch (up to
+/// kTensorGemmChunk; larger batches take several launches); the block's 4 or 8 warps split the
+/// columns 16 at a time and add their partial sums in a fixed order (the same result every run).
+/// Variants: 1 = (16 rows a warp, 4 warps), 2 = (16, 8), 3 = (32, 4), 4 = (32, 8); the forward
+/// uses kTensorGemmVariant. Needs tensor_gemm_runs(rows, cols), w on a 32-byte and x on a 16-byte
+/// boundary (cudaMalloc's are). Throws infer::Error (naming tensor_gemm_bf16) otherwise, for a
+/// variant outside 1..kTensorGemmVariants, batch, rows or cols below 1, or a null pointer.
+void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
+
+/// Whether tensor_gemm_bf16 runs here for a [rows, cols] matrix: a device of compute capability 8.0
+/// or later with this binary's kernel compiled for it, rows >= 32, cols a multiple of 16.
+bool tensor_gemm_runs(int rows, int cols);
+
+inline constexpr int kTensorGemmVariants = 4;
+/// The variant the forward uses. A guess until a GPU report's lesson 07 rows pick one (they time
+/// all four against your skinny GEMM and cuBLAS's).
+inline constexpr int kTensorGemmVariant = 2;
+/// Batch rows per launch of tensor_gemm_bf16.
+inline constexpr int kTensorGemmChunk = 64;
+/// The forward's bf16 products of this many rows or more go to tensor_gemm_bf16 (where it runs),
+/// fewer to your skinny GEMM. A hypothesis (batch 8, where float32 sums of 8 rows a weight start to
+/// cost more than the weight's read) until a GPU report's rows place it.
+inline constexpr int kTensorGemmMinBatch = 8;
 
 }  // namespace infer::gpu

@@ -21,7 +21,8 @@ namespace infer::gpu {
 namespace {
 
 /// A weight matrix [rows, cols] on the device in float32 or bf16, and lesson 07's products by it:
-/// the fastest GEMV for one row, the skinny GEMM above.
+/// the fastest GEMV for one row, the skinny GEMM above (bf16 from kTensorGemmMinBatch rows: the
+/// given one on tensor cores, where the device has them).
 class DeviceMatrix final : public DeviceProjection {
  public:
   DeviceMatrix(int rows, int cols, WeightType type) : rows_(rows), cols_(cols) {
@@ -38,6 +39,8 @@ class DeviceMatrix final : public DeviceProjection {
       else skinny_gemm_f32(f32_.get() + at, x, y, count, cols_, batch);
     } else {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
+      else if (batch >= kTensorGemmMinBatch && tensor_gemm_runs(count, cols_))
+        tensor_gemm_bf16(kTensorGemmVariant, bf16_.get() + at, x, y, count, cols_, batch);
       else skinny_gemm_bf16(bf16_.get() + at, x, y, count, cols_, batch);
     }
   }

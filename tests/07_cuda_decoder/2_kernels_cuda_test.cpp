@@ -16,6 +16,7 @@
 #include "common/testing/throws.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 
 namespace infer::gpu {
@@ -171,6 +172,65 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
     EXPECT_EQ(launches_in([&] { skinny_gemm_bf16(wb.get(), x.get(), y.get(), rows, cols, batch); }), want)
         << "skinny_gemm_bf16 at batch " << batch << ": one launch per 16 batch rows, not one per row";
   }
+}
+
+// The given tensor-core GEMM (fused_kernels.hpp; the forward's bf16 products of 8 rows and more):
+// every variant, every row of y against the GEMV reference of that row alone, within the skinny
+// GEMM's tolerance (x split into two bf16 halves keeps float32's accuracy). Shapes: one 32-row
+// tile, rows that no tile divides (the last tile moved back), several column steps per warp and
+// fewer columns than warps; batches of 1 to 130 (one to three launches of 64 rows).
+TEST(GivenTensorGemm, EveryVariantEqualsOneGemvPerRow) {
+  REQUIRE_DEVICE();
+  struct Case {
+    Shape shape;
+    std::vector<int> batches;
+  };
+  const Case cases[] = {{{32, 16}, {1, 8, 16, 17}},
+                        {{33, 48}, {3, 32, 33, 64, 65, 130}},
+                        {{64, 272}, {8, 40}},
+                        {{130, 1040}, {9, 64}}};
+  for (const Case& c : cases) {
+    const Shape s = c.shape;
+    if (!tensor_gemm_runs(s.rows, s.cols)) GTEST_SKIP() << "no tensor cores (compute capability below 8.0)";
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 300 + s.cols);
+    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
+    DeviceArray<uint16_t> dwb(wb);
+    for (const int batch : c.batches) {
+      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 310 + batch);
+      const Matrix xs = as_matrix(x, batch, s.cols);
+      DeviceArray<float> dx(x);
+      for (int variant = 1; variant <= kTensorGemmVariants; ++variant) {
+        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
+        tensor_gemm_bf16(variant, dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        const Matrix got = as_matrix(dy.download(), batch, s.rows);
+        for (int b = 0; b < batch; ++b) {
+          const Vector want = gemv_bf16_reference(wb, s.rows, s.cols, xs.row(b).transpose());
+          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                         cat("tensor_gemm_bf16 variant ", variant, " on ", s.rows, " x ", s.cols,
+                                             ", batch ", batch, ", row ", b)));
+        }
+      }
+    }
+  }
+}
+
+TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
+  REQUIRE_DEVICE();
+  if (!tensor_gemm_runs(32, 16)) GTEST_SKIP() << "no tensor cores (compute capability below 8.0)";
+  DeviceArray<uint16_t> w(64 * 64);
+  DeviceArray<float> x(130 * 64), y(130 * 64);
+  for (const int batch : {1, 64, 65, 130})
+    EXPECT_EQ(launches_in([&] { tensor_gemm_bf16(kTensorGemmVariant, w.get(), x.get(), y.get(), 64, 64, batch); }),
+              static_cast<size_t>((batch + kTensorGemmChunk - 1) / kTensorGemmChunk))
+        << "batch " << batch;
+  EXPECT_FALSE(tensor_gemm_runs(31, 16));
+  EXPECT_FALSE(tensor_gemm_runs(32, 24));
+  using testing::throws_error_mentioning;
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 31, 64, 1); }, "rows >= 32"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 32, 24, 1); }, "16"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(5, w.get(), x.get(), y.get(), 32, 32, 1); }, "variant"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 32, 32, 0); }, "batch"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get() + 1, x.get(), y.get(), 32, 32, 1); }, "32-byte"));
 }
 
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {

@@ -71,7 +71,7 @@ GRADED_TEST(Lesson09Kernels, TiledAttentionMatchesTheReference, 4) {
 
 GRADED_TEST(Lesson09Kernels, TensorCoreAttentionMatchesTheReference, 4) {
   REQUIRE_DEVICE();
-  // Below compute capability 8.0 (or with the kernels emulated on a processor) version 3 runs
+  // Below compute capability 8.0 version 3 runs
   // version 2, as its contract says: that is version 2's result, not a check of version 3.
   int device = 0, major = 0;
   INFER_CUDA_CHECK(cudaGetDevice(&device));

@@ -36,7 +36,8 @@ extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t size) {
   if (recording) return cudaErrorStreamCaptureUnsupported;
-  *p = std::malloc(size == 0 ? 1 : size);
+  // 256-byte aligned, as cudaMalloc's are (kernels rely on it for wide and tensor-core loads).
+  *p = std::aligned_alloc(256, (size + 255) / 256 * 256 + (size == 0 ? 256 : 0));
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
@@ -80,6 +81,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;  // an H100's or H200's
     case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;  // an H200's 9.0 (emulated_cuda.hpp runs its WMMA)
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     default: *value = 0;
   }
   return cudaSuccess;
@@ -89,6 +92,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   *prop = cudaDeviceProp{};
   std::strcpy(prop->name, "host stand-in (no GPU: the kernels are host loops)");
   prop->multiProcessorCount = 4;
+  prop->major = 9;
   prop->totalGlobalMem = size_t{1} << 30;
   return cudaSuccess;
 }

@@ -3,7 +3,8 @@
 
     emulate_cu.py IN.cu OUT.cpp
 
-Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp; `extern
+Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp (WMMA included);
+`__CUDA_ARCH__` the emulated device's 900; `extern
 __shared__ T name[];` a pointer to the block's dynamic shared memory; other `__shared__` arrays
 statics (one block runs at a time), refilled with 0xFF for each block; `kernel<<<grid, block[,
 shared]>>>(args);` a call of emu::launch(). A launch with a stream, or a __shared__ declaration
@@ -43,13 +44,16 @@ def launch(match):
 
 def rewrite(src, path):
     src = re.sub(r"#include <(cuda_runtime|cuda_bf16|cuda_fp16|mma)\.h>", "", src)
+    # The emulated device's architecture (9.0), in this file only: the headers it includes keep
+    # their host code.
+    src = re.sub(r"\b__CUDA_ARCH__\b", "COURSE_EMULATED_CUDA_ARCH", src)
     # extern __shared__ T name[];: the block's dynamic shared memory.
     src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w: ]*?)\s+(\w+)\[\];",
                  r"\1* \2 = reinterpret_cast<\1*>(::emu::dynamic_shared());", src)
     # __shared__ T name[...];: a static of the function, one per host thread, refilled with 0xFF for
     # each block (a GPU's shared memory starts as garbage, not zeros).
-    src = re.sub(r"\b__shared__\s+((?:__align__\(\d+\)\s+)?[\w:][\w: ]*?)\s+(\w+)((?:\[[^\]]*\])*);",
-                 r"static thread_local \1 \2\3; ::emu::fresh_shared(&\2, sizeof(\2));", src)
+    src = re.sub(r"\b__shared__\s+(__align__\(\d+\)\s+)?([\w:][\w: ]*?)\s+(\w+)((?:\[[^\]]*\])*);",
+                 r"\1static thread_local \2 \3\4; ::emu::fresh_shared(&\3, sizeof(\3));", src)
     if "__shared__" in src:
         raise SystemExit(f"emulate_cu.py: {path}: a __shared__ declaration it could not rewrite")
     src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", launch, src, flags=re.S)

@@ -11,9 +11,10 @@
 /// arithmetic, the shared-memory layout, the barriers and the warp reductions of a kernel are
 /// checked on any machine, against the same CPU references and tests as on a GPU. It says nothing
 /// of speed, of memory coalescing, or of races between threads that a barrier-per-step
-/// interleaving cannot show (the fibers switch only at barriers and shuffles), and a kernel that
-/// needs tensor cores (WMMA, compiled only for __CUDA_ARCH__ >= 800) is empty here: its host
-/// function falls back to the version below it, as on an old GPU.
+/// interleaving cannot show (the fibers switch only at barriers and shuffles). The emulated device
+/// is a compute capability 9.0 one (an H200's): `__CUDA_ARCH__` reads 900 in a rewritten .cu file,
+/// and tensor-core code (WMMA, nvcuda::wmma below) runs, each lane holding its share of a
+/// fragment as on a GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -240,8 +241,137 @@ T __ldg(const T* p) { return *p; }
 template <typename T>
 T __ldcs(const T* p) { return *p; }
 
+/// What `__CUDA_ARCH__` reads in a .cu file rewritten by emulate_cu.py: an H200's 9.0.
+#define COURSE_EMULATED_CUDA_ARCH 900
+
+// Tensor cores (mma.h's WMMA API), for the shapes the course uses: a fragment's elements are
+// spread over the warp's 32 lanes (element e of the tile, counted row by row, is lane e % 32's
+// x[e / 32]), as a GPU spreads them in its own order. A load reads and a store writes only the
+// lane's own elements, each when that lane runs: a lane's store is seen by the others only after
+// a __syncwarp(), and a load sees what the others wrote only after one, as the CUDA guide requires.
+// mma_sync exchanges the lanes' A and B elements (a warp barrier: every lane must call it) and
+// each lane computes its own D = A B + C elements, the products summed in float.
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K>
+struct tile_shape;
+template <int M, int N, int K>
+struct tile_shape<matrix_a, M, N, K> {
+  static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K>
+struct tile_shape<matrix_b, M, N, K> {
+  static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K>
+struct tile_shape<accumulator, M, N, K> {
+  static constexpr int rows = M, cols = N;
+};
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert((M == 16 && N == 16 && K == 16) || (M == 32 && N == 8 && K == 16) || (M == 8 && N == 32 && K == 16),
+                "WMMA shapes: 16x16x16, 32x8x16, 8x32x16");
+  static constexpr int rows = tile_shape<Use, M, N, K>::rows, cols = tile_shape<Use, M, N, K>::cols;
+  static constexpr int num_elements = rows * cols / 32;
+  T x[num_elements];
+};
+
+/// The tile's (row, col) of the lane's element i.
+template <int Cols>
+inline void element_at(int i, int& r, int& c) {
+  const int e = i * 32 + emu::lane();
+  r = e / Cols, c = e % Cols;
+}
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+void fill_fragment(fragment<Use, M, N, K, T, L>& f, T v) {
+  for (T& e : f.x) e = v;
+}
+template <typename Use, int M, int N, int K, typename T, typename L, typename V>
+  requires(!std::is_same_v<T, V>)
+void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
+  for (T& e : f.x) e = static_cast<T>(v);
+}
+
+/// A or B from memory: the layout is the fragment's (row_major: element (r, c) at p[r * ldm + c];
+/// col_major: p[c * ldm + r]).
+template <typename Use, int M, int N, int K, typename T, typename L, typename P>
+void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const P* p, unsigned ldm) {
+  static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>, "A and B fragments have a layout");
+  using F = fragment<Use, M, N, K, T, L>;
+  for (int i = 0; i < F::num_elements; ++i) {
+    int r, c;
+    element_at<F::cols>(i, r, c);
+    f.x[i] = std::is_same_v<L, row_major> ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r];
+  }
+}
+/// An accumulator from memory, in the layout named.
+template <int M, int N, int K, typename T>
+void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
+  using F = fragment<accumulator, M, N, K, T>;
+  for (int i = 0; i < F::num_elements; ++i) {
+    int r, c;
+    element_at<F::cols>(i, r, c);
+    f.x[i] = layout == mem_row_major ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r];
+  }
+}
+template <int M, int N, int K, typename T>
+void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
+  using F = fragment<accumulator, M, N, K, T>;
+  for (int i = 0; i < F::num_elements; ++i) {
+    int r, c;
+    element_at<F::cols>(i, r, c);
+    (layout == mem_row_major ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r]) = f.x[i];
+  }
+}
+
+/// Every lane's elements of `f`, gathered into the whole tile (row by row), through the warp's
+/// shuffle slots, 8 bytes at a time.
+template <typename F, typename T>
+void gather_tile(const F& f, T (&tile)[F::rows * F::cols]) {
+  constexpr int bytes = sizeof(f.x), words = (bytes + 7) / 8;
+  for (int w = 0; w < words; ++w) {
+    uint64_t mine = 0, all[32];
+    std::memcpy(&mine, reinterpret_cast<const unsigned char*>(f.x) + 8 * w, std::min(8, bytes - 8 * w));
+    emu::exchange(mine, all);
+    for (int l = 0; l < 32; ++l) {
+      T part[8 / sizeof(T) > 0 ? 8 / sizeof(T) : 1];
+      std::memcpy(static_cast<void*>(part), &all[l], sizeof(part));
+      for (int j = 0; j < static_cast<int>(8 / sizeof(T)); ++j) {
+        const int i = (8 * w) / static_cast<int>(sizeof(T)) + j;  // the lane's element index
+        if (i < F::num_elements) tile[i * 32 + l] = part[j];
+      }
+    }
+  }
+}
+
+template <int M, int N, int K, typename TA, typename LA, typename LB, typename TC>
+void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+              const fragment<matrix_b, M, N, K, TA, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
+  TA ta[M * K], tb[K * N];
+  gather_tile(a, ta);
+  gather_tile(b, tb);
+  fragment<accumulator, M, N, K, TC> out;
+  for (int i = 0; i < out.num_elements; ++i) {
+    int r, col;
+    element_at<N>(i, r, col);
+    float sum = static_cast<float>(c.x[i]);
+    for (int k = 0; k < K; ++k) sum += static_cast<float>(ta[r * K + k]) * static_cast<float>(tb[k * N + col]);
+    out.x[i] = static_cast<TC>(sum);
+  }
+  d = out;
+}
+}  // namespace nvcuda::wmma
+
 // The runtime's templated helpers (cuda_runtime.h declares them only for nvcc), over host
-// function pointers: the dynamic shared memory a kernel may take, and no binary compiled for any GPU.
+// function pointers: the dynamic shared memory a kernel may take, and the architecture compiled for.
 template <typename T>
 cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, int value) {
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
@@ -252,6 +382,7 @@ cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, int val
 }
 template <typename T>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T*) {
-  *a = cudaFuncAttributes{};  // binaryVersion 0: no tensor-core kernel was compiled here
+  *a = cudaFuncAttributes{};
+  a->binaryVersion = a->ptxVersion = COURSE_EMULATED_CUDA_ARCH / 10;  // as if compiled for the emulated 9.0
   return cudaSuccess;
 }

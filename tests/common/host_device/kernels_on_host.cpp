@@ -94,6 +94,16 @@ void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int
   product("skinny_gemm_bf16", w, x, y, rows, cols, batch);
 }
 
+bool tensor_gemm_runs(int rows, int cols) { return rows >= 32 && cols % 16 == 0; }  // a 9.0 stand-in
+void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(variant >= 1 && variant <= kTensorGemmVariants, "tensor_gemm_bf16: variant ", variant, " does not exist");
+  require(tensor_gemm_runs(rows, cols), "tensor_gemm_bf16: rows >= 32 and cols a multiple of 16, got ", rows, " x ",
+          cols);
+  require(reinterpret_cast<uintptr_t>(w) % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+          "tensor_gemm_bf16: w must be on a 32-byte boundary and x on a 16-byte one");
+  product("tensor_gemm_bf16", w, x, y, rows, cols, batch);
+}
+
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
   require(rows >= 1 && cols >= 1, "rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("rms_norm", {x, weight, y});
