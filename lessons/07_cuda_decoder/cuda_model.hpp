@@ -13,7 +13,8 @@
 /// k take one RoPE launch; and each residual add runs with the norm after it (add_rms_norm,
 /// given: fused_kernels.hpp). 10 launches a layer at B = 1 over lesson 08's paged attention, 14
 /// above, one more where the attention splits a long context (its merge) (tests/common/host_device/launches_test.cpp counts them; 16 before these fusions). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
-/// which read each weight once for up to 16 rows. A prompt (or a piece of one) is a chunk of several
+/// which read each weight once for up to 16 rows (bf16 weights from kTensorGemmMinBatch rows on:
+/// the given tensor_gemm_bf16, on tensor cores, once for up to 64; fused_kernels.hpp). A prompt (or a piece of one) is a chunk of several
 /// rows in the same step: its rows go through the weights with everyone else's, and each of its
 /// rows attends causally over its own sequence (lesson 09 writes a prefill kernel that does that
 /// one tile of rows at a time).

@@ -17,7 +17,8 @@
 //      groups of 1 and 12, head_dim 256, blocks of 3).
 //   1d. a prompt chunk's attention (chunks of 8 to 2,048 tokens after up to 2,040 cached, the
 //      1.1B shape's heads): its rows through your decode kernel, one row at a time, against the
-//      given chunk kernel's tiles of 32 rows (chunk_attention.hpp), its output checked first.
+//      given chunk kernel's tiles of 32 rows (chunk_attention.hpp) in its two designs, CUDA cores and
+//      tensor cores, each output checked first.
 //   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
 //      split, and the speedup.
 //   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
@@ -205,8 +206,8 @@ int main(int argc, char** argv) {
     // 1d. A prompt chunk through the pool: n rows of one sequence after L cached positions (the
     // 1.1B shape's heads, 32 over 4 of 64, shuffled blocks of 16), row t seeing L + t + 1 of them.
     // Your decode kernel reads them row by row, each row its whole context; the given chunk kernel
-    // (chunk_attention.hpp) in tiles of 32 rows. Bytes: the chunk's K/V read once, the least any
-    // kernel must read. Its output is checked against yours first.
+    // (chunk_attention.hpp) in tiles of 32 rows, on CUDA cores and on tensor cores. Bytes: the
+    // chunk's K/V read once, the least any kernel must read. Each output is checked against yours.
     for (const auto& [n, cached] : quick ? std::vector<std::pair<int, int>>{{512, 1536}}
                                         : std::vector<std::pair<int, int>>{{8, 2040}, {32, 2016}, {512, 1536}, {2048, 0}}) {
       const int h = 32, kvh = 4, d = 64, bs = 16, length = cached + n, blocks = blocks_for(length, bs);
@@ -225,25 +226,33 @@ int main(int argc, char** argv) {
       gpu::PagedBatch c = a;
       a.out = yours.get(), c.out = chunk.get();
       const int tiles = static_cast<int>(plan.tile_first.size());
-      yours.fill_bytes(0xFF), chunk.fill_bytes(0xFF);
+      yours.fill_bytes(0xFF);
       gpu::paged_decode_attention(a);
-      gpu::paged_chunk_attention(c, first.get(), count.get(), tiles);
-      const std::vector<float> hy = yours.download(), hc = chunk.download();
-      double diff = 0;
-      bool within = true;
-      for (size_t i = 0; i < hy.size(); ++i) {
-        const double e = std::abs(static_cast<double>(hc[i]) - hy[i]);
-        if (!(e <= diff)) diff = e;
-        within = within && e <= 1e-4 + 1e-4 * std::abs(hy[i]);
-      }
+      const std::vector<float> hy = yours.download();
       const std::string shape = cat("chunk of ", n, " after ", cached);
-      checks.push_back(cat("chunk kernel against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
-                           within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
       const double bytes = 2.0 * sizeof(float) * length * kvh * d;
       results.push_back({"chunk rows through your decode kernel", shape, bytes,
                          cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
-      results.push_back({"chunk kernel (tiles of 32 rows)", shape, bytes,
-                         cuda_time_ms([&] { gpu::paged_chunk_attention(c, first.get(), count.get(), tiles); }, reps)});
+      // Both designs of the chunk kernel (CUDA cores; tensor cores, where they run), each checked.
+      for (const bool tc : {false, true}) {
+        if (tc && !gpu::chunk_tensor_cores_run(d)) continue;
+        chunk.fill_bytes(0xFF);
+        gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
+        const std::vector<float> hc = chunk.download();
+        double diff = 0;
+        bool within = true;
+        for (size_t i = 0; i < hy.size(); ++i) {
+          const double e = std::abs(static_cast<double>(hc[i]) - hy[i]);
+          if (!(e <= diff)) diff = e;
+          within = within && e <= 1e-4 + 1e-4 * std::abs(hy[i]);
+        }
+        const std::string name = tc ? "chunk kernel on tensor cores (tiles of 32 rows)" : "chunk kernel (tiles of 32 rows)";
+        checks.push_back(cat(name, " against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
+                             within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
+        results.push_back({name, shape, bytes, cuda_time_ms([&] {
+                             gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
+                           }, reps)});
+      }
     }
 
     // 2. Split-K at batch 1 over the context length.

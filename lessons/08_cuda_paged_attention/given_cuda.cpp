@@ -105,7 +105,8 @@ namespace {
 
 /// The paged DeviceAttention: per step, the rows' block tables, lengths and slots uploaded once;
 /// per layer, one write_kv_slots, then the attention: the rows of long causal chunks (a prompt, or
-/// a piece of one) in one paged_chunk_attention launch, tiles of 32 rows reading each K/V tile once;
+/// a piece of one) in one paged_chunk_attention launch, tiles of 32 rows reading each K/V tile once
+/// (on tensor cores where they run);
 /// the others (decodes, short chunks) through your paged attention (split when choose_splits says
 /// so), one launch per run of consecutive such rows. Row t of a chunk after L cached positions
 /// sees L + t + 1 of them through its sequence's block table: causal attention, no copy. A step
@@ -117,6 +118,7 @@ class PagedAttention final : public DeviceAttention {
     int device = 0;
     INFER_CUDA_CHECK(cudaGetDevice(&device));
     INFER_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+    chunk_tensor_ = kChunkTensorCores && chunk_tensor_cores_run(c_.head_dim);
   }
 
   void begin_step(std::span<const Chunk> chunks, const char* who) override {
@@ -190,7 +192,8 @@ class PagedAttention final : public DeviceAttention {
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
     a.max_length = kernel_max_length_;
     if (!plan_.tile_first.empty())
-      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), static_cast<int>(plan_.tile_first.size()));
+      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), static_cast<int>(plan_.tile_first.size()),
+                            chunk_tensor_);
     const long q_dim = static_cast<long>(a.heads) * a.head_dim;
     for (size_t i = 0; i < plan_.run_first.size(); ++i) {  // the decode rows, run by run
       const long first = plan_.run_first[i];
@@ -219,6 +222,7 @@ class PagedAttention final : public DeviceAttention {
   ModelConfig c_;
   CudaPagedKVPool& pool_;
   int fixed_splits_, multiprocessors_ = 1;
+  bool chunk_tensor_ = false;  // the chunk kernel on tensor cores (chunk_attention.hpp)
   std::vector<PagedKVCache*> seqs_;
   std::vector<int> rows_;  // each chunk's tokens
   std::vector<const TreeMask*> masks_;  // each chunk's mask (null: causal)

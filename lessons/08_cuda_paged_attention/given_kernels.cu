@@ -1,6 +1,9 @@
 // Lesson 08: the attention of a step's prompt chunks over the paged pool (given; see
-// chunk_attention.hpp). Lesson 09's tiled design, reading keys and values through block tables.
+// chunk_attention.hpp). Lesson 09's tiled designs (versions 2 and 3: CUDA cores, tensor cores),
+// reading keys and values through block tables.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cmath>
 
@@ -115,12 +118,179 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
   }
 }
 
+// ------------------------------------------------------------ tensor cores --
+// Lesson 09's version 3 through the block tables, at float32's accuracy: a tile's 32 rows are two
+// warps of 16; each product (Q K^T, then P V) runs on tensor cores with each operand split into
+// two bf16 halves, x = hi + lo (hi = bf16(x), lo = bf16(x - hi)), and three products of halves,
+// hi hi + hi lo + lo hi: what is left out, lo lo and the rounding of lo, is about 2^-16 of each
+// product, so the scores and outputs keep the float32 kernel's tolerance.
+
+constexpr int kTcWarps = kRows / 16, kTcThreads = 32 * kTcWarps;
+
+size_t chunk_tensor_smem_bytes(int d) {
+  return sizeof(__nv_bfloat16) * (2 * static_cast<size_t>(kRows) * d + 4 * static_cast<size_t>(kKeys) * d +
+                                  2 * kRows * kKeys)                                  // q, k, v, p halves
+         + sizeof(float) * (kRows * kKeys + static_cast<size_t>(kRows) * d + kRows)  // scores, output, corrections
+         + sizeof(long) * kKeys;                                                      // the tile's pool rows
+}
+
+/// hi and lo halves of x, at [i] of each.
+__device__ void split(float x, __nv_bfloat16* hi, __nv_bfloat16* lo, int i) {
+  const __nv_bfloat16 h = __float2bfloat16(x);
+  hi[i] = h;
+  lo[i] = __float2bfloat16(x - __bfloat162float(h));
+}
+
+/// Block (tile, query head); warp w owns the tile's rows 16 w .. 16 w + 15. Per tile of 32
+/// positions (pool rows looked up once, keys and values staged as halves): S_w = Q_w K^T into
+/// shared memory, the online softmax per row (lane j on position j), P split into halves, the
+/// warp's output rows rescaled, then O_w += P V.
+__global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  namespace wmma = nvcuda::wmma;
+  using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  extern __shared__ __align__(32) unsigned char raw[];
+  const int d = a.head_dim;
+  __nv_bfloat16* q_hi = reinterpret_cast<__nv_bfloat16*>(raw);  // [kRows][d], scaled
+  __nv_bfloat16* q_lo = q_hi + kRows * d;
+  __nv_bfloat16* k_hi = q_lo + kRows * d;  // [kKeys][d]
+  __nv_bfloat16* k_lo = k_hi + kKeys * d;
+  __nv_bfloat16* v_hi = k_lo + kKeys * d;  // [kKeys][d]
+  __nv_bfloat16* v_lo = v_hi + kKeys * d;
+  __nv_bfloat16* p_hi = v_lo + kKeys * d;  // [kRows][kKeys]
+  __nv_bfloat16* p_lo = p_hi + kRows * kKeys;
+  float* sc = reinterpret_cast<float*>(p_lo + kRows * kKeys);  // [kRows][kKeys]
+  float* os = sc + kRows * kKeys;                              // [kRows][d]
+  float* corr = os + kRows * d;                                // [kRows]
+  long* slot = reinterpret_cast<long*>(corr + kRows);          // [kKeys]
+  const int first = tile_first[blockIdx.x], rows = tile_rows[blockIdx.x];
+  const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const long qd = static_cast<long>(a.heads) * d, kvd = static_cast<long>(a.kv_heads) * d;
+  const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
+  for (int e = threadIdx.x; e < kRows * d; e += blockDim.x) {
+    const int r = e / d, c = e % d;
+    split(r < rows ? a.q[(first + r) * qd + static_cast<long>(h) * d + c] * scale : 0.0f, q_hi, q_lo, e);
+    os[e] = 0.0f;
+  }
+  int longest = 0;
+  for (int r = 0; r < rows; ++r) longest = max(longest, a.lengths[first + r]);
+  const int w0 = warp * 16;  // the warp's first row
+  float m[16], l[16];        // the warp's 16 rows, the same in every lane
+  int length[16];            // the positions each sees (0: past the tile's rows)
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    m[r] = -INFINITY, l[r] = 0.0f, length[r] = w0 + r < rows ? a.lengths[first + w0 + r] : 0;
+  }
+  for (int j0 = 0; j0 < longest; j0 += kKeys) {
+    const int nk = min(kKeys, longest - j0);
+    __syncthreads();  // every warp is done with the previous tile's keys, values and slots
+    if (threadIdx.x < kKeys) {
+      const int p = j0 + threadIdx.x;
+      slot[threadIdx.x] =
+          threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
+      const int j = e / d, c = e % d;
+      const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
+      split(j < nk ? a.k_pool[at] : 0.0f, k_hi, k_lo, e);
+      split(j < nk ? a.v_pool[at] : 0.0f, v_hi, v_lo, e);
+    }
+    __syncthreads();
+    // S_w = Q_w K^T (K's rows [key][d] are K^T's columns: column-major, leading dimension d).
+    for (int n0 = 0; n0 < kKeys; n0 += 16) {
+      Acc s;
+      wmma::fill_fragment(s, 0.0f);
+      for (int k0 = 0; k0 < d; k0 += 16) {
+        A qh, ql;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kh, kl;
+        wmma::load_matrix_sync(qh, q_hi + w0 * d + k0, d);
+        wmma::load_matrix_sync(ql, q_lo + w0 * d + k0, d);
+        wmma::load_matrix_sync(kh, k_hi + n0 * d + k0, d);
+        wmma::load_matrix_sync(kl, k_lo + n0 * d + k0, d);
+        wmma::mma_sync(s, qh, kh, s);
+        wmma::mma_sync(s, qh, kl, s);
+        wmma::mma_sync(s, ql, kh, s);
+      }
+      wmma::store_matrix_sync(sc + w0 * kKeys + n0, s, kKeys, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // The online softmax, row by row: lane j holds position j0 + j.
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int row = w0 + r;
+      const float s = lane < nk && j0 + lane < length[r] ? sc[row * kKeys + lane] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(s));
+      const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+      const float c = m_new == -INFINITY ? 1.0f : expf(m[r] - m_new);
+      l[r] = l[r] * c + warp_sum(p);
+      m[r] = m_new;
+      split(p, p_hi, p_lo, row * kKeys + lane);
+      if (lane == 0) corr[row] = c;
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * d; e += 32) os[w0 * d + e] *= corr[w0 + e / d];
+    __syncwarp();
+    // O_w += P V (V's rows [key][d]: row-major, leading dimension d).
+    for (int n0 = 0; n0 < d; n0 += 16) {
+      Acc o;
+      wmma::load_matrix_sync(o, os + w0 * d + n0, d, wmma::mem_row_major);
+      for (int k0 = 0; k0 < kKeys; k0 += 16) {
+        A ph, pl;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vh, vl;
+        wmma::load_matrix_sync(ph, p_hi + w0 * kKeys + k0, kKeys);
+        wmma::load_matrix_sync(pl, p_lo + w0 * kKeys + k0, kKeys);
+        wmma::load_matrix_sync(vh, v_hi + k0 * d + n0, d);
+        wmma::load_matrix_sync(vl, v_lo + k0 * d + n0, d);
+        wmma::mma_sync(o, ph, vh, o);
+        wmma::mma_sync(o, ph, vl, o);
+        wmma::mma_sync(o, pl, vh, o);
+      }
+      wmma::store_matrix_sync(os + w0 * d + n0, o, d, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  for (int e = lane; e < 16 * d; e += 32) {
+    const int r = e / d, c = e % d, row = w0 + r;
+    if (row < rows) a.out[(first + row) * qd + static_cast<long>(h) * d + c] = os[w0 * d + e] / l[r];
+  }
+#endif
+}
+
 }  // namespace
 
-void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles) {
+bool chunk_tensor_cores_run(int head_dim) {
+  int device = 0, major = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return false;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, paged_chunk_tensor_kernel) != cudaSuccess) return false;
+  return major >= 8 && attributes.binaryVersion >= 80 && head_dim >= 16 && head_dim % 16 == 0 &&
+         chunk_tensor_smem_bytes(head_dim) <= static_cast<size_t>(optin);
+}
+
+void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                           bool tensor_cores) {
   check_paged_batch(a, "paged_chunk_attention");
   require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
   require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads));
+  if (tensor_cores) {
+    require(chunk_tensor_cores_run(a.head_dim), "paged_chunk_attention: tensor cores need a device of compute "
+            "capability 8.0 or later and a head_dim that is a multiple of 16 and whose tiles fit in shared memory; "
+            "got head_dim ", a.head_dim, " (chunk_tensor_cores_run says whether they run)");
+    const size_t smem = chunk_tensor_smem_bytes(a.head_dim);
+    INFER_CUDA_CHECK(cudaFuncSetAttribute(paged_chunk_tensor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    paged_chunk_tensor_kernel<<<grid, kTcThreads, smem>>>(a, tile_first, tile_rows, scale);
+    cuda_check_launch("paged_chunk_tensor_kernel");
+    return;
+  }
   int device = 0, optin = 0;
   INFER_CUDA_CHECK(cudaGetDevice(&device));
   INFER_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -129,9 +299,7 @@ void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int
           " bytes of shared memory per block; this device allows ", optin);
   INFER_CUDA_CHECK(
       cudaFuncSetAttribute(paged_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  paged_chunk_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)), kThreads, smem>>>(
-      a, tile_first, tile_rows, scale);
+  paged_chunk_kernel<<<grid, kThreads, smem>>>(a, tile_first, tile_rows, scale);
   cuda_check_launch("paged_chunk_kernel");
 }
 

@@ -277,7 +277,8 @@ TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
   REQUIRE_DEVICE();
   const std::vector<int> cached = {0, 10, 37, 100}, tokens = {40, 1, 9, 70};
   const StepKernels plan = step_kernels(tokens, true);
-  for (const Shape s : {Shape{8, 2, 64}, Shape{12, 1, 64}, Shape{32, 4, 64}, Shape{4, 4, 256}, Shape{6, 2, 24}}) {
+  for (const Shape s : {Shape{8, 2, 64}, Shape{12, 1, 64}, Shape{32, 4, 64}, Shape{4, 4, 256}, Shape{6, 2, 24},
+                        Shape{4, 2, 128}, Shape{2, 1, 16}}) {
     for (const int bs : {3, 16}) {
       SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim, ", blocks of ", bs));
       std::vector<int> seq_lengths;
@@ -292,22 +293,31 @@ TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
           lengths.push_back(cached[i] + t + 1), owner.push_back(i);
         }
       const std::vector<float> q = random_values(static_cast<size_t>(rows) * qd, 600 + bs);
-      DeviceArray<float> dq(q), out = poisoned(static_cast<size_t>(rows) * qd);
+      DeviceArray<float> dq(q);
       DeviceArray<int> dtables(flat), dlengths(lengths), first(plan.tile_first), count(plan.tile_rows);
-      PagedBatch a = f.args(out.get());
-      a.q = dq.get(), a.block_tables = dtables.get(), a.lengths = dlengths.get(), a.batch = rows;
-      paged_chunk_attention(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()));
-      const std::vector<float> got = out.download();
-      for (int r = 0; r < rows; ++r) {
-        const Matrix row = Eigen::Map<const Matrix>(got.data() + static_cast<size_t>(r) * qd, 1, qd);
-        if (tokens[owner[r]] == 1) {
-          EXPECT_TRUE(row.array().isNaN().all()) << "row " << r << " is no tile's: the kernel must not write it";
-          continue;
+      // The tensor-core design keeps about 16 bits of each operand (chunk_attention.hpp): within
+      // 1e-4 + 1e-4 |x|, where its largest difference over these shapes, emulated, was 2.6e-5
+      // (the float32 design's, 1.4e-6, within lesson 08's 1e-5 + 1e-4 |x|).
+      for (const bool tensor_cores : {false, true}) {
+        if (tensor_cores && !chunk_tensor_cores_run(s.head_dim)) continue;  // head_dim 24, or no tensor cores
+        SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
+        DeviceArray<float> out = poisoned(static_cast<size_t>(rows) * qd);
+        PagedBatch a = f.args(out.get());
+        a.q = dq.get(), a.block_tables = dtables.get(), a.lengths = dlengths.get(), a.batch = rows;
+        paged_chunk_attention(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()), tensor_cores);
+        const std::vector<float> got = out.download();
+        for (int r = 0; r < rows; ++r) {
+          const Matrix row = Eigen::Map<const Matrix>(got.data() + static_cast<size_t>(r) * qd, 1, qd);
+          if (tokens[owner[r]] == 1) {
+            EXPECT_TRUE(row.array().isNaN().all()) << "row " << r << " is no tile's: the kernel must not write it";
+            continue;
+          }
+          const Matrix qr = Eigen::Map<const Matrix>(q.data() + static_cast<size_t>(r) * qd, 1, qd);
+          const Matrix want =
+              paged_attention(qr, *f.pool, f.tables[owner[r]], 0, lengths[r], s.heads, s.kv_heads, s.head_dim);
+          ASSERT_TRUE(testing::all_close(want, row, tensor_cores ? 1e-4 : 1e-5, 1e-4,
+                                         cat("row ", r, " (", lengths[r], " positions)")));
         }
-        const Matrix qr = Eigen::Map<const Matrix>(q.data() + static_cast<size_t>(r) * qd, 1, qd);
-        const Matrix want =
-            paged_attention(qr, *f.pool, f.tables[owner[r]], 0, lengths[r], s.heads, s.kv_heads, s.head_dim);
-        ASSERT_TRUE(testing::all_close(want, row, 1e-5, 1e-4, cat("row ", r, " (", lengths[r], " positions)")));
       }
     }
   }

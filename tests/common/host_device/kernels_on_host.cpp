@@ -208,7 +208,11 @@ void paged_decode_attention(const PagedBatch& batch) {
   });
 }
 
-void paged_chunk_attention(const PagedBatch& batch, const int* tile_first, const int* tile_rows, int tiles) {
+bool chunk_tensor_cores_run(int head_dim) { return head_dim % 16 == 0; }  // a 9.0 stand-in
+void paged_chunk_attention(const PagedBatch& batch, const int* tile_first, const int* tile_rows, int tiles,
+                           bool tensor_cores) {
+  require(!tensor_cores || chunk_tensor_cores_run(batch.head_dim),
+          "paged_chunk_attention: tensor cores need head_dim a multiple of 16, got ", batch.head_dim);
   check_paged_batch(batch, "paged_chunk_attention");
   require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
   require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
