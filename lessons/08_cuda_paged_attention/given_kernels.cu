@@ -141,6 +141,27 @@ __device__ void split(float x, __nv_bfloat16* hi, __nv_bfloat16* lo, int i) {
   lo[i] = __float2bfloat16(x - __bfloat162float(h));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+/// acc += A B for 16 x 16 tiles given as halves (A row-major, B in `Layout`): the three products
+/// hi hi + hi lo + lo hi.
+template <typename Layout>
+__device__ void mma_halves(Acc& acc, const __nv_bfloat16* a_hi, const __nv_bfloat16* a_lo, int lda,
+                           const __nv_bfloat16* b_hi, const __nv_bfloat16* b_lo, int ldb) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, Layout> bh, bl;
+  wmma::load_matrix_sync(ah, a_hi, lda);
+  wmma::load_matrix_sync(al, a_lo, lda);
+  wmma::load_matrix_sync(bh, b_hi, ldb);
+  wmma::load_matrix_sync(bl, b_lo, ldb);
+  wmma::mma_sync(acc, ah, bh, acc);
+  wmma::mma_sync(acc, ah, bl, acc);
+  wmma::mma_sync(acc, al, bh, acc);
+}
+#endif
+
 /// Block (tile, query head); warp w owns the tile's rows 16 w .. 16 w + 15. Per tile of 32
 /// positions (pool rows looked up once, keys and values staged as halves): S_w = Q_w K^T into
 /// shared memory, the online softmax per row (lane j on position j), P split into halves, the
@@ -148,8 +169,6 @@ __device__ void split(float x, __nv_bfloat16* hi, __nv_bfloat16* lo, int i) {
 __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
-  using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   extern __shared__ __align__(32) unsigned char raw[];
   const int d = a.head_dim;
   __nv_bfloat16* q_hi = reinterpret_cast<__nv_bfloat16*>(raw);  // [kRows][d], scaled
@@ -203,17 +222,9 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
     for (int n0 = 0; n0 < kKeys; n0 += 16) {
       Acc s;
       wmma::fill_fragment(s, 0.0f);
-      for (int k0 = 0; k0 < d; k0 += 16) {
-        A qh, ql;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kh, kl;
-        wmma::load_matrix_sync(qh, q_hi + w0 * d + k0, d);
-        wmma::load_matrix_sync(ql, q_lo + w0 * d + k0, d);
-        wmma::load_matrix_sync(kh, k_hi + n0 * d + k0, d);
-        wmma::load_matrix_sync(kl, k_lo + n0 * d + k0, d);
-        wmma::mma_sync(s, qh, kh, s);
-        wmma::mma_sync(s, qh, kl, s);
-        wmma::mma_sync(s, ql, kh, s);
-      }
+      for (int k0 = 0; k0 < d; k0 += 16)
+        mma_halves<wmma::col_major>(s, q_hi + w0 * d + k0, q_lo + w0 * d + k0, d, k_hi + n0 * d + k0,
+                                    k_lo + n0 * d + k0, d);
       wmma::store_matrix_sync(sc + w0 * kKeys + n0, s, kKeys, wmma::mem_row_major);
     }
     __syncwarp();
@@ -237,17 +248,9 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
     for (int n0 = 0; n0 < d; n0 += 16) {
       Acc o;
       wmma::load_matrix_sync(o, os + w0 * d + n0, d, wmma::mem_row_major);
-      for (int k0 = 0; k0 < kKeys; k0 += 16) {
-        A ph, pl;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vh, vl;
-        wmma::load_matrix_sync(ph, p_hi + w0 * kKeys + k0, kKeys);
-        wmma::load_matrix_sync(pl, p_lo + w0 * kKeys + k0, kKeys);
-        wmma::load_matrix_sync(vh, v_hi + k0 * d + n0, d);
-        wmma::load_matrix_sync(vl, v_lo + k0 * d + n0, d);
-        wmma::mma_sync(o, ph, vh, o);
-        wmma::mma_sync(o, ph, vl, o);
-        wmma::mma_sync(o, pl, vh, o);
-      }
+      for (int k0 = 0; k0 < kKeys; k0 += 16)
+        mma_halves<wmma::row_major>(o, p_hi + w0 * kKeys + k0, p_lo + w0 * kKeys + k0, kKeys, v_hi + k0 * d + n0,
+                                    v_lo + k0 * d + n0, d);
       wmma::store_matrix_sync(os + w0 * d + n0, o, d, wmma::mem_row_major);
     }
     __syncwarp();
