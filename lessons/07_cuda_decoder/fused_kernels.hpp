@@ -40,6 +40,21 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
 /// or later with this binary's kernel compiled for it, rows >= 32, cols a multiple of 16.
 bool tensor_gemm_runs(int rows, int cols);
 
+/// The same product for lesson 11's quantized formats, in their layouts as lesson 11's kernels.hpp
+/// gives them (q or packed from row `first` on a 4-byte boundary, scales from that row's first):
+/// INT8 W (values -127..127, exact in bf16, the row's scale multiplying its finished sum) and INT4
+/// W in groups (each value times its group's scale split into two bf16 halves like x: three
+/// tensor-core products, W hi x hi + W hi x lo + W lo x hi). Within lesson 11's GEMV tolerance of
+/// dequantize-then-multiply. One configuration (16 rows a warp, 4 warps), up to kTensorGemmChunk
+/// batch rows a launch. Need tensor_gemm_int8_runs() / tensor_gemm_int4_runs() (INT4: a group that
+/// is a multiple of 32, so that a 16-byte packet of the row lies in one group). Throw
+/// infer::Error (naming the function) otherwise, for batch, rows or cols below 1, or a null pointer.
+void tensor_gemm_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch);
+void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols,
+                      int group, int batch);
+bool tensor_gemm_int8_runs(int rows, int cols);
+bool tensor_gemm_int4_runs(int rows, int cols, int group);
+
 inline constexpr int kTensorGemmVariants = 4;
 /// The variant the forward uses. A guess until a GPU report's lesson 07 rows pick one (they time
 /// all four against your skinny GEMM and cuBLAS's).
@@ -47,7 +62,8 @@ inline constexpr int kTensorGemmVariant = 2;
 /// Batch rows per launch of tensor_gemm_bf16.
 inline constexpr int kTensorGemmChunk = 64;
 /// The forward's bf16 products of this many rows or more go to tensor_gemm_bf16 (where it runs),
-/// fewer to your skinny GEMM. A hypothesis (batch 8, where float32 sums of 8 rows a weight start to
+/// fewer to your skinny GEMM (and lesson 11's quantized ones to tensor_gemm_int8/int4, fewer to
+/// its GEMVs). A hypothesis (batch 8, where float32 sums of 8 rows a weight start to
 /// cost more than the weight's read) until a GPU report's rows place it.
 inline constexpr int kTensorGemmMinBatch = 8;
 

@@ -5,6 +5,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
@@ -44,75 +45,200 @@ __global__ void add_rms_norm_kernel(float* x, const float* y, const float* weigh
 }
 
 // ------------------------------------------------------- tensor-core GEMM --
-// Y [batch, rows] = X [batch, cols] W^T, W bf16 [rows, cols] (row-major, so W's rows are the
-// A operand's rows and X's rows, read column-major, are B's columns). A warp owns kM 16-row tiles
-// of W and every batch row of the launch (kN 16-wide tiles); the block's kWarps warps split the
-// columns, 16 at a time, round robin (together they read 32 * kWarps contiguous bytes of each row).
-// x goes through the warp's own shared memory, split into two bf16 halves (hi = x rounded, lo =
-// what rounding lost) so that W hi + W lo keeps x to about 16 bits: the sums are then as close to
+// Y [batch, rows] = X [batch, cols] W^T, W [rows, cols] in one of three formats (below). A warp
+// owns kM 16-row tiles of W and every batch row of a launch (kN 16-wide tiles); the block's kWarps
+// warps split W's columns in packets (16 columns, or an INT4 packet's 32), round robin. x goes
+// through the warp's own shared memory split into two bf16 halves (hi = x rounded, lo = what
+// rounding lost), so that W hi + W lo keeps x to about 16 bits: the sums are then as close to
 // float32's as the CUDA-core kernels' (products exact, accumulated in float32).
 constexpr int kTile = 16;
 
-template <int kM, int kN, int kWarps>
+/// bf16 W [rows, cols]: its tiles go from memory straight into fragments.
+struct Bf16Weights {
+  const __nv_bfloat16* w;
+  static constexpr int kSteps = 1;             // 16-column steps a packet holds
+  static constexpr bool kStaged = false;       // W widened through shared memory?
+  static constexpr bool kGroupScales = false;  // a scale per (row, packet), applied per packet?
+  static constexpr int kMaxN = 4;              // 16-row tiles of x a launch takes, at most
+  __device__ int packets(int cols) const { return cols / kTile; }
+  __device__ int column(int packet, int) const { return packet * kTile; }
+  __device__ float row_scale(int) const { return 1.0f; }
+};
+
+/// Lesson 11's INT8 (kernels.hpp there): values -127..127 are exact in bf16, the row's scale
+/// multiplies its finished sum.
+struct Int8Weights {
+  const int8_t* q;
+  const float* scales;
+  static constexpr int kSteps = 1, kMaxN = 4;
+  static constexpr bool kStaged = true, kGroupScales = false;
+  __device__ int packets(int cols) const { return cols / kTile; }
+  __device__ int column(int packet, int) const { return packet * kTile; }
+  __device__ float row_scale(int r) const { return scales[r]; }
+  /// Row r's 16 values of the packet, as bf16, into w[0..16).
+  __device__ void stage(int r, int cols, int packet, __nv_bfloat16* w) const {
+    const int8_t* at = q + static_cast<long>(r) * cols + packet * kTile;
+    for (int i = 0; i < 4; ++i) {  // 4-byte loads (the rows of a run start on 4-byte boundaries)
+      const unsigned word = reinterpret_cast<const unsigned*>(at)[i];
+      for (int b = 0; b < 4; ++b)
+        w[4 * i + b] = __float2bfloat16(static_cast<float>(static_cast<int8_t>((word >> (8 * b)) & 0xFF)));
+    }
+  }
+};
+
+/// Lesson 11's INT4: a packet is 16 bytes of one group (values k..k+15 in the low nibbles, the
+/// group's half + k.. in the high ones, each as q + 8): two steps of 16 columns, one scale a row.
+/// The values -8..7 are exact in bf16; each packet's sums are scaled by their row's group scale
+/// before they join the row's total (in shared memory: a fragment's rows are the GPU's secret).
+struct Int4Weights {
+  const uint8_t* packed;
+  const float* scales;
+  int group;
+  static constexpr int kSteps = 2, kMaxN = 2;
+  static constexpr bool kStaged = true, kGroupScales = true;
+  __device__ int packets(int cols) const { return cols / 32; }
+  __device__ int column(int packet, int step) const {
+    const int half = group / 2, byte = packet * kTile, g = byte / half;
+    return g * group + (byte - g * half) + step * half;
+  }
+  __device__ float row_scale(int) const { return 1.0f; }
+  __device__ float packet_scale(int r, int cols, int packet) const {
+    return scales[static_cast<long>(r) * (cols / group) + packet * kTile / (group / 2)];
+  }
+  /// Row r's packet: step 0's 16 values (low nibbles) into w[0..16), step 1's (high) into w[16..32).
+  __device__ void stage(int r, int cols, int packet, __nv_bfloat16* w) const {
+    const uint8_t* at = packed + static_cast<long>(r) * (cols / 2) + packet * kTile;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned word = reinterpret_cast<const unsigned*>(at)[i];
+      for (int b = 0; b < 4; ++b) {
+        const unsigned v = (word >> (8 * b)) & 0xFF;
+        w[4 * i + b] = __float2bfloat16(static_cast<float>(static_cast<int>(v & 0xF) - 8));
+        w[16 + 4 * i + b] = __float2bfloat16(static_cast<float>(static_cast<int>(v >> 4) - 8));
+      }
+    }
+  }
+};
+
+/// The warp's part of the block's shared memory, in floats: x's halves (kN * 16 rows of 16
+/// columns per step, bf16: half a float each), W's tile where staged, and for group scales the
+/// packet's sums, the running totals and the rows' scales.
+template <typename F, int kM, int kN>
+__host__ __device__ constexpr int tensor_gemm_warp_floats() {
+  const int x = F::kSteps * 2 * (kN * kTile) * kTile / 2;
+  const int w = F::kStaged ? F::kSteps * (kM * kTile) * kTile / 2 : 0;
+  const int g = F::kGroupScales ? 2 * (kM * kTile) * (kN * kTile) + kM * kTile : 0;
+  return x + w + g;
+}
+template <typename F, int kM, int kN, int kWarps>
 __host__ __device__ constexpr int tensor_gemm_shared_floats() {
-  // Staging per warp: hi and lo, kN * 16 x-rows of 16 columns (bf16: half a float each). Then the
-  // partial sums: half the warps' kM x kN accumulator tiles at a time.
-  const int staging = kWarps * 2 * (kN * kTile) * kTile / 2;
+  // The warps' staging; then the partial sums, half the warps' tiles at a time.
+  const int staging = kWarps * tensor_gemm_warp_floats<F, kM, kN>();
   const int partial = (kWarps / 2) * (kM * kTile) * (kN * kTile);
   return staging > partial ? staging : partial;
 }
 
-template <int kM, int kN, int kWarps>
+template <typename F, int kM, int kN, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps)
-    tensor_gemm_kernel(const __nv_bfloat16* w, const float* x, float* y, int rows, int cols, int batch) {
+    tensor_gemm_kernel(F f, const float* x, float* y, int rows, int cols, int batch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
-  __shared__ __align__(32) float smem[tensor_gemm_shared_floats<kM, kN, kWarps>()];
+  using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  static_assert(tensor_gemm_shared_floats<F, kM, kN, kWarps>() * 4 <= 48 * 1024, "static shared memory: 48 KiB");
+  __shared__ __align__(32) float smem[tensor_gemm_shared_floats<F, kM, kN, kWarps>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int kRows = kM * kTile, kBatch = kN * kTile;
   // The block's rows; the last block's tile is moved back to end at `rows` (rows >= kRows), its
   // rows before `first` already written by the block before.
   const int first = blockIdx.x * kRows, r0 = min(first, rows - kRows);
-  __nv_bfloat16* hi = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * kBatch * kTile;  // [kBatch][16]
-  __nv_bfloat16* lo = hi + kBatch * kTile;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kM][kN];
+  // The warp's staging: x_hi [step][kBatch][16], x_lo the same, W [step][kRows][16]; with group
+  // scales, the packet's sums [kRows][kBatch], the totals [kRows][kBatch], the scales [kRows].
+  constexpr int kXHalf = F::kSteps * kBatch * kTile;
+  float* mine = smem + warp * tensor_gemm_warp_floats<F, kM, kN>();
+  __nv_bfloat16* x_hi = reinterpret_cast<__nv_bfloat16*>(mine);
+  __nv_bfloat16* x_lo = x_hi + kXHalf;
+  __nv_bfloat16* w_st = x_lo + kXHalf;
+  float* sums = mine + kXHalf + (F::kStaged ? F::kSteps * kRows * kTile / 2 : 0);
+  float* totals = sums + kRows * kBatch;
+  float* row_scales = totals + kRows * kBatch;
+  Acc acc[kM][kN];
 #pragma unroll
   for (int m = 0; m < kM; ++m)
 #pragma unroll
     for (int n = 0; n < kN; ++n) wmma::fill_fragment(acc[m][n], 0.0f);
-  for (int c0 = warp * kTile; c0 < cols; c0 += kWarps * kTile) {
-    // W's tiles first (global memory, in flight while x is staged).
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[kM];
+  if constexpr (F::kGroupScales)
+    for (int e = lane; e < kRows * kBatch; e += 32) totals[e] = 0.0f;
+  const int packets = f.packets(cols);
+  for (int packet = warp; packet < packets; packet += kWarps) {
+    A a[kM];
+    if constexpr (!F::kStaged) {  // W's tiles from memory (in flight while x is staged)
 #pragma unroll
-    for (int m = 0; m < kM; ++m) wmma::load_matrix_sync(a[m], w + static_cast<long>(r0 + m * kTile) * cols + c0, cols);
-    // x[b][c0 .. c0 + 16) for the launch's batch rows (zeros past `batch`), four columns a lane.
-    for (int e = lane; e < kBatch * 4; e += 32) {
-      const int b = e / 4, c = 4 * (e % 4);
+      for (int m = 0; m < kM; ++m)
+        wmma::load_matrix_sync(a[m], f.w + static_cast<long>(r0 + m * kTile) * cols + f.column(packet, 0), cols);
+    } else {  // a lane a row: its values widened to bf16, [step][row][16]
+      for (int r = lane; r < kRows; r += 32) {
+        __nv_bfloat16 w[16 * F::kSteps];
+        f.stage(r0 + r, cols, packet, w);
+        for (int step = 0; step < F::kSteps; ++step)
+          for (int i = 0; i < 16; ++i) w_st[(step * kRows + r) * kTile + i] = w[16 * step + i];
+        if constexpr (F::kGroupScales) row_scales[r] = f.packet_scale(r0 + r, cols, packet);
+      }
+    }
+    // x[b][column .. column + 16) of each step, for the launch's batch rows (zeros past `batch`),
+    // four columns a lane.
+    for (int e = lane; e < F::kSteps * kBatch * 4; e += 32) {
+      const int step = e / (kBatch * 4), b = e / 4 % kBatch, c = 4 * (e % 4);
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (b < batch) v = *reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + c0 + c);
+      if (b < batch) v = *reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + f.column(packet, step) + c);
       const float in[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
+        const int at = (step * kBatch + b) * kTile + c + i;
         const __nv_bfloat16 h = __float2bfloat16(in[i]);
-        hi[b * kTile + c + i] = h;
-        lo[b * kTile + c + i] = __float2bfloat16(in[i] - __bfloat162float(h));
+        x_hi[at] = h;
+        x_lo[at] = __float2bfloat16(in[i] - __bfloat162float(h));
       }
     }
     __syncwarp();
+    Acc packet_sum[F::kGroupScales ? kM : 1][F::kGroupScales ? kN : 1];  // this packet's, for group scales
+    if constexpr (F::kGroupScales)
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      // B's columns are x's rows: column-major with leading dimension 16.
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh, bl;
-      wmma::load_matrix_sync(bh, hi + n * kTile * kTile, kTile);
-      wmma::load_matrix_sync(bl, lo + n * kTile * kTile, kTile);
+      for (int m = 0; m < kM; ++m)
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        wmma::mma_sync(acc[m][n], a[m], bh, acc[m][n]);
-        wmma::mma_sync(acc[m][n], a[m], bl, acc[m][n]);
+        for (int n = 0; n < kN; ++n) wmma::fill_fragment(packet_sum[m][n], 0.0f);
+#pragma unroll
+    for (int step = 0; step < F::kSteps; ++step)
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        // B's columns are x's rows: column-major with leading dimension 16.
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh, bl;
+        wmma::load_matrix_sync(bh, x_hi + (step * kBatch + n * kTile) * kTile, kTile);
+        wmma::load_matrix_sync(bl, x_lo + (step * kBatch + n * kTile) * kTile, kTile);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          if constexpr (F::kStaged) wmma::load_matrix_sync(a[m], w_st + (step * kRows + m * kTile) * kTile, kTile);
+          Acc& into = F::kGroupScales ? packet_sum[F::kGroupScales ? m : 0][F::kGroupScales ? n : 0] : acc[m][n];
+          wmma::mma_sync(into, a[m], bh, into);
+          wmma::mma_sync(into, a[m], bl, into);
+        }
       }
+    if constexpr (F::kGroupScales) {  // totals += the row's scale x this packet's sums
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+          wmma::store_matrix_sync(sums + m * kTile * kBatch + n * kTile, packet_sum[m][n], kBatch, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < kRows * kBatch; e += 32) totals[e] += row_scales[e / kBatch] * sums[e];
     }
-    __syncwarp();  // every lane has loaded this step's x before it is overwritten
+    __syncwarp();  // every lane has read this packet's x, W and sums before they are overwritten
   }
+  if constexpr (F::kGroupScales)  // the totals into the accumulators, for the warps' sum below
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int n = 0; n < kN; ++n)
+        wmma::load_matrix_sync(acc[m][n], totals + m * kTile * kBatch + n * kTile, kBatch, wmma::mem_row_major);
   // The warps' partial sums, added pairwise in a fixed order (the same result every run): at each
   // round the upper half of the remaining warps store theirs, the lower half add them.
   float* part = smem;  // [kWarps / 2][kRows][kBatch]
@@ -131,7 +257,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
-          wmma::fragment<wmma::accumulator, 16, 16, 16, float> other;
+          Acc other;
           wmma::load_matrix_sync(other, part + warp * kRows * kBatch + m * kTile * kBatch + n * kTile, kBatch,
                                  wmma::mem_row_major);
 #pragma unroll
@@ -151,57 +277,104 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int e = threadIdx.x; e < kRows * kBatch; e += blockDim.x) {
     const int b = e / kRows, r = e % kRows;  // consecutive threads, consecutive rows of y
     const int row = first + r;
-    if (b < batch && r < n_rows) y[static_cast<long>(b) * rows + row] = part[(row - r0) * kBatch + b];
+    if (b < batch && r < n_rows) y[static_cast<long>(b) * rows + row] = f.row_scale(row) * part[(row - r0) * kBatch + b];
   }
 #endif
 }
 
-/// The kernel for up to kN * 16 batch rows; `variant` picks (kM, kWarps).
-template <int kN>
-void launch_tensor_gemm(int variant, const __nv_bfloat16* w, const float* x, float* y, int rows, int cols, int batch) {
+/// The kernel for up to kN * 16 batch rows; `variant` picks (kM, kWarps) (the quantized formats
+/// have one: 1).
+template <int kN, typename F>
+void launch_tensor_gemm(int variant, F f, const float* x, float* y, int rows, int cols, int batch) {
   const auto go = [&](auto kernel, int m, int warps) {
-    kernel<<<(rows + 16 * m - 1) / (16 * m), 32 * warps>>>(w, x, y, rows, cols, batch);
+    kernel<<<(rows + 16 * m - 1) / (16 * m), 32 * warps>>>(f, x, y, rows, cols, batch);
   };
-  switch (variant) {
-    case 1: go(tensor_gemm_kernel<1, kN, 4>, 1, 4); break;
-    case 2: go(tensor_gemm_kernel<1, kN, 8>, 1, 8); break;
-    case 3: go(tensor_gemm_kernel<2, kN, 4>, 2, 4); break;
-    default: go(tensor_gemm_kernel<2, kN, 8>, 2, 8); break;
+  if constexpr (F::kStaged) {
+    go(tensor_gemm_kernel<F, 1, kN, 4>, 1, 4);
+  } else {
+    switch (variant) {
+      case 1: go(tensor_gemm_kernel<F, 1, kN, 4>, 1, 4); break;
+      case 2: go(tensor_gemm_kernel<F, 1, kN, 8>, 1, 8); break;
+      case 3: go(tensor_gemm_kernel<F, 2, kN, 4>, 2, 4); break;
+      default: go(tensor_gemm_kernel<F, 2, kN, 8>, 2, 8); break;
+    }
   }
 }
 
-}  // namespace
+/// Every chunk of up to 16 * F::kMaxN batch rows (kTensorGemmChunk, 32 for INT4), one launch each.
+template <typename F>
+void tensor_gemm(const char* name, int variant, F f, const float* x, float* y, int rows, int cols, int batch) {
+  constexpr int chunk = 16 * F::kMaxN;
+  for (int b0 = 0; b0 < batch; b0 += chunk) {
+    const int n = std::min(chunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float* yb = y + static_cast<long>(b0) * rows;
+    if (n <= 16) launch_tensor_gemm<1>(variant, f, xb, yb, rows, cols, n);
+    else if (n <= 32 || F::kMaxN == 2) launch_tensor_gemm<2>(variant, f, xb, yb, rows, cols, n);
+    else launch_tensor_gemm<F::kMaxN>(variant, f, xb, yb, rows, cols, n);
+    cuda_check_launch(name);
+  }
+}
 
-bool tensor_gemm_runs(int rows, int cols) {
+/// Whether this device and binary have the tensor-core kernels (compute capability 8.0 on).
+bool tensor_cores_here() {
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
     return false;
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, tensor_gemm_kernel<1, 1, 4>) != cudaSuccess) return false;
-  return major >= 8 && attributes.binaryVersion >= 80 && rows >= 32 && cols % 16 == 0;
+  if (cudaFuncGetAttributes(&attributes, tensor_gemm_kernel<Bf16Weights, 1, 1, 4>) != cudaSuccess) return false;
+  return major >= 8 && attributes.binaryVersion >= 80;
 }
+
+/// The checks every format's host function makes, naming it.
+void check_tensor_gemm(const char* name, const void* w, const float* x, const float* y, int rows, int cols,
+                       int batch) {
+  require(batch >= 1, name, ": batch must be >= 1, got ", batch);
+  require(rows >= 1 && cols >= 1, name, ": rows and cols must be >= 1, got ", rows, " x ", cols);
+  require_device_pointers(name, {w, x, y});
+  require(reinterpret_cast<uintptr_t>(x) % 16 == 0, name, ": x must be on a 16-byte boundary (cudaMalloc's are)");
+}
+
+}  // namespace
+
+bool tensor_gemm_runs(int rows, int cols) { return rows >= 32 && cols % 16 == 0 && tensor_cores_here(); }
 
 void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
   require(variant >= 1 && variant <= kTensorGemmVariants, "tensor_gemm_bf16: variant ", variant,
           " does not exist (1 to ", kTensorGemmVariants, ")");
-  require(batch >= 1, "tensor_gemm_bf16: batch must be >= 1, got ", batch);
-  require(rows >= 1 && cols >= 1, "tensor_gemm_bf16: rows and cols must be >= 1, got ", rows, " x ", cols);
-  require_device_pointers("tensor_gemm_bf16", {w, x, y});
+  check_tensor_gemm("tensor_gemm_bf16", w, x, y, rows, cols, batch);
   require(tensor_gemm_runs(rows, cols), "tensor_gemm_bf16: needs a GPU of compute capability 8.0 or later, rows >= 32 "
           "and cols a multiple of 16; got ", rows, " x ", cols, " (tensor_gemm_runs says which)");
-  require(reinterpret_cast<uintptr_t>(w) % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+  require(reinterpret_cast<uintptr_t>(w) % 32 == 0,
           "tensor_gemm_bf16: w must be on a 32-byte boundary and x on a 16-byte one (as cudaMalloc returns them)");
-  const auto* wb = reinterpret_cast<const __nv_bfloat16*>(w);
-  for (int b0 = 0; b0 < batch; b0 += kTensorGemmChunk) {
-    const int n = std::min(kTensorGemmChunk, batch - b0);
-    const float* xb = x + static_cast<long>(b0) * cols;
-    float* yb = y + static_cast<long>(b0) * rows;
-    if (n <= 16) launch_tensor_gemm<1>(variant, wb, xb, yb, rows, cols, n);
-    else if (n <= 32) launch_tensor_gemm<2>(variant, wb, xb, yb, rows, cols, n);
-    else launch_tensor_gemm<4>(variant, wb, xb, yb, rows, cols, n);
-    cuda_check_launch("tensor_gemm_bf16");
-  }
+  tensor_gemm("tensor_gemm_bf16", variant, Bf16Weights{reinterpret_cast<const __nv_bfloat16*>(w)}, x, y, rows, cols,
+              batch);
+}
+
+bool tensor_gemm_int8_runs(int rows, int cols) { return tensor_gemm_runs(rows, cols); }
+bool tensor_gemm_int4_runs(int rows, int cols, int group) {
+  return group >= 32 && group % 32 == 0 && cols % group == 0 && tensor_gemm_runs(rows, cols);
+}
+
+void tensor_gemm_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch) {
+  check_tensor_gemm("tensor_gemm_int8", q, x, y, rows, cols, batch);
+  require_device_pointers("tensor_gemm_int8", {scales});
+  require(tensor_gemm_int8_runs(rows, cols), "tensor_gemm_int8: needs a GPU of compute capability 8.0 or later, "
+          "rows >= 32 and cols a multiple of 16; got ", rows, " x ", cols);
+  require(reinterpret_cast<uintptr_t>(q) % 4 == 0, "tensor_gemm_int8: q must be on a 4-byte boundary");
+  tensor_gemm("tensor_gemm_int8", 1, Int8Weights{q, scales}, x, y, rows, cols, batch);
+}
+
+void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols,
+                      int group, int batch) {
+  check_tensor_gemm("tensor_gemm_int4", packed, x, y, rows, cols, batch);
+  require_device_pointers("tensor_gemm_int4", {scales});
+  require(tensor_gemm_int4_runs(rows, cols, group), "tensor_gemm_int4: needs a GPU of compute capability 8.0 or "
+          "later, rows >= 32 and a group that is a multiple of 32 dividing cols; got ", rows, " x ", cols, ", group ",
+          group);
+  require(reinterpret_cast<uintptr_t>(packed) % 4 == 0, "tensor_gemm_int4: packed must be on a 4-byte boundary");
+  tensor_gemm("tensor_gemm_int4", 1, Int4Weights{packed, scales, group}, x, y, rows, cols, batch);
 }
 
 void add_rms_norm(float* x, const float* y, const float* weight, float* h, int rows, int cols, float eps) {

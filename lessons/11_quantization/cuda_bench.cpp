@@ -6,7 +6,9 @@
 // format holds (weights, scales, x and y), against the device's own device-to-device copy, and
 // in time against lesson 07's bf16 GEMV of the same shape at batch 1 (gemv_bf16 version 2):
 // "bf16 / this" above 1 is faster than bf16. Batch 8 asks whether eight sequences cost about one:
-// the kernels read W once for up to 8 rows of x. The shapes: a 16384 x 16384 matrix (256 MB in
+// the kernels read W once for up to 8 rows of x. Batches 8 and 64 (a prompt chunk's rows) also go
+// through the given tensor-core GEMM for each format (lesson 07's fused_kernels.hpp), which the
+// forward uses from 8 rows on, its output checked against the GEMV's first. The shapes: a 16384 x 16384 matrix (256 MB in
 // INT8, past any cache), and the projections of a 1.1B-parameter model (TinyLlama's: hidden 2048,
 // 4 KV heads of 64, MLP 5632, 32,000 tokens, 22 layers), which the bench also sums into one decode
 // step's projections. Random weights and inputs; kernel times are the median of CUDA-event
@@ -26,6 +28,7 @@
 // the JSON in its report.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -38,6 +41,7 @@
 #include "common/rng.hpp"
 #include "common/timer.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 #include "lessons/11_quantization/cuda_weights.hpp"
 #include "lessons/11_quantization/kernels.hpp"
@@ -171,14 +175,14 @@ int main(int argc, char** argv) {
                                  {"1.1B lm_head", 32000, 2048, 1}};
     if (!quick) shapes.insert(shapes.begin(), {"16384 x 16384", 16384, 16384, 0});
     const std::vector<Format> formats = {{"bf16", 0}, {"int8", 0}, {"int4", 32}, {"int4", 128}};
-    const std::vector<int> batches = {1, 8};
+    const std::vector<int> batches = {1, 8, 64};
 
     std::vector<Row> results;
     if (small) shapes.clear();  // the engine's part only
     for (const Shape& s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
       const std::vector<uint8_t> bits = random_bytes(2 * n, 7 + s.rows + s.cols);
-      DeviceArray<float> x(random_floats(8ull * s.cols, 11, -1.0, 1.0)), y(8ull * s.rows);
+      DeviceArray<float> x(random_floats(64ull * s.cols, 11, -1.0, 1.0)), y(64ull * s.rows);
       double bf16_ms = 0;  // bf16 runs first: the other formats are measured against its batch 1
       for (const Format& f : formats) {
         // The weights on the device, and the call that multiplies by them.
@@ -212,6 +216,26 @@ int main(int argc, char** argv) {
           }, reps);
           if (f.name == "bf16" && batch == 1) bf16_ms = ms;
           results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms});
+          // The given tensor-core GEMM (lesson 07's fused_kernels.hpp), which the forward uses from
+          // kTensorGemmMinBatch rows: checked against the GEMV's y first, then timed.
+          const bool tc = f.name == "bf16"   ? gpu::tensor_gemm_runs(s.rows, s.cols)
+                          : f.name == "int8" ? gpu::tensor_gemm_int8_runs(s.rows, s.cols)
+                                             : gpu::tensor_gemm_int4_runs(s.rows, s.cols, f.group);
+          if (batch < gpu::kTensorGemmMinBatch || !tc) continue;
+          const auto tensor = [&] {
+            if (f.name == "bf16") gpu::tensor_gemm_bf16(gpu::kTensorGemmVariant, w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
+            else if (f.name == "int8") gpu::tensor_gemm_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
+            else gpu::tensor_gemm_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
+          };
+          const std::vector<float> want = y.download();
+          tensor();
+          const std::vector<float> got = y.download();
+          for (size_t i = 0; i < static_cast<size_t>(batch) * s.rows; ++i)
+            require(std::fabs(got[i] - want[i]) <= 1e-3 + 1e-3 * std::fabs(want[i]), "lesson11_cuda_bench: the tensor-core ",
+                    label, " product disagrees with the GEMV on ", s.name, " at batch ", batch, ", element ", i, ": ",
+                    got[i], " against ", want[i]);
+          results.push_back({label + " on tensor cores", s.name, s.rows, s.cols, batch, s.per_step,
+                             cuda_time_ms(tensor, reps), bytes_of(f, s, batch), bf16_ms});
         }
       }
     }

@@ -2,13 +2,15 @@
 // INT4 formats and kernels. Built where CUDA is.
 #include "common/cuda_buffer.hpp"
 #include "common/errors.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/11_quantization/cuda_weights.hpp"
 #include "lessons/11_quantization/kernels.hpp"
 
 namespace infer::gpu {
 namespace {
 
-/// A QuantizedMatrix on the device, its arrays copied as they are, and your GEMV over them.
+/// A QuantizedMatrix on the device, its arrays copied as they are, and your GEMV over them (the
+/// given tensor-core GEMM for steps of many rows).
 class QuantizedDeviceMatrix final : public DeviceProjection {
  public:
   explicit QuantizedDeviceMatrix(const QuantizedMatrix& w)
@@ -21,11 +23,21 @@ class QuantizedDeviceMatrix final : public DeviceProjection {
   int cols() const override { return cols_; }
   void product(const float* x, float* y, int batch, int first, int count) const override {
     // Rows [first, first + count) of W are a run of its arrays: QuantizedMatrix's rows are independent.
+    // From kTensorGemmMinBatch rows (a prompt chunk, a large batch) the given tensor-core GEMM
+    // (lesson 07's fused_kernels.hpp) reads the same arrays, where it runs; your GEMVs below that.
     const size_t r = static_cast<size_t>(first);
-    if (format_ == WeightFormat::int8)
-      gemv_int8(q_.get() + r * cols_, scales_.get() + r, x, y, count, cols_, batch);
-    else
-      gemv_int4(packed_.get() + r * cols_ / 2, scales_.get() + r * (cols_ / group_), x, y, count, cols_, group_, batch);
+    const bool tensor = batch >= kTensorGemmMinBatch;
+    if (format_ == WeightFormat::int8) {
+      const int8_t* q = q_.get() + r * cols_;
+      if (tensor && tensor_gemm_int8_runs(count, cols_)) tensor_gemm_int8(q, scales_.get() + r, x, y, count, cols_, batch);
+      else gemv_int8(q, scales_.get() + r, x, y, count, cols_, batch);
+    } else {
+      const uint8_t* packed = packed_.get() + r * cols_ / 2;
+      const float* scales = scales_.get() + r * (cols_ / group_);
+      if (tensor && tensor_gemm_int4_runs(count, cols_, group_))
+        tensor_gemm_int4(packed, scales, x, y, count, cols_, group_, batch);
+      else gemv_int4(packed, scales, x, y, count, cols_, group_, batch);
+    }
   }
   double bytes() const override {
     return static_cast<double>(q_.size() + packed_.size()) + 4.0 * static_cast<double>(scales_.size());

@@ -18,6 +18,7 @@
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/11_quantization/kernels.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 
@@ -97,20 +98,25 @@ DeviceArray<T> at_offset(const std::vector<T>& host, size_t offset) {
 
 /// Runs the kernel of m's format over `batch` rows of x and compares y with the reference.
 /// `offset`: where W and x start in their buffers (0, or 1 for addresses off a 16-byte boundary).
-::testing::AssertionResult gemv_matches(const QuantizedMatrix& m, int batch, uint64_t seed, size_t offset = 0) {
+/// With `tensor`, the given tensor-core GEMM (lesson 07's fused_kernels.hpp) in the GEMV's place.
+::testing::AssertionResult gemv_matches(const QuantizedMatrix& m, int batch, uint64_t seed, size_t offset = 0,
+                                        bool tensor = false) {
   const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
   const std::vector<float> x = random_x(batch, cols, seed);
   DeviceArray<float> dx = at_offset(x, offset), ds(m.scales);
   DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * rows);
-  const std::string what = cat(m.format == WeightFormat::int8 ? "gemv_int8" : "gemv_int4", " on ", rows, " x ", cols,
+  const std::string what = cat(tensor ? "tensor_gemm_" : "gemv_", m.format == WeightFormat::int8 ? "int8" : "int4",
+                               " on ", rows, " x ", cols,
                                m.format == WeightFormat::int4 ? cat(", groups of ", m.group) : std::string(),
                                ", batch ", batch, offset ? ", W and x off a 16-byte boundary" : "");
   if (m.format == WeightFormat::int8) {
     DeviceArray<int8_t> dq = at_offset(m.q, offset);
-    gemv_int8(dq.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, batch);
+    if (tensor) tensor_gemm_int8(dq.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, batch);
+    else gemv_int8(dq.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, batch);
   } else {
     DeviceArray<uint8_t> dp = at_offset(m.packed, offset);
-    gemv_int4(dp.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, m.group, batch);
+    if (tensor) tensor_gemm_int4(dp.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, m.group, batch);
+    else gemv_int4(dp.get() + offset, ds.get(), dx.get() + offset, dy.get(), rows, cols, m.group, batch);
   }
   const Matrix got = Eigen::Map<const Matrix>(dy.download().data(), batch, rows);
   return testing::all_close(reference(m, x, batch), got, 1e-5 * std::sqrt(cols), 1e-4, what);
@@ -157,6 +163,23 @@ GRADED_TEST(Lesson11Gpu, BatchedGemvReadsEveryRowOfX, 2) {
     ASSERT_TRUE(gemv_matches(random_int4(45, 640, 8, 130), batch, 140 + batch));
     ASSERT_TRUE(gemv_matches(random_int4(130, 4096, 128, 150), batch, 160 + batch));
   }
+}
+
+// The given tensor-core GEMM over the same formats (the forward's steps of 8 rows and more): rows
+// that no 16-row tile divides, INT4 groups of 32, 64 and 128, batches of 1 to 65 (two launches).
+TEST(GivenTensorGemm, QuantizedFormatsMatchTheReference) {
+  REQUIRE_DEVICE();
+  if (!tensor_gemm_int8_runs(32, 16)) GTEST_SKIP() << "no tensor cores (compute capability below 8.0)";
+  for (const int batch : {1, 8, 17, 65}) {
+    for (const Shape s : {Shape{32, 16}, Shape{33, 48}, Shape{45, 384}})
+      ASSERT_TRUE(gemv_matches(random_int8(s.rows, s.cols, 170 + s.cols), batch, 180 + batch, 0, true));
+    for (const int group : {32, 64, 128})
+      ASSERT_TRUE(gemv_matches(random_int4(45, 640, group, 190 + group), batch, 200 + batch, 0, true));
+  }
+  ASSERT_TRUE(gemv_matches(random_int8(45, 384, 210), 8, 220, 4, true));  // W 4 bytes into its buffer
+  EXPECT_FALSE(tensor_gemm_int4_runs(45, 640, 16)) << "a group below 32";
+  EXPECT_FALSE(tensor_gemm_int4_runs(45, 96, 64)) << "a group that does not divide cols";
+  EXPECT_FALSE(tensor_gemm_int8_runs(31, 64)) << "fewer than 32 rows";
 }
 
 GRADED_TEST(Lesson11Gpu, BadArgumentsThrowBeforeLaunching, 1) {

@@ -104,6 +104,22 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
   product("tensor_gemm_bf16", w, x, y, rows, cols, batch);
 }
 
+bool tensor_gemm_int8_runs(int rows, int cols) { return tensor_gemm_runs(rows, cols); }
+bool tensor_gemm_int4_runs(int rows, int cols, int group) {
+  return group >= 32 && group % 32 == 0 && cols % group == 0 && tensor_gemm_runs(rows, cols);
+}
+void tensor_gemm_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch) {
+  require(tensor_gemm_int8_runs(rows, cols), "tensor_gemm_int8: rows >= 32 and cols a multiple of 16, got ", rows,
+          " x ", cols);
+  gemv_int8(q, scales, x, y, rows, cols, batch);
+}
+void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols,
+                      int group, int batch) {
+  require(tensor_gemm_int4_runs(rows, cols, group), "tensor_gemm_int4: rows >= 32 and a group that is a multiple "
+          "of 32, got ", rows, " x ", cols, ", group ", group);
+  gemv_int4(packed, scales, x, y, rows, cols, group, batch);
+}
+
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps) {
   require(rows >= 1 && cols >= 1, "rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("rms_norm", {x, weight, y});
