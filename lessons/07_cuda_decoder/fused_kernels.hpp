@@ -40,21 +40,30 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
 /// or later with this binary's kernel compiled for it, rows >= 32, cols a multiple of 16.
 bool tensor_gemm_runs(int rows, int cols);
 
-/// The same product for lesson 11's quantized formats, in their layouts as lesson 11's kernels.hpp
-/// gives them (q or packed from row `first` on a 4-byte boundary, scales from that row's first):
-/// INT8 W (values -127..127, exact in bf16, the row's scale multiplying its finished sum) and INT4
-/// W in groups (each value times its group's scale split into two bf16 halves like x: three
-/// tensor-core products, W hi x hi + W hi x lo + W lo x hi). Within lesson 11's GEMV tolerance of
-/// dequantize-then-multiply. One configuration (16 rows a warp, 4 warps), up to kTensorGemmChunk
-/// batch rows a launch. Need tensor_gemm_int8_runs() / tensor_gemm_int4_runs() (INT4: a group that
-/// is a multiple of 32, so that a 16-byte packet of the row lies in one group). Throw
-/// infer::Error (naming the function) otherwise, for batch, rows or cols below 1, or a null pointer.
+/// The same product for lesson 11's INT8 W, in its layout as lesson 11's kernels.hpp gives it (q
+/// from row `first` on a 4-byte boundary, scales from that row's first): a tile of W widened to
+/// bf16 in shared memory, where the values -127..127 are exact, the row's scale multiplying its
+/// finished sum. Two tensor-core products a tile, W x hi + W x lo, as for bf16. Within lesson 11's
+/// GEMV tolerance of dequantize-then-multiply. One configuration (16 rows a warp, 4 warps), up to
+/// kTensorGemmChunk batch rows a launch. Needs tensor_gemm_int8_runs(). Throws infer::Error
+/// (naming the function) otherwise, for batch, rows or cols below 1, or a null pointer.
 void tensor_gemm_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch);
+
+/// tensor_gemm_int8 for lesson 11's INT4 W in groups (packed as its kernels.hpp says): the values
+/// -8..7, exact in bf16; the sums of each 32-column packet (16 bytes of a row, inside one group)
+/// scaled by that group's scale before they join the row's total. Up to 32 batch rows a launch.
+/// Needs tensor_gemm_int4_runs(); throws as tensor_gemm_int8 does.
 void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols,
                       int group, int batch);
+
+/// Whether tensor_gemm_int8 runs here for a [rows, cols] matrix: tensor_gemm_runs(rows, cols).
 bool tensor_gemm_int8_runs(int rows, int cols);
+
+/// Whether tensor_gemm_int4 runs here: tensor_gemm_runs(rows, cols), and a group that is a
+/// multiple of 32 dividing cols (so that a row's 16-byte packet lies in one group).
 bool tensor_gemm_int4_runs(int rows, int cols, int group);
 
+/// tensor_gemm_bf16's variants, 1 to this.
 inline constexpr int kTensorGemmVariants = 4;
 /// The variant the forward uses. A guess until a GPU report's lesson 07 rows pick one (they time
 /// all four against your skinny GEMM and cuBLAS's).

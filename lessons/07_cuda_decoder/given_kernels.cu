@@ -166,8 +166,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int m = 0; m < kM; ++m)
 #pragma unroll
     for (int n = 0; n < kN; ++n) wmma::fill_fragment(acc[m][n], 0.0f);
-  if constexpr (F::kGroupScales)
+  if constexpr (F::kGroupScales) {
     for (int e = lane; e < kRows * kBatch; e += 32) totals[e] = 0.0f;
+    __syncwarp();  // a warp with no packet loads them as they are
+  }
   const int packets = f.packets(cols);
   for (int packet = warp; packet < packets; packet += kWarps) {
     A a[kM];
@@ -316,15 +318,20 @@ void tensor_gemm(const char* name, int variant, F f, const float* x, float* y, i
   }
 }
 
-/// Whether this device and binary have the tensor-core kernels (compute capability 8.0 on).
+/// Whether this device and binary have the tensor-core kernels (compute capability 8.0 on, and
+/// the kernel compiled for 8.0 or later: PTX for an older architecture JIT-compiled here would be
+/// the empty body). Asked once: the forward calls it for every product.
 bool tensor_cores_here() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-    return false;
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, tensor_gemm_kernel<Bf16Weights, 1, 1, 4>) != cudaSuccess) return false;
-  return major >= 8 && attributes.binaryVersion >= 80;
+  static const bool here = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      return false;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, tensor_gemm_kernel<Bf16Weights, 1, 1, 4>) != cudaSuccess) return false;
+    return major >= 8 && attributes.binaryVersion >= 80 && attributes.ptxVersion >= 80;
+  }();
+  return here;
 }
 
 /// The checks every format's host function makes, naming it.

@@ -272,7 +272,8 @@ bool chunk_tensor_cores_run(int head_dim) {
     return false;
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, paged_chunk_tensor_kernel) != cudaSuccess) return false;
-  return major >= 8 && attributes.binaryVersion >= 80 && head_dim >= 16 && head_dim % 16 == 0 &&
+  return major >= 8 && attributes.binaryVersion >= 80 && attributes.ptxVersion >= 80 && head_dim >= 16 &&
+         head_dim % 16 == 0 &&
          chunk_tensor_smem_bytes(head_dim) <= static_cast<size_t>(optin);
 }
 

@@ -175,6 +175,8 @@ TEST(GivenTensorGemm, QuantizedFormatsMatchTheReference) {
       ASSERT_TRUE(gemv_matches(random_int8(s.rows, s.cols, 170 + s.cols), batch, 180 + batch, 0, true));
     for (const int group : {32, 64, 128})
       ASSERT_TRUE(gemv_matches(random_int4(45, 640, group, 190 + group), batch, 200 + batch, 0, true));
+    // Two packets a row: two of the block's four warps have none.
+    ASSERT_TRUE(gemv_matches(random_int4(33, 64, 32, 205), batch, 206 + batch, 0, true));
   }
   ASSERT_TRUE(gemv_matches(random_int8(45, 384, 210), 8, 220, 4, true));  // W 4 bytes into its buffer
   EXPECT_FALSE(tensor_gemm_int4_runs(45, 640, 16)) << "a group below 32";

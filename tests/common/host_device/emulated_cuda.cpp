@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ucontext.h>
 
+#include <exception>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -102,6 +103,7 @@ struct Block {
   int current = 0, live = 0, at_block = 0;
   std::vector<int> warp_live, at_warp;
   const std::function<void()>* body = nullptr;
+  std::exception_ptr error;  // the first exception a thread of the block threw
 };
 
 thread_local Block* block = nullptr;
@@ -139,7 +141,11 @@ void wait(Wait kind) {
 }
 
 void fiber_main() {
-  (*block->body)();
+  try {  // (an exception must not unwind past the fiber's stack: the launch rethrows it)
+    (*block->body)();
+  } catch (...) {
+    if (!block->error) block->error = std::current_exception();
+  }
   Fiber& f = block->fibers[block->current];
   f.done = true;
   --block->live;
@@ -183,6 +189,20 @@ void check_shared(const void* kernel, size_t bytes) {
                  "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first; its launch would fail)");
 }
 
+void check_fragment_access(const char* what, const void* p, unsigned ldm, size_t element_bytes) {
+  const uint64_t key = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)) ^ (static_cast<uint64_t>(ldm) << 48);
+  uint64_t all[32];
+  exchange(key, all);
+  for (int l = 0; l < 32; ++l)
+    infer::require(all[l] == key, "emulated ", what, ": lane ", l, " and lane ", lane(),
+                   " passed different pointers or leading dimensions (every lane of a warp makes the same call)");
+  infer::require(reinterpret_cast<uintptr_t>(p) % 32 == 0, "emulated ", what, ": the pointer must be on a 32-byte "
+                 "boundary (a GPU's tensor-core loads and stores need it), got one ", reinterpret_cast<uintptr_t>(p) % 32,
+                 " bytes past one");
+  infer::require(ldm * element_bytes % 16 == 0, "emulated ", what, ": the leading dimension must be a multiple of 16 "
+                 "bytes (8 bf16 values, 4 floats), got ", ldm, " elements of ", element_bytes, " bytes");
+}
+
 void fresh_shared(void* array, size_t bytes) {
   long& filled = block->fresh[array];
   if (filled != blocks_run) {
@@ -193,7 +213,9 @@ void fresh_shared(void* array, size_t bytes) {
 
 int lane() { return block->current % 32; }
 
-unsigned char* dynamic_shared() { return block->shared.data(); }
+unsigned char* dynamic_shared() {  // on a 128-byte boundary, as a GPU's is
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(block->shared.data()) + 127) & ~uintptr_t{127});
+}
 void sync_block() { wait(Wait::block); }
 void sync_warp() { wait(Wait::warp); }
 uint64_t* warp_slots() {
@@ -232,7 +254,7 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
       for (unsigned x = 0; x < grid.x; ++x) {
         block_idx = {x, y, z};
         ++blocks_run;
-        b.shared.assign(shared_bytes + 16, 0xFF);
+        b.shared.assign(shared_bytes + 128, 0xFF);
         b.live = static_cast<int>(n), b.at_block = 0;
         b.shuffles.assign(static_cast<size_t>(n), 0);
         b.warp_live.assign(static_cast<size_t>(warps), 0), b.at_warp.assign(static_cast<size_t>(warps), 0);
@@ -242,11 +264,15 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
           ++b.warp_live[warp_of(static_cast<int>(t))];
           prepare(f.context, f.stack, kStack);
         }
-        // Round after round, every fiber that is not waiting runs until it waits or returns.
+        // Round after round, every fiber that is not waiting runs until it waits or returns: in
+        // thread order in one block, in reverse order in the next, so that a missing barrier
+        // shows whichever side of it the threads that write run on.
+        const bool reverse = blocks_run % 2 == 0;
         for (int finished = 0; finished < n;) {
           bool ran = false;
           finished = 0;
-          for (int t = 0; t < n; ++t) {
+          for (int k = 0; k < n; ++k) {
+            const int t = reverse ? static_cast<int>(n) - 1 - k : k;
             Fiber& f = b.fibers[static_cast<size_t>(t)];
             if (f.done) {
               ++finished;
@@ -262,6 +288,7 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
           infer::require(ran || finished == n, "emulated launch: block (", x, ", ", y, ", ", z,
                          ") is stuck: a live thread never reaches the barrier or shuffle others wait at");
         }
+        if (b.error) std::rethrow_exception(b.error);
       }
 }
 

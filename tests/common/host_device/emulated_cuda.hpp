@@ -11,7 +11,10 @@
 /// arithmetic, the shared-memory layout, the barriers and the warp reductions of a kernel are
 /// checked on any machine, against the same CPU references and tests as on a GPU. It says nothing
 /// of speed, of memory coalescing, or of races between threads that a barrier-per-step
-/// interleaving cannot show (the fibers switch only at barriers and shuffles). The emulated device
+/// interleaving cannot show (the fibers switch only at barriers and shuffles; they run in thread
+/// order in one block and in reverse order in the next, so a missing barrier shows whichever way
+/// round its writer and reader are). An exception a thread throws (infer::Error from a check
+/// below) ends the launch and is rethrown by it. The emulated device
 /// is a compute capability 9.0 one (an H200's): `__CUDA_ARCH__` reads 900 in a rewritten .cu file,
 /// and tensor-core code (WMMA, nvcuda::wmma below) runs, each lane holding its share of a
 /// fragment as on a GPU.
@@ -103,6 +106,11 @@ dim3 to_dim3(T x) {
   return dim3(static_cast<unsigned>(x));
 }
 inline dim3 to_dim3(dim3 d) { return d; }
+
+/// What a WMMA load or store must hold, checked as a GPU would need it (throws infer::Error): the
+/// same pointer and leading dimension in every lane (a warp barrier, after the lane's own reads
+/// for a load, before its writes for a store), a 32-byte boundary, ldm a multiple of 16 bytes.
+void check_fragment_access(const char* what, const void* p, unsigned ldm, size_t element_bytes);
 
 /// Runs `work` now, or records it into the CUDA graph being captured (the stand-in's, capture.hpp).
 void launch_or_record(std::function<void()> work);
@@ -244,13 +252,18 @@ T __ldcs(const T* p) { return *p; }
 /// What `__CUDA_ARCH__` reads in a .cu file rewritten by emulate_cu.py: an H200's 9.0.
 #define COURSE_EMULATED_CUDA_ARCH 900
 
-// Tensor cores (mma.h's WMMA API), for the shapes the course uses: a fragment's elements are
-// spread over the warp's 32 lanes (element e of the tile, counted row by row, is lane e % 32's
-// x[e / 32]), as a GPU spreads them in its own order. A load reads and a store writes only the
-// lane's own elements, each when that lane runs: a lane's store is seen by the others only after
-// a __syncwarp(), and a load sees what the others wrote only after one, as the CUDA guide requires.
-// mma_sync exchanges the lanes' A and B elements (a warp barrier: every lane must call it) and
-// each lane computes its own D = A B + C elements, the products summed in float.
+// Tensor cores (mma.h's WMMA API), for the shapes the course uses. A fragment's elements are
+// spread over the warp's 32 lanes, in an order of the emulator's own for each kind (matrix_a,
+// matrix_b, accumulator), as a GPU spreads them in its own undocumented one: code that relies on
+// the order, or mixes the elements of two kinds, gets wrong numbers here. A load reads and a store
+// writes only the lane's own elements, each when that lane runs: a lane's store is seen by the
+// others only after a __syncwarp(), and a load sees what the others wrote only after one, as the
+// CUDA guide requires. Each load and store checks what a GPU requires and would otherwise get
+// wrong silently: every lane of the warp calls it with the same pointer and leading dimension
+// (a warp barrier), the pointer on a 32-byte boundary, the leading dimension a multiple of 8
+// elements for bf16 (4 for float). mma_sync exchanges the lanes' A and B elements (every lane
+// must call it) and each lane computes its own D = A B + C elements, the products summed in float
+// in order (a GPU's tensor cores add in another order, and may round differently).
 namespace nvcuda::wmma {
 struct matrix_a {};
 struct matrix_b {};
@@ -278,17 +291,33 @@ template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
   static_assert((M == 16 && N == 16 && K == 16) || (M == 32 && N == 8 && K == 16) || (M == 8 && N == 32 && K == 16),
                 "WMMA shapes: 16x16x16, 32x8x16, 8x32x16");
+  static_assert(!std::is_same_v<Use, accumulator> || std::is_same_v<T, float>,
+                "the emulator's accumulators are float (the course's kernels use no other)");
+  static_assert(std::is_same_v<Use, accumulator> || std::is_same_v<T, __nv_bfloat16>,
+                "the emulator's A and B fragments are bf16 (the course's kernels use no other)");
+  using use = Use;
   static constexpr int rows = tile_shape<Use, M, N, K>::rows, cols = tile_shape<Use, M, N, K>::cols;
   static constexpr int num_elements = rows * cols / 32;
   T x[num_elements];
 };
 
-/// The tile's (row, col) of the lane's element i.
-template <int Cols>
+/// The tile's (row, col) of the lane's element i, in the kind's own order: accumulators row by
+/// row, element e = 32 i + lane; A lane by lane, e = lane * num_elements + i; B column by column.
+template <typename F>
 inline void element_at(int i, int& r, int& c) {
-  const int e = i * 32 + emu::lane();
-  r = e / Cols, c = e % Cols;
+  const int lane = emu::lane();
+  if constexpr (std::is_same_v<typename F::use, accumulator>) {
+    const int e = i * 32 + lane;
+    r = e / F::cols, c = e % F::cols;
+  } else if constexpr (std::is_same_v<typename F::use, matrix_a>) {
+    const int e = lane * F::num_elements + i;
+    r = e / F::cols, c = e % F::cols;
+  } else {
+    const int e = i * 32 + lane;
+    c = e / F::rows, r = e % F::rows;
+  }
 }
+
 
 template <typename Use, int M, int N, int K, typename T, typename L>
 void fill_fragment(fragment<Use, M, N, K, T, L>& f, T v) {
@@ -305,29 +334,34 @@ void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
 template <typename Use, int M, int N, int K, typename T, typename L, typename P>
 void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const P* p, unsigned ldm) {
   static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>, "A and B fragments have a layout");
+  static_assert(std::is_same_v<std::remove_cv_t<P>, T>, "load_matrix_sync: the pointer's type is the fragment's");
   using F = fragment<Use, M, N, K, T, L>;
   for (int i = 0; i < F::num_elements; ++i) {
     int r, c;
-    element_at<F::cols>(i, r, c);
+    element_at<F>(i, r, c);
     f.x[i] = std::is_same_v<L, row_major> ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r];
   }
+  emu::check_fragment_access("load_matrix_sync", p, ldm, sizeof(T));
 }
 /// An accumulator from memory, in the layout named.
-template <int M, int N, int K, typename T>
-void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
+template <int M, int N, int K, typename T, typename P>
+void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const P* p, unsigned ldm, layout_t layout) {
+  static_assert(std::is_same_v<std::remove_cv_t<P>, T>, "load_matrix_sync: the pointer's type is the fragment's");
   using F = fragment<accumulator, M, N, K, T>;
   for (int i = 0; i < F::num_elements; ++i) {
     int r, c;
-    element_at<F::cols>(i, r, c);
+    element_at<F>(i, r, c);
     f.x[i] = layout == mem_row_major ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r];
   }
+  emu::check_fragment_access("load_matrix_sync", p, ldm, sizeof(T));
 }
 template <int M, int N, int K, typename T>
 void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
+  emu::check_fragment_access("store_matrix_sync", p, ldm, sizeof(T));
   using F = fragment<accumulator, M, N, K, T>;
   for (int i = 0; i < F::num_elements; ++i) {
     int r, c;
-    element_at<F::cols>(i, r, c);
+    element_at<F>(i, r, c);
     (layout == mem_row_major ? p[static_cast<size_t>(r) * ldm + c] : p[static_cast<size_t>(c) * ldm + r]) = f.x[i];
   }
 }
@@ -336,17 +370,30 @@ void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigne
 /// shuffle slots, 8 bytes at a time.
 template <typename F, typename T>
 void gather_tile(const F& f, T (&tile)[F::rows * F::cols]) {
-  constexpr int bytes = sizeof(f.x), words = (bytes + 7) / 8;
+  constexpr int bytes = sizeof(f.x), words = (bytes + 7) / 8, per_word = 8 / static_cast<int>(sizeof(T));
   for (int w = 0; w < words; ++w) {
-    uint64_t mine = 0, all[32];
-    std::memcpy(&mine, reinterpret_cast<const unsigned char*>(f.x) + 8 * w, std::min(8, bytes - 8 * w));
-    emu::exchange(mine, all);
+    uint64_t word = 0, all[32];
+    std::memcpy(&word, reinterpret_cast<const unsigned char*>(f.x) + 8 * w, std::min(8, bytes - 8 * w));
+    emu::exchange(word, all);
     for (int l = 0; l < 32; ++l) {
-      T part[8 / sizeof(T) > 0 ? 8 / sizeof(T) : 1];
+      T part[per_word];
       std::memcpy(static_cast<void*>(part), &all[l], sizeof(part));
-      for (int j = 0; j < static_cast<int>(8 / sizeof(T)); ++j) {
-        const int i = (8 * w) / static_cast<int>(sizeof(T)) + j;  // the lane's element index
-        if (i < F::num_elements) tile[i * 32 + l] = part[j];
+      for (int j = 0; j < per_word; ++j) {
+        const int i = w * per_word + j;  // lane l's element index
+        if (i >= F::num_elements) continue;
+        // Lane l's element i: where element_at puts it for lane l.
+        int r, c;
+        if constexpr (std::is_same_v<typename F::use, matrix_a>) {
+          const int e = l * F::num_elements + i;
+          r = e / F::cols, c = e % F::cols;
+        } else if constexpr (std::is_same_v<typename F::use, matrix_b>) {
+          const int e = i * 32 + l;
+          c = e / F::rows, r = e % F::rows;
+        } else {
+          const int e = i * 32 + l;
+          r = e / F::cols, c = e % F::cols;
+        }
+        tile[r * F::cols + c] = part[j];
       }
     }
   }
@@ -361,7 +408,7 @@ void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M,
   fragment<accumulator, M, N, K, TC> out;
   for (int i = 0; i < out.num_elements; ++i) {
     int r, col;
-    element_at<N>(i, r, col);
+    element_at<fragment<accumulator, M, N, K, TC>>(i, r, col);
     float sum = static_cast<float>(c.x[i]);
     for (int k = 0; k < K; ++k) sum += static_cast<float>(ta[r * K + k]) * static_cast<float>(tb[k * N + col]);
     out.x[i] = static_cast<TC>(sum);
