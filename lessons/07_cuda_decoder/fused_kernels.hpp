@@ -23,7 +23,7 @@ void add_rms_norm(float* x, const float* y, const float* weight, float* h, int r
 /// accumulation). A CUDA core does one multiply-add per instruction; a tensor core a 16 x 16 x 16
 /// tile of them, so at batch 16 and more the product stays bound by reading W, where float32 sums
 /// become bound by the arithmetic (lesson 01's ridge, for the GPU's CUDA cores). Tensor cores take
-/// bf16 operands: x is split into hi = bf16(x) and lo = bf16(x - hi), and W hi + W lo keeps x to
+/// bf16 operands: x is split into hi = bf16(x) and lo = bf16(x - hi), and W·hi + W·lo keeps x to
 /// about 16 bits (the products are exact in float32), so the sums are as close to float32 x's as
 /// the CUDA-core kernels' are, where rounding x to bf16 would lose 8 bits of it.
 ///
