@@ -1,11 +1,12 @@
 // Lesson 10 on a GPU: the whole engine there, measured (./course gpu-check runs it).
 //
-//   build/cuda/bin/lesson10_cuda_bench [--json FILE] [--quick] [--small]
+//   build/cuda/bin/lesson10_cuda_bench [--json FILE] [--quick] [--small | --small-model]
 //
 // 1. What a step costs by its shape: a forward over m new tokens against one decode step, at a
 //    context of 100 (speculative verification feeds m = k + 1), and a step of 8 decodes with and
 //    without a prompt chunk beside them (what chunked prefill mixes in); then decode at batch 1,
-//    8 and 32 launched kernel by kernel against replayed from CUDA graphs.
+//    8, 32 and 64 launched kernel by kernel against replayed from CUDA graphs, and each batch's
+//    tokens/s over batch 1's (how far continuous batching takes the GPU).
 // 2. Speculative decoding on the GPU, greedy, one request at a time: plain decoding against prompt
 //    lookup (k = 4) and the bundled draft (k = 1, 2, 4, 8; both models on the GPU), with the
 //    speedup the formula of lesson 06 predicts from the measured draft step, target step and
@@ -21,8 +22,10 @@
 // whatever they repeat, which prompt lookup finds easily, so its speculative row is an upper
 // bound, labelled as such. Wall-clock times (the host waits for each step's logits, as the engine
 // does), the median of repeated runs. Without a CUDA device it says so and exits 0. --small puts a
-// small pattern model (2 layers, hidden 256) in the 1.1B shape's place: how CI runs this program
-// on the host stand-in of the CUDA runtime (tests/common/host_device), to check it runs through.
+// small pattern model (2 layers, hidden 256) in the 1.1B shape's place and shortens every run:
+// how CI runs this program on the host stand-in of the CUDA runtime (tests/common/host_device), to
+// check it runs through. --small-model puts the small model in, with the full runs' sizes (the
+// pools, batches and prompts a GPU's run uses): a longer check of the same kind.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -278,8 +281,9 @@ ItlRun itl_run(ModelRunner& runner, const ModelConfig& c, int budget, int decode
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick", "--small"});
+    const Options opts(argc, argv, "lesson10_cuda_bench", {"--json"}, {"--quick", "--small", "--small-model"});
     const bool quick = opts.has("--quick"), small_run = opts.has("--small");
+    const bool small_model = small_run || opts.has("--small-model");
     const std::string json_path = opts.text("--json", "");
     const auto device = cuda_bench_device(json_path, "{\"device\": null, \"tables\": []}");
     if (!device) return 0;
@@ -290,7 +294,7 @@ int main(int argc, char** argv) {
     const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
     const ModelWeights draft = load_model(bundled_model_dir("tiny-fortunes-draft"));
     ModelConfig big = shape_1b();
-    if (small_run)
+    if (small_model)
       big.hidden_size = 256, big.intermediate_size = 512, big.num_hidden_layers = 2, big.num_attention_heads = 4,
       big.num_key_value_heads = 2, big.vocab_size = 512;
     std::printf("uploading the 1.1B shape's pattern weights (bf16) ...\n");
@@ -335,24 +339,31 @@ int main(int argc, char** argv) {
     // lesson 08's paged memory (the attention a graph can capture).
     {
       json graphs = table(cat("Decode with and without CUDA graphs (paged memory, ", cached, " positions cached; tokens/s)"),
-                          {"model", "batch", "launched", "from graphs", "graphs / launched"});
-      auto big_pool = std::make_unique<gpu::CudaPagedKVPool>(big, 64 * blocks_for(big.max_position_embeddings, 16) / 8, 16);
+                          {"model", "batch", "launched", "from graphs", "graphs / launched", "from graphs / batch 1's"});
+      const int steps = small_run ? 2 : quick ? 16 : 64;
+      const std::vector<int> batches = small_run ? std::vector<int>{1, 4} : std::vector<int>{1, 8, 32, 64};
+      // Blocks for the largest batch, each sequence its cached positions, the warm-up and the steps.
+      const int blocks = batches.back() * blocks_for(cached + steps + 1, 16);
+      auto big_pool = std::make_unique<gpu::CudaPagedKVPool>(big, blocks, 16);
       auto big_paged = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16,
                                                               gpu::device_paged_attention(*big_pool));
       PagedKVManager big_memory(std::move(big_pool));
-      gpu::CudaPagedEngine small = gpu::cuda_paged_engine(target, gpu::WeightType::F32, 256, 16);
+      gpu::CudaPagedEngine small = gpu::cuda_paged_engine(target, gpu::WeightType::F32, blocks, 16);
       PagedKVManager small_memory(std::move(small.pool));
-      const int steps = small_run ? 2 : quick ? 16 : 64;
-      for (const bool big_model : {false, true})
-        for (const int batch : small_run ? std::vector<int>{1, 4} : std::vector<int>{1, 8, 32}) {
+      for (const bool big_model : {false, true}) {
+        double graphed_1 = 0;  // batch 1's rate from graphs
+        for (const int batch : batches) {
           gpu::CudaForward& f = big_model ? *big_paged : *small.forward;
           KVManager& memory = big_model ? static_cast<KVManager&>(big_memory) : small_memory;
           const double eager = decode_rate(f, memory, batch, steps, false, cached),
                        graphed = decode_rate(f, memory, batch, steps, true, cached);
+          if (batch == 1) graphed_1 = graphed;
           graphs["rows"].push_back({big_model ? "1.1B shape (bf16)" : "tiny-fortunes (f32)", cat(batch),
                                     cat(std::round(eager)), cat(std::round(graphed)),
-                                    cat(std::round(100 * graphed / eager) / 100, "x")});
+                                    cat(std::round(100 * graphed / eager) / 100, "x"),
+                                    cat(std::round(100 * graphed / graphed_1) / 100, "x")});
         }
+      }
       graphs["notes"].push_back("A decode step launches 10 kernels a layer at batch 1 and 14 above, one more where the attention splits "
                                 "the context (counted on the host stand-in: "
                                 "tests/common/host_device/launches_test.cpp); a graph launches them as one. The "
