@@ -21,8 +21,8 @@
 // left out: they are small at 32 positions). The model: 4 of the 1.1B shape's 22 layers and its
 // output head, pattern weights (quantized on the host as they are uploaded, which takes a few
 // seconds a format; the whole model would take tens). Host clock: each step ends with its logits
-// copied back. --small runs only this part, on a small model: what CI runs on the host stand-in
-// for a device, so that a bug here never costs a GPU's minutes.
+// copied back. --small runs one small GEMV shape, and this part on a small model: what CI runs
+// on the host stand-in for a device, so that a bug here never costs a GPU's minutes.
 //
 // On a machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts
 // the JSON in its report.
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     const std::vector<int> batches = {1, 8, 64};
 
     std::vector<Row> results;
-    if (small) shapes.clear();  // the engine's part only
+    if (small) shapes = {{"96 x 256 (a run-through)", 96, 256, 0}};  // the stand-in: one small shape
     for (const Shape& s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
       const std::vector<uint8_t> bits = random_bytes(2 * n, 7 + s.rows + s.cols);
@@ -241,11 +241,11 @@ int main(int argc, char** argv) {
     }
 
     if (!results.empty())
-      std::printf("%-20s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
+      std::printf("%-36s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
                   "bf16/this");
     for (const Row& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
-      std::printf("%-20s %-26s %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.batch, r.ms,
+      std::printf("%-36s %-26s %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.batch, r.ms,
                   gbps, 100 * gbps / copy_gbps, r.bf16_ms / r.ms);
     }
     // One decode step's projections of the 1.1B model, each shape times how often a step runs it.
