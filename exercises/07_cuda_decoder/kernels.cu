@@ -4,7 +4,8 @@
 // arguments (require_device_pointers and the sizes), launch the kernel and call
 // cuda_check_launch with the kernel's name (both in common/cuda_check.hpp). The contract is
 // lessons/07_cuda_decoder/kernels.hpp. These are graded where a CUDA device is (`./course check 07`
-// there, or `./course gpu-check`); without one they compile and their tests skip.
+// there, or `./course gpu-check`); without one they compile and their tests skip, and `./course
+// check 07 --emulate` runs them on the processor, thread by thread: right or wrong, not fast.
 // Stuck on a kernel? `./course hint 07 NAME` gives a hint, one tier at a time.
 #include <cuda_runtime.h>
 

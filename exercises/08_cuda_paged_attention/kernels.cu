@@ -6,7 +6,8 @@
 // launch, and call cuda_check_launch with the kernel's name. The contract is
 // lessons/08_cuda_paged_attention/paged_kernels.hpp. These are graded where a CUDA device is
 // (`./course check 08` there, or `./course gpu-check`); without one they compile and their tests
-// skip. Stuck on a kernel? `./course hint 08 NAME` gives a hint, one tier at a time.
+// skip, and `./course check 08 --emulate` runs them on the processor, thread by thread: right or
+// wrong, not fast. Stuck on a kernel? `./course hint 08 NAME` gives a hint, one tier at a time.
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -5,7 +5,8 @@
 // require_device_pointers), launch the version asked for, and call cuda_check_launch with each
 // kernel's name. The contract is lessons/09_flash_attention/prefill_kernels.hpp. These are graded
 // where a CUDA device is (`./course check 09` there, or `./course gpu-check`); without one they
-// compile and their tests skip. Stuck? `./course hint 09 prefill_attention` gives a hint, one
+// compile and their tests skip, and `./course check 09 --emulate` runs them on the processor,
+// thread by thread (version 3's tensor-core fragments too): right or wrong, not fast. Stuck? `./course hint 09 prefill_attention` gives a hint, one
 // tier at a time.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -6,7 +6,8 @@
 // grid_blocks in lessons/07_cuda_decoder/launch.hpp counts the blocks). The contract is
 // lessons/11_quantization/kernels.hpp; lesson 07's gemv_batch_bf16 is where to start. These are
 // graded where a CUDA device is (`./course check 11` there, or `./course gpu-check`); without one
-// they compile and their tests skip.
+// they compile and their tests skip, and `./course check 11 --emulate` runs them on the processor,
+// thread by thread: right or wrong, not fast.
 // Stuck? `./course hint 11 gemv_int8` gives a hint, one tier at a time.
 #include <cuda_runtime.h>
 
