@@ -23,9 +23,10 @@ void add_rms_norm(float* x, const float* y, const float* weight, float* h, int r
 /// accumulation). A CUDA core does one multiply-add per instruction; a tensor core a 16 x 16 x 16
 /// tile of them, so at batch 16 and more the product stays bound by reading W, where float32 sums
 /// become bound by the arithmetic (lesson 01's ridge, for the GPU's CUDA cores). Tensor cores take
-/// bf16 operands: x is split into hi = bf16(x) and lo = bf16(x - hi), and W·hi + W·lo keeps x to
-/// about 16 bits (the products are exact in float32), so the sums are as close to float32 x's as
-/// the CUDA-core kernels' are, where rounding x to bf16 would lose 8 bits of it.
+/// bf16 operands: X is split into X_hi = bf16(X) and X_lo = bf16(X - X_hi), and X W^T = X_hi W^T +
+/// X_lo W^T keeps x to about 16 bits (the products are exact in float32), so the sums are as close
+/// to float32 x's as the CUDA-core kernels' are, where rounding x to bf16 would keep only 8 of its
+/// 24 bits.
 ///
 /// A warp takes 16 or 32 rows of W (a variant's choice) and every batch row of a launch (up to
 /// kTensorGemmChunk; larger batches take several launches); the block's 4 or 8 warps split the
@@ -43,15 +44,15 @@ bool tensor_gemm_runs(int rows, int cols);
 /// The same product for lesson 11's INT8 W, in its layout as lesson 11's kernels.hpp gives it (q
 /// from row `first` on a 4-byte boundary, scales from that row's first): a tile of W widened to
 /// bf16 in shared memory, where the values -127..127 are exact, the row's scale multiplying its
-/// finished sum. Two tensor-core products a tile, W x hi + W x lo, as for bf16. Within lesson 11's
+/// finished sum. Two tensor-core products a tile, with X_hi and X_lo, as for bf16. Within lesson 11's
 /// GEMV tolerance of dequantize-then-multiply. One configuration (16 rows a warp, 4 warps), up to
 /// kTensorGemmChunk batch rows a launch. Needs tensor_gemm_int8_runs(). Throws infer::Error
 /// (naming the function) otherwise, for batch, rows or cols below 1, or a null pointer.
 void tensor_gemm_int8(const int8_t* q, const float* scales, const float* x, float* y, int rows, int cols, int batch);
 
 /// tensor_gemm_int8 for lesson 11's INT4 W in groups (packed as its kernels.hpp says): the values
-/// -8..7, exact in bf16; the sums of each 32-column packet (16 bytes of a row, inside one group)
-/// scaled by that group's scale before they join the row's total. Up to 32 batch rows a launch.
+/// -8..7, exact in bf16; the sums of each packet (16 bytes of a row: 32 values of one group, 16 from
+/// each half of it) scaled by that group's scale before they join the row's total. Up to 32 batch rows a launch.
 /// Needs tensor_gemm_int4_runs(); throws as tensor_gemm_int8 does.
 void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x, float* y, int rows, int cols,
                       int group, int batch);
@@ -72,8 +73,9 @@ inline constexpr int kTensorGemmVariant = 2;
 inline constexpr int kTensorGemmChunk = 64;
 /// The forward's bf16 products of this many rows or more go to tensor_gemm_bf16 (where it runs),
 /// fewer to your skinny GEMM (and lesson 11's quantized ones to tensor_gemm_int8/int4, fewer to
-/// its GEMVs). A hypothesis (batch 8, where float32 sums of 8 rows a weight start to
-/// cost more than the weight's read) until a GPU report's rows place it.
+/// its GEMVs). A guess until a GPU report's rows place it: somewhere between 8 and 16 rows (16 FLOP
+/// per byte of bf16 W, past the CUDA cores' ridge of about 14) float32 sums stop hiding behind W's
+/// read.
 inline constexpr int kTensorGemmMinBatch = 8;
 
 }  // namespace infer::gpu

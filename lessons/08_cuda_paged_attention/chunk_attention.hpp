@@ -26,17 +26,18 @@ inline constexpr int kChunkTileRows = 32;
 /// rows of one chunk, at most kChunkTileRows of them, all reading the block table of the tile's
 /// first row. Each of those rows gets what paged_decode_attention() computes for it (the softmax
 /// over its lengths[r] positions of q . k / sqrt(head_dim), times the values, grouped-query), within
-/// lesson 08's tolerance (the tensor-core design within the one below); rows no tile names are not
-/// written. `tile_first` and `tile_rows` are device arrays of `tiles` ints.
+/// lesson 08's tolerance (the tensor-core design: within the tolerance stated below); rows no tile
+/// names are not written. `tile_first` and `tile_rows` are device arrays of `tiles` ints.
 ///
 /// Two designs, the same contract. With `tensor_cores` false, lesson 09's version 2 (CUDA cores:
 /// lane j scores position j against one row at a time, float32 throughout). With it true, lesson
-/// 09's version 3: Q K^T and P V on tensor cores (WMMA, 16 x 16 x 16 tiles), each operand split
-/// into two bf16 halves, x = hi + lo with hi = bf16(x) and lo = bf16(x - hi), and three products
-/// of halves (hi hi + hi lo + lo hi) summed in float32: what that leaves out (lo lo, and lo's own
-/// rounding) is up to about 3 x 2^-18 of each product, so its rows are within 1e-4 + 1e-4 |x| of
-/// the float32 design's (the test's largest difference, emulated: 2.6e-5), where plain bf16
-/// operands would lose 8 bits of 24 (about 4e-3 of each product).
+/// 09's version 3 (but where yours rounds each operand to bf16 once, this splits it): Q K^T and
+/// P V on tensor cores (WMMA, 16 x 16 x 16 tiles), each operand split into two bf16 halves, x = hi
+/// + lo with hi = bf16(x) and lo = bf16(x - hi), and three products of halves (hi hi + hi lo + lo
+/// hi) summed in float32: what that leaves out (lo lo, and lo's own rounding) is up to about
+/// 3 x 2^-18 of each product, so each output value o is within 1e-4 + 1e-4 |o| of the float32
+/// design's (the test's largest difference, emulated: 2.6e-5), where plain bf16 operands would
+/// keep only 8 bits of 24 (about 4e-3 of each product).
 /// Three tensor-core products cost far less than one on CUDA cores (the prompt's attention is
 /// bound by arithmetic). The forward uses it where chunk_tensor_cores_run() says it runs
 /// (kChunkTensorCores); the bench times both.
