@@ -27,6 +27,29 @@ __device__ float warp_max(float v) {
   return v;
 }
 
+/// The block's next tile of keys and values, positions j0 .. j0 + nk of the table's sequence: their
+/// pool rows looked up once into slot[0..kKeys), then every (key j, dimension c) of the K/V head
+/// `g` handed to put(j, c, k, v), zeros past nk. The whole block takes part, between barriers (the
+/// first waits until everyone is done with the previous tile).
+template <typename Put>
+__device__ void stage_kv_tile(const PagedBatch& a, const int* table, int g, int j0, int nk, long* slot, Put put) {
+  const int d = a.head_dim;
+  const long kvd = static_cast<long>(a.kv_heads) * d;
+  __syncthreads();
+  if (threadIdx.x < kKeys) {
+    const int p = j0 + threadIdx.x;
+    slot[threadIdx.x] =
+        threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
+    const int j = e / d, c = e % d;
+    const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
+    put(j, c, j < nk ? a.k_pool[at] : 0.0f, j < nk ? a.v_pool[at] : 0.0f);
+  }
+  __syncthreads();
+}
+
 size_t chunk_smem_bytes(int d) {
   return sizeof(float) * (static_cast<size_t>(kRows) * d + kKeys * (d + 1) + static_cast<size_t>(kKeys) * d) +
          sizeof(long) * kKeys;
@@ -47,7 +70,7 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
   const int first = tile_first[blockIdx.x], rows = tile_rows[blockIdx.x];
   const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const long qd = static_cast<long>(a.heads) * d, kvd = static_cast<long>(a.kv_heads) * d;
+  const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
   for (int e = threadIdx.x; e < kRows * d; e += blockDim.x) {
     const int r = e / d, c = e % d;
@@ -67,20 +90,10 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
   }
   for (int j0 = 0; j0 < longest; j0 += kKeys) {
     const int nk = min(kKeys, longest - j0);
-    __syncthreads();  // everyone is done with the previous tile (and its slots)
-    if (threadIdx.x < kKeys) {
-      const int p = j0 + threadIdx.x;
-      slot[threadIdx.x] =
-          threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
-      const int j = e / d, c = e % d;
-      const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
-      ks[j * (d + 1) + c] = j < nk ? a.k_pool[at] : 0.0f;
-      vs[j * d + c] = j < nk ? a.v_pool[at] : 0.0f;
-    }
-    __syncthreads();
+    stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
+      ks[j * (d + 1) + c] = k;
+      vs[j * d + c] = v;
+    });
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;
@@ -186,7 +199,7 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   const int first = tile_first[blockIdx.x], rows = tile_rows[blockIdx.x];
   const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const long qd = static_cast<long>(a.heads) * d, kvd = static_cast<long>(a.kv_heads) * d;
+  const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
   for (int e = threadIdx.x; e < kRows * d; e += blockDim.x) {
     const int r = e / d, c = e % d;
@@ -204,20 +217,10 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   }
   for (int j0 = 0; j0 < longest; j0 += kKeys) {
     const int nk = min(kKeys, longest - j0);
-    __syncthreads();  // every warp is done with the previous tile's keys, values and slots
-    if (threadIdx.x < kKeys) {
-      const int p = j0 + threadIdx.x;
-      slot[threadIdx.x] =
-          threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
-      const int j = e / d, c = e % d;
-      const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
-      split(j < nk ? a.k_pool[at] : 0.0f, k_hi, k_lo, e);
-      split(j < nk ? a.v_pool[at] : 0.0f, v_hi, v_lo, e);
-    }
-    __syncthreads();
+    stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
+      split(k, k_hi, k_lo, j * d + c);
+      split(v, v_hi, v_lo, j * d + c);
+    });
     // S_w = Q_w K^T (K's rows [key][d] are K^T's columns: column-major, leading dimension d).
     for (int n0 = 0; n0 < kKeys; n0 += 16) {
       Acc s;
