@@ -99,18 +99,21 @@ def batch_of(k):
     return int(m.group(1)) if m else 1
 
 
-# One row and batch 8 (the bench also has 2 to 64); of the given tensor-core GEMM's variants, the
-# fastest at batch 8.
+# The largest square matrix (16,384 on a GPU), one row and batch 8 (the bench also has 2 to 64);
+# of the given tensor-core GEMM's variants, the fastest at batch 8.
+n = max(int(m.group(1)) for k in r["kernels"]["lesson07_cuda_bench"] if (m := re.match(r"(\d+) x \1 ", k["shape"])))
 big = [k for k in r["kernels"]["lesson07_cuda_bench"]
-       if k["shape"].startswith("16384 x 16384") and batch_of(k) in (1, 8)]
+       if k["shape"].startswith(f"{n} x {n} ") and batch_of(k) in (1, 8)]
 tensor = [k for k in big if k["name"].startswith("tensor_gemm")]
 big = [k for k in big if not k["name"].startswith("tensor_gemm")] + sorted(tensor, key=lambda k: -k["gbps"])[:1]
 bandwidth_bars(a, [k["name"] + ("" if batch_of(k) == 1 else " (batch 8)") for k in big],
                [k["gbps"] for k in big], ["tab:gray" if "cuBLAS" in k["name"] else "tab:blue" for k in big],
-               r["copy"]["lesson07_cuda_bench"], "GB/s of weights read (16,384 x 16,384)", "The GEMV ladder")
+               r["copy"]["lesson07_cuda_bench"], f"GB/s of weights read ({n:,} x {n:,})", "The GEMV ladder")
 decode = []
 for line in r["lines"]["lesson07_cuda_bench"]:
-    m = re.match(r"decode, 1\.1B shape, bf16(?:, batch (\d+))?: (\d+) tokens/s \((\d+)% of its memory roofline\)", line)
+    # (the bench's --small run-through has a small model in the 1.1B shape's place)
+    m = re.match(r"decode, (?:1\.1B shape|small model in the 1\.1B shape's place), bf16(?:, batch (\d+))?: "
+                 r"(\d+) tokens/s \((\d+)% of its memory roofline\)", line)
     if m:
         decode.append((int(m.group(1) or 1), int(m.group(2)), int(m.group(3))))
 if decode:
@@ -118,8 +121,9 @@ if decode:
     b.plot(batches, [d[1] for d in decode], "o-", label="measured")
     # The roofline: the weights read once per step, whatever the batch; the batch-1 figure gives
     # it (the report's percentages of the larger batches are rounded to whole ones).
-    roof = decode[0][1] * 100 / decode[0][2] / decode[0][0]
-    b.plot(batches, [bb * roof for bb in batches], "k--", label="memory roofline (weights read once per step)")
+    if decode[0][2] > 0:  # (0% rounded: no roofline to draw, as on the run-through without a GPU)
+        roof = decode[0][1] * 100 / decode[0][2] / decode[0][0]
+        b.plot(batches, [bb * roof for bb in batches], "k--", label="memory roofline (weights read once per step)")
     log_axes(b, "sequences decoded at once", "tokens/s", "Decode, a 1.1B shape in bf16")
 save(fig, r, "07")
 
@@ -127,9 +131,11 @@ save(fig, r, "07")
 r = first_with(all_runs, "lesson08_cuda_bench")
 rows = r["kernels"]["lesson08_cuda_bench"]
 fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
-batch = [k for k in rows if not k["shape"].startswith("batch 1 ")]
+# The bench's first section (batch 32 x 2,048 positions on a GPU, Llama-3-8B's heads).
+first = next(k["shape"] for k in rows if re.match(r"batch \d+ x \d+ positions$", k["shape"]))
+batch = [k for k in rows if k["shape"] == first]
 bandwidth_bars(a, [k["name"] for k in batch], [k["gbps"] for k in batch], "tab:blue", r["copy"]["lesson08_cuda_bench"],
-               "GB/s of K/V read (batch 32 x 2,048 positions)", "Decode attention: contiguous (lesson 07) and paged")
+               f"GB/s of K/V read ({first})", "Decode attention: contiguous (lesson 07) and paged")
 one = {k["shape"]: k["ms"] for k in rows if k["name"] == "paged, one pass" and k["shape"].startswith("batch 1 ")}
 split = {k["shape"]: k["ms"] for k in rows if k["name"].startswith("paged, split") and k["shape"].startswith("batch 1 ")}
 shapes = [s for s in one if s in split]

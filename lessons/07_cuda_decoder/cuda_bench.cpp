@@ -1,6 +1,6 @@
 // Lesson 07 bench: how close each kernel comes to the GPU's memory bandwidth.
 //
-//   build/cuda/bin/lesson07_cuda_bench [--json FILE] [--quick]
+//   build/cuda/bin/lesson07_cuda_bench [--json FILE] [--quick] [--small]
 //
 // Decode is memory-bound (lesson 01): a GEMV reads every weight once and does two FLOPs with
 // it. So each kernel is measured in GB/s (the bytes it must move, over its time), against the
@@ -8,7 +8,9 @@
 // SGEMV; then decode tokens/s at batch 1 against the memory roofline (the weights' bytes at the
 // copy bandwidth). Kernel times are the median of CUDA-event timings after a warm-up. On a
 // machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts the
-// JSON in its report.
+// JSON in its report. --small runs every row at a small size with a small model in the 1.1B shape's
+// place: a run-through for a machine without a GPU (CI runs it over the emulated kernels; its
+// figures mean nothing there), so that a GPU's minutes never end in this program's bug.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_shape.hpp"
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_timing.hpp"
@@ -55,20 +58,20 @@ void check_agree(const std::string& what, const std::vector<float>& want, const 
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "lesson07_cuda_bench", {"--json"}, {"--quick"});
-    const bool quick = opts.has("--quick");
+    const Options opts(argc, argv, "lesson07_cuda_bench", {"--json"}, {"--quick", "--small"});
+    const bool small = opts.has("--small"), quick = opts.has("--quick") || small;
     const std::string json = opts.text("--json", "");
     const auto device = cuda_bench_device(json, "{\"device\": null, \"kernels\": [], \"decode\": []}");
     if (!device) return 0;
     const cudaDeviceProp& prop = *device;
-    const int reps = quick ? 5 : 20;
+    const int reps = small ? 1 : quick ? 5 : 20;
 
     // The ceiling: a device-to-device copy reads and writes every byte once.
-    const double copy_gbps = cuda_copy_ceiling(quick, reps);
+    const double copy_gbps = small ? cuda_copy_gbps(size_t{1} << 24, reps) : cuda_copy_ceiling(quick, reps);
 
     std::vector<Result> results;
     // GEMV: 1 GiB of float32 weights (16384 x 16384), and a 64 MiB one (4096 x 4096).
-    for (const int n : quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384}) {
+    for (const int n : small ? std::vector<int>{256} : quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384}) {
       DeviceArray<float> w(static_cast<size_t>(n) * n), x(n), y(n);
       fill_random(w, 1, 0.05f);
       fill_random(x, 2);
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
                          cuda_time_ms([&] { gpu::gemv_batch_bf16(wb.get(), xs.get(), ys.get(), n, n, 8); }, reps)});
       cublasHandle_t gemm;
       check_cublas(cublasCreate(&gemm), "cublasCreate");
-      for (const int batch : quick ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16, 64}) {
+      for (const int batch : small ? std::vector<int>{2, 8, 64} : quick ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16, 64}) {
         const double bytes16 = 2.0 * n * n + 8.0 * batch * n, bytes32 = 4.0 * n * n + 8.0 * batch * n;
         results.push_back({"skinny_gemm_bf16", cat(n, " x ", n, " bf16, batch ", batch), bytes16,
                            cuda_time_ms([&] { gpu::skinny_gemm_bf16(wb.get(), xs.get(), ys.get(), n, n, batch); }, reps)});
@@ -141,7 +144,7 @@ int main(int argc, char** argv) {
       check_cublas(cublasDestroy(gemm), "cublasDestroy");
     }
     {  // Row kernels over 64 MiB.
-      const int rows = 4096, cols = 4096;
+      const int rows = small ? 64 : 4096, cols = small ? 256 : 4096;
       DeviceArray<float> a(static_cast<size_t>(rows) * cols), b(a.size()), c(a.size()), g(cols);
       fill_random(a, 6), fill_random(b, 7), fill_random(g, 8);
       const double m = 4.0 * rows * cols;
@@ -154,7 +157,7 @@ int main(int argc, char** argv) {
                                  reps)});
     }
     {  // Decode attention: Llama-3-8B's heads (32 over 8, of 128) over 4,096 cached positions.
-      const int length = 4096, heads = 32, kv_heads = 8, hd = 128;
+      const int length = small ? 64 : 4096, heads = 32, kv_heads = 8, hd = 128;
       DeviceArray<float> q(heads * hd), k(static_cast<size_t>(length) * kv_heads * hd), v(k.size()), o(q.size());
       fill_random(q, 9), fill_random(k, 10), fill_random(v, 11);
       results.push_back({"decode_attention", cat(length, " positions, 32/8 heads of 128"), 8.0 * length * kv_heads * hd,
@@ -173,7 +176,7 @@ int main(int argc, char** argv) {
     };
     std::vector<Decode> decodes;
     auto time_decode = [&](gpu::CudaModel& model, const std::string& name) {
-      const int steps = quick ? 16 : 64;
+      const int steps = small ? 2 : quick ? 16 : 64;
       model.decode(1);  // warm-up
       Stopwatch clock;
       for (int i = 0; i < steps; ++i) model.decode(3 + i % 200);
@@ -184,16 +187,15 @@ int main(int argc, char** argv) {
       gpu::CudaModel model(bundled, t, 128);
       time_decode(model, t == gpu::WeightType::F32 ? "tiny-fortunes, float32" : "tiny-fortunes, bf16");
     }
-    ModelConfig big;
-    big.vocab_size = 32000, big.hidden_size = 2048, big.intermediate_size = 5632, big.num_hidden_layers = 22;
-    big.num_attention_heads = 32, big.num_key_value_heads = 4, big.head_dim = 64, big.max_position_embeddings = 2048;
+    const ModelConfig big = bench_shape_1b(small);
+    const std::string big_name = bench_shape_name(small);
     const auto big_model = gpu::CudaModel::with_pattern_weights(big, gpu::WeightType::BF16, 256);
-    time_decode(*big_model, "1.1B shape, bf16");
+    time_decode(*big_model, big_name + ", bf16");
     // Batched decode (what lesson 03's engine runs on the GPU): B sequences per step, each with
     // its own cache. The weights are read once per step, so tokens/s should grow almost B-fold
     // until the step stops being memory-bound.
-    for (const int batch : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64}) {
-      const int steps = quick ? 8 : 32;
+    for (const int batch : small ? std::vector<int>{4, 16} : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64}) {
+      const int steps = small ? 2 : quick ? 8 : 32;
       std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
       std::vector<KVStore*> caches;
       for (int b = 0; b < batch; ++b) {
@@ -206,21 +208,21 @@ int main(int argc, char** argv) {
       forward.decode(tokens, caches);  // warm-up
       Stopwatch clock;
       for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
-      decodes.push_back({cat("1.1B shape, bf16, batch ", batch), batch * steps / clock.seconds(),
+      decodes.push_back({cat(big_name, ", bf16, batch ", batch), batch * steps / clock.seconds(),
                          forward.weight_bytes_per_step(), batch});
     }
 
-    std::printf("%-18s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
+    std::printf("%-20s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
     for (const Result& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
-      std::printf("%-18s %-34s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
+      std::printf("%-20s %-34s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
                   100 * gbps / copy_gbps);
     }
-    std::printf("\n%-34s %12s %14s %22s\n", "decode", "tokens/s", "weights/step", "of the memory roofline");
+    std::printf("\n%-52s %12s %14s %22s\n", "decode", "tokens/s", "weights/step", "of the memory roofline");
     for (const Decode& d : decodes) {
       // tokens/s if only the weights' bytes counted: one read of them per step, batch tokens per step
       const double roof = d.batch * copy_gbps * 1e9 / d.weight_bytes;
-      std::printf("%-34s %12.0f %11.1f MB %21.0f%%\n", d.model.c_str(), d.tokens_per_s, d.weight_bytes / 1e6,
+      std::printf("%-52s %12.0f %11.1f MB %21.0f%%\n", d.model.c_str(), d.tokens_per_s, d.weight_bytes / 1e6,
                   100 * d.tokens_per_s / roof);
     }
     if (!json.empty()) {

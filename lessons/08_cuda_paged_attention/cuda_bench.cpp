@@ -1,6 +1,6 @@
 // Lesson 08 bench: what paging costs, and what splitting the context buys.
 //
-//   build/cuda/bin/lesson08_cuda_bench [--json FILE] [--quick]
+//   build/cuda/bin/lesson08_cuda_bench [--json FILE] [--quick] [--small]
 //
 // Decode attention is memory-bound: it reads every cached key and value once and does a few
 // FLOPs with each. So each kernel is measured in GB/s (the K/V bytes it must read, over its
@@ -26,7 +26,10 @@
 //
 // Kernel times are the median of CUDA-event timings after a warm-up. On a machine without a CUDA
 // device it says so and exits 0. ./course gpu-check runs it and puts the JSON in its report;
-// lessons/08_cuda_paged_attention/plot.py draws it.
+// lessons/08_cuda_paged_attention/plot.py draws it. --small runs every section at small sizes, with a
+// small model in the 1.1B shape's place: a run-through for a machine without a GPU (CI runs it over
+// the emulated kernels; its figures mean nothing there), so that a GPU's minutes never end in this
+// program's bug.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_shape.hpp"
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_timing.hpp"
@@ -108,14 +112,15 @@ DeviceArray<int> tables(int batch, int blocks, bool shuffled) {
 
 int main(int argc, char** argv) {
   try {
-    const Options opts(argc, argv, "lesson08_cuda_bench", {"--json"}, {"--quick"});
-    const bool quick = opts.has("--quick");
+    const Options opts(argc, argv, "lesson08_cuda_bench", {"--json"}, {"--quick", "--small"});
+    const bool small = opts.has("--small"), quick = opts.has("--quick") || small;
     const std::string json = opts.text("--json", "");
     const auto device = cuda_bench_device(json, "{\"device\": null, \"kernels\": [], \"decode\": [], \"splits\": []}");
     if (!device) return 0;
     const cudaDeviceProp& prop = *device;
-    const int reps = quick ? 5 : 20;
-    const double copy_gbps = cuda_copy_ceiling(quick, reps);
+    const int reps = small ? 1 : quick ? 5 : 20;
+    const double copy_gbps = small ? cuda_copy_gbps(size_t{1} << 24, reps) : cuda_copy_ceiling(quick, reps);
+    const int positions = small ? 64 : 2048;  // sections 1 and 1b's, a sequence
 
     const int heads = 32, kv_heads = 8, hd = 128, kvd = kv_heads * hd;
     std::vector<Result> results;
@@ -123,7 +128,7 @@ int main(int argc, char** argv) {
 
     // 1. Contiguous against paged: batch 32 at 2,048 positions.
     {
-      const int batch = quick ? 8 : 32, length = 2048;
+      const int batch = small ? 2 : quick ? 8 : 32, length = positions;
       const double bytes = 2.0 * sizeof(float) * batch * static_cast<double>(length) * kvd;
       const std::string shape = cat("batch ", batch, " x ", length, " positions");
       const size_t rows = static_cast<size_t>(batch) * length;
@@ -165,7 +170,7 @@ int main(int argc, char** argv) {
     // 1b. Both designs at the 1.1B shape's heads (32 over 4 of 64), batch 32 at 2,048 positions,
     // shuffled blocks of 16.
     {
-      const int batch = quick ? 8 : 32, length = 2048, h = 32, kvh = 4, d = 64, bs = 16, blocks = length / bs;
+      const int batch = small ? 2 : quick ? 8 : 32, length = positions, h = 32, kvh = 4, d = 64, bs = 16, blocks = length / bs;
       const double bytes = 2.0 * sizeof(float) * batch * static_cast<double>(length) * kvh * d;
       const size_t rows = static_cast<size_t>(batch) * length;
       DeviceArray<float> q(static_cast<size_t>(batch) * h * d), k(rows * kvh * d), v(rows * kvh * d), out(q.size());
@@ -208,7 +213,8 @@ int main(int argc, char** argv) {
     // Your decode kernel reads them row by row, each row its whole context; the given chunk kernel
     // (chunk_attention.hpp) in tiles of 32 rows, on CUDA cores and on tensor cores. Bytes: the
     // chunk's K/V read once, the least any kernel must read. Each output is checked against yours.
-    for (const auto& [n, cached] : quick ? std::vector<std::pair<int, int>>{{512, 1536}}
+    for (const auto& [n, cached] : small ? std::vector<std::pair<int, int>>{{8, 56}, {40, 24}}
+                                 : quick ? std::vector<std::pair<int, int>>{{512, 1536}}
                                         : std::vector<std::pair<int, int>>{{8, 2040}, {32, 2016}, {512, 1536}, {2048, 0}}) {
       const int h = 32, kvh = 4, d = 64, bs = 16, length = cached + n, blocks = blocks_for(length, bs);
       DeviceArray<float> q(static_cast<size_t>(n) * h * d), k(static_cast<size_t>(blocks) * bs * kvh * d), v(k.size());
@@ -257,7 +263,7 @@ int main(int argc, char** argv) {
 
     // 2. Split-K at batch 1 over the context length.
     std::vector<SplitPoint> splits;
-    for (const int length : quick ? std::vector<int>{512, 8192} : std::vector<int>{512, 2048, 8192, 32768, 131072}) {
+    for (const int length : small ? std::vector<int>{64, 512} : quick ? std::vector<int>{512, 8192} : std::vector<int>{512, 2048, 8192, 32768, 131072}) {
       const int bs = 16, blocks = length / bs;
       DeviceArray<float> q(static_cast<size_t>(heads) * hd), k(static_cast<size_t>(length) * kvd), v(k.size()),
           out(q.size());
@@ -289,11 +295,10 @@ int main(int argc, char** argv) {
     };
     std::vector<Decode> decodes;
     {
-      ModelConfig big;
-      big.vocab_size = 32000, big.hidden_size = 2048, big.intermediate_size = 5632, big.num_hidden_layers = 22;
-      big.num_attention_heads = 32, big.num_key_value_heads = 4, big.head_dim = 64;
+      ModelConfig big = bench_shape_1b(small);
       big.max_position_embeddings = 16384;
-      const int context = quick ? 2048 : 8192, steps = quick ? 8 : 32;
+      const std::string big_name = bench_shape_name(small);
+      const int context = small ? 64 : quick ? 2048 : 8192, steps = small ? 2 : quick ? 8 : 32;
       auto time_steps = [&](gpu::CudaForward& forward, KVStore& cache, const std::string& name) {
         KVStore* caches[] = {&cache};
         const int token[] = {3};
@@ -308,7 +313,7 @@ int main(int argc, char** argv) {
         DeviceArray<float> rows(static_cast<size_t>(context) * big.num_key_value_heads * big.head_dim);
         fill_random(rows, 4);
         for (int l = 0; l < big.num_hidden_layers; ++l) cache.append_device(l, rows.get(), rows.get(), context);
-        time_steps(*forward, cache, cat("1.1B shape, bf16, ", context, " positions, lesson 07 attention"));
+        time_steps(*forward, cache, cat(big_name, ", bf16, ", context, " positions, lesson 07 attention"));
       }
       {  // Lesson 08: the paged pool, split by choose_splits().
         auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, (context + steps + 2) / 16 + 2, 16);
@@ -318,24 +323,28 @@ int main(int argc, char** argv) {
         auto cache = kv.open(context);
         for (int l = 0; l < big.num_hidden_layers; ++l)
           cache->paged()->advance(l, context);  // the pool's zeros stand for the cached rows
-        time_steps(*forward, *cache, cat("1.1B shape, bf16, ", context, " positions, paged + split"));
+        time_steps(*forward, *cache, cat(big_name, ", bf16, ", context, " positions, paged + split"));
         kv.close(std::move(cache));
       }
     }
 
-    std::printf("%-32s %-28s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
+    std::printf("%-48s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
     for (const Result& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
-      std::printf("%-32s %-28s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
+      std::printf("%-48s %-34s %10.4f %9.0f %8.0f%%\n", r.name.c_str(), r.shape.c_str(), r.ms, gbps,
                   100 * gbps / copy_gbps);
     }
-    for (const std::string& c : checks) std::printf("%s\n", c.c_str());
+    for (const std::string& c : checks) {
+      std::printf("%s\n", c.c_str());
+      // (--small, the run-through without a GPU, fails on a disagreement: that is a bug to mend first.)
+      require(!small || c.find("OUTSIDE") == std::string::npos, "lesson08_cuda_bench: ", c);
+    }
     std::printf("\n%-10s %8s %14s %12s %9s\n", "positions", "splits", "one pass ms", "split ms", "speedup");
     for (const SplitPoint& p : splits)
       std::printf("%-10d %8d %14.4f %12.4f %8.1fx\n", p.length, p.splits, p.one_pass_ms, p.split_ms,
                   p.one_pass_ms / p.split_ms);
-    std::printf("\n%-56s %12s\n", "decode step", "tokens/s");
-    for (const Decode& d : decodes) std::printf("%-56s %12.0f\n", d.model.c_str(), d.tokens_per_s);
+    std::printf("\n%-72s %12s\n", "decode step", "tokens/s");
+    for (const Decode& d : decodes) std::printf("%-72s %12.0f\n", d.model.c_str(), d.tokens_per_s);
 
     if (!json.empty()) {
       std::FILE* f = std::fopen(json.c_str(), "w");

@@ -22,7 +22,7 @@
 // whatever they repeat, which prompt lookup finds easily, so its speculative row is an upper
 // bound, labelled as such. Wall-clock times (the host waits for each step's logits, as the engine
 // does), the median of repeated runs. Without a CUDA device it says so and exits 0. --small puts a
-// small pattern model (2 layers, hidden 256) in the 1.1B shape's place and shortens every run:
+// small pattern model (2 layers, hidden 128: bench_shape_1b) in the 1.1B shape's place and shortens every run:
 // how CI runs this program on the host stand-in of the CUDA runtime (tests/common/host_device), to
 // check it runs through. --small-model puts the small model in, with the full runs' sizes (the
 // pools, batches and prompts a GPU's run uses): a longer check of the same kind.
@@ -38,6 +38,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bench_shape.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_timing.hpp"
 #include "common/options.hpp"
@@ -60,14 +61,6 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
   return v[i];
-}
-
-/// TinyLlama's shape: 22 layers, hidden 2048, 32 heads over 4, MLP 5632, 32,000 tokens.
-ModelConfig shape_1b() {
-  ModelConfig c;
-  c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 5632, c.num_hidden_layers = 22;
-  c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 64, c.max_position_embeddings = 2048;
-  return c;
 }
 
 /// `n` token ids from a fixed pattern inside [3, vocab).
@@ -293,10 +286,7 @@ int main(int argc, char** argv) {
 
     const ModelWeights target = load_model(bundled_model_dir("tiny-fortunes"));
     const ModelWeights draft = load_model(bundled_model_dir("tiny-fortunes-draft"));
-    ModelConfig big = shape_1b();
-    if (small_model)
-      big.hidden_size = 256, big.intermediate_size = 512, big.num_hidden_layers = 2, big.num_attention_heads = 4,
-      big.num_key_value_heads = 2, big.vocab_size = 512;
+    const ModelConfig big = bench_shape_1b(small_model);
     std::printf("uploading the 1.1B shape's pattern weights (bf16) ...\n");
     const auto big_forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16);
 

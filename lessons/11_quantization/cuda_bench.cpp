@@ -21,8 +21,9 @@
 // left out: they are small at 32 positions). The model: 4 of the 1.1B shape's 22 layers and its
 // output head, pattern weights (quantized on the host as they are uploaded, which takes a few
 // seconds a format; the whole model would take tens). Host clock: each step ends with its logits
-// copied back. --small runs one small GEMV shape, and this part on a small model: what CI runs
-// on the host stand-in for a device, so that a bug here never costs a GPU's minutes.
+// copied back. --small runs one small GEMV shape, and this part on a small model, 8 positions
+// cached: what CI runs over the emulated kernels (and over the host stand-in's loops), so that a
+// bug here never costs a GPU's minutes.
 //
 // On a machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts
 // the JSON in its report.
@@ -34,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_shape.hpp"
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_timing.hpp"
@@ -123,11 +125,9 @@ struct DecodeRow {
 
 /// The engine's decode on each format at batch 1 and 8 (see the file's comment).
 std::vector<DecodeRow> engine_decode(bool small, bool quick, double copy_gbps) {
-  ModelConfig c;  // the 1.1B shape (TinyLlama's), 4 of its layers; or a small model for the stand-in
-  c.vocab_size = small ? 259 : 32000, c.hidden_size = small ? 128 : 2048, c.intermediate_size = small ? 256 : 5632;
-  c.num_hidden_layers = small ? 2 : 4, c.num_attention_heads = small ? 4 : 32, c.num_key_value_heads = small ? 2 : 4;
-  c.head_dim = 64, c.max_position_embeddings = 256;
-  const int cached = 32, steps = small || quick ? 8 : 40;
+  ModelConfig c = bench_shape_1b(small);  // the 1.1B shape, 4 of its layers; or the small model (2)
+  c.num_hidden_layers = small ? 2 : 4, c.max_position_embeddings = 256;
+  const int cached = small ? 8 : 32, steps = small ? 2 : quick ? 8 : 40;
   std::vector<DecodeRow> rows;
   const std::vector<gpu::DeviceWeights> formats = {gpu::WeightType::BF16,
                                                    gpu::quantized_device_weights(WeightFormat::int8),
@@ -164,9 +164,8 @@ int main(int argc, char** argv) {
         json, "{\"device\": null, \"quantized_gemv\": [], \"quantized_step\": [], \"quantized_decode\": []}");
     if (!device) return 0;
     const cudaDeviceProp& prop = *device;
-    const int reps = quick ? 5 : 20;
-    // (The host stand-in has no events to time a copy with: its roof is a nominal 100 GB/s.)
-    const double copy_gbps = small ? 100.0 : cuda_copy_ceiling(quick, reps);
+    const int reps = small ? 1 : quick ? 5 : 20;
+    const double copy_gbps = small ? cuda_copy_gbps(size_t{1} << 24, reps) : cuda_copy_ceiling(quick, reps);
 
     std::vector<Shape> shapes = {{"1.1B q_proj, o_proj", 2048, 2048, 2 * 22},
                                  {"1.1B k_proj, v_proj", 256, 2048, 2 * 22},

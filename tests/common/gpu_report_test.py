@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The GPU report reads what the GPU benches write: tools/gpu_report.py over the JSON of the
+benches' --small run-through (lessons 07, 08, 09 and 11 over the emulated kernels, CI's
+Emulated.Lesson*CudaBenchRunsThrough), then tools/gpu_report_plots.py over its markdown. Each
+bench's section must be there with its rows (the tensor-core ones among them) and its checks
+(every one "within"), and both plots must be drawn, so that a GPU's minutes never end in the
+report's bug.
+
+    gpu_report_test.py REPOSITORY_ROOT BENCH_JSON_DIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+root, benches = sys.argv[1], sys.argv[2]
+wanted = {  # bench: lines its section must have
+    "lesson07_cuda_bench": ["| gemv_bf16 v", "| skinny_gemm_bf16 |", "| tensor_gemm_bf16 v4 |", "| cuBLAS bf16 GEMM |",
+                            "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:"],
+    "lesson08_cuda_bench": ["| chunk kernel on tensor cores (tiles of 32 rows) |", "| paged, split ",
+                            "- decode step, small model in the 1.1B shape's place"],
+    "lesson09_cuda_bench": ["cuBLAS bf16 product on this device", "- version 3 against version 2, 64 tokens"],
+    "lesson11_cuda_bench": ["| int4, groups of 32 on tensor cores |", "| int8 |"],
+}
+
+with tempfile.TemporaryDirectory() as out:
+    for bench in wanted:
+        shutil.copy(os.path.join(benches, bench + ".json"), out)
+    with open(os.path.join(out, "steps.tsv"), "w") as f:
+        f.write("bench run-through\tpassed\t1\t\n")
+    run = subprocess.run([sys.executable, os.path.join(root, "tools", "gpu_report.py"), "--out", out, "--commit",
+                          "run-through"], capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        sys.exit(f"gpu_report.py failed ({run.returncode}): {run.stderr}")
+    md = open(os.path.join(out, "gpu-report.md"), encoding="utf-8").read()
+    sections = md.split("\n## ")
+    for bench, lines in wanted.items():
+        section = next((s for s in sections if s.startswith(bench + "\n")), None)
+        if section is None:
+            sys.exit(f"the report has no section for {bench}:\n{md}")
+        missing = [line for line in lines if line not in section]
+        if missing:
+            sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
+    if "OUTSIDE" in md or " within" not in md:
+        sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
+    # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    plots = subprocess.run([python, os.path.join(root, "tools", "gpu_report_plots.py"),
+                            os.path.join(out, "gpu-report.md"), os.path.join(out, "images")],
+                           capture_output=True, text=True, check=False)
+    if plots.returncode != 0:
+        sys.exit(f"gpu_report_plots.py failed ({plots.returncode}): {plots.stderr}")
+    for png in ("lesson07_gpu.png", "lesson08_gpu.png"):
+        if os.path.getsize(os.path.join(out, "images", png)) < 10000:
+            sys.exit(f"{png} is nearly empty")
+    print(f"gpu_report.py: {len(wanted)} benches' sections with their rows and checks; both plots drawn")
