@@ -8,7 +8,8 @@
 #
 #  1. the build's packages: if the system has no Eigen, the .deb files that `./course gpu-deps`
 #     fetched into .deb/ are unpacked into build/gpu-deps (GoogleTest is built from source);
-#  2. the reference engine with CUDA: build/cuda (kept, so a rerun only rebuilds what changed);
+#  2. the reference engine with CUDA: build/cuda (kept, so a rerun only rebuilds what changed;
+#     without the host stand-in and emulated kernels CI runs, COURSE_STAND_IN=OFF);
 #  3. every test but the grader's (it needs bubblewrap), the `cuda` ones among them;
 #  4. compute-sanitizer memcheck over every CUDA test program, racecheck over their kernel cases;
 #  5. the CUDA benches, each writing JSON, and lesson 10's serving table on the GPU (over HTTP);
@@ -88,7 +89,7 @@ fi
 [ -n "$arch" ] && cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES="$arch")
 build="$ROOT/build/cuda"
 run_step configure 120 "$out/configure.log" \
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOURSE_TRACK=solutions -DCOURSE_CUDA=ON \
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOURSE_TRACK=solutions -DCOURSE_CUDA=ON -DCOURSE_STAND_IN=OFF \
   "${cmake_args[@]}"
 configured=$?
 built=1
