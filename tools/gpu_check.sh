@@ -4,7 +4,7 @@
 # no network).
 #
 #   ./course gpu-check [--out DIR] [--commit SHA] [--build-only] [--arch SM] [--lessons NN...]
-#                      [--whole-catalogue]
+#                      [--steps tests,sanitizers,benches,catalogue] [--whole-catalogue]
 #
 #  1. the build's packages: if the system has no Eigen, the .deb files that `./course gpu-deps`
 #     fetched into .deb/ are unpacked into build/gpu-deps (GoogleTest is built from source);
@@ -20,13 +20,17 @@
 #     commit, each step's result, each test, each kernel's GB/s.
 # With --build-only it stops after step 2 (what a machine without a GPU can check). With --lessons
 # (say `--lessons 08`), steps 4 to 6 cover those lessons only (every test still runs): a rerun
-# after changing one lesson, on a machine whose time is short.
+# after changing one lesson, on a machine whose time is short. With --steps (a comma list of tests,
+# sanitizers, benches and catalogue: steps 3 to 6; all by default), only those after the build:
+# `--steps tests,benches` first gives every figure and every test's verdict, then `--steps
+# sanitizers,catalogue` the slower proofs, each call within a lent GPU's minutes.
 # Each step has a time limit, so the whole stays under 8 minutes on an H200.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch="" only="" whole_catalogue=0
+steps_on="tests sanitizers benches catalogue"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a directory}; shift 2 ;;
@@ -34,6 +38,13 @@ while [ $# -gt 0 ]; do
     --arch) arch=${2:?--arch needs a compute capability such as 90}; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --whole-catalogue) whole_catalogue=1; shift ;;
+    --steps)
+      steps_on=$(echo "${2:?--steps needs a list such as tests,benches}" | tr ',' ' ')
+      for s in $steps_on; do
+        [[ " tests sanitizers benches catalogue " == *" $s "* ]] ||
+          { echo "gpu-check: unknown step '$s' (expected tests, sanitizers, benches or catalogue)" >&2; exit 2; }
+      done
+      shift 2 ;;
     --lessons) shift; while [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]{1,2}$ ]]; do only="$only $(printf '%02d' "$((10#$1))")"; shift; done ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -47,6 +58,9 @@ PY=$(command -v python3 || echo /usr/bin/python3)
 
 # record NAME STATUS SECONDS NOTE: one line per step for the report.
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$steps"; echo "== $1: $2 ($3 s) $4"; }
+
+# step_on STEP: whether --steps asked for STEP (tests, sanitizers, benches, catalogue).
+step_on() { [[ " $steps_on " == *" $1 "* ]]; }
 
 # wanted NN: whether lesson NN's sanitizer runs, bench and catalogue are part of this run.
 wanted() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
@@ -100,13 +114,15 @@ fi
 
 if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   # -------------------------------------------------------------- 3. tests --
-  run_step "tests (all but the grader's)" 180 "$out/tests.log" \
+  step_on tests && run_step "tests (all but the grader's)" 180 "$out/tests.log" \
     ctest --test-dir "$build" -LE grader -j "$(nproc)" --timeout 120 --output-junit "$out/tests.junit.xml"
-  run_step "cuda tests" 120 "$out/cuda-tests.log" \
+  step_on tests && run_step "cuda tests" 120 "$out/cuda-tests.log" \
     ctest --test-dir "$build" -L cuda -j 4 --timeout 60 --output-junit "$out/cuda-tests.junit.xml"
 
   # --------------------------------------------------------- 4. sanitizers --
-  if command -v compute-sanitizer >/dev/null; then
+  if ! step_on sanitizers; then
+    :
+  elif command -v compute-sanitizer >/dev/null; then
     for prog in "$build"/bin/*cuda_tests; do
       [ -x "$prog" ] || continue
       # engine_cuda_tests: the whole engine on the GPU, lesson 10's.
@@ -136,7 +152,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
 
   # -------------------------------------------------------------- 5. benches --
   for bench in "$build"/bin/lesson*_cuda_bench; do
-    [ -x "$bench" ] || continue
+    step_on benches && [ -x "$bench" ] || continue
     wanted "$(basename "$bench" | sed -E 's/^lesson([0-9]+).*/\1/')" || continue
     name=$(basename "$bench")
     run_step "bench $name" 150 "$out/$name.log" "$bench" --json "$out/$name.json"
@@ -145,7 +161,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   # Lesson 10's table with both servers on the GPU (naive one request at a time, no cache, against
   # the engine), over HTTP as `./course load --table --device cuda` runs it: where the HTTP server
   # was built (Boost.Beast among the carried .deb files).
-  if wanted 10 && [ -x "$build/bin/lesson10_serve" ] && [ -x "$build/bin/lesson10_load" ]; then
+  if step_on benches && wanted 10 && [ -x "$build/bin/lesson10_serve" ] && [ -x "$build/bin/lesson10_load" ]; then
     run_step "serving table on the GPU (lesson 10)" 240 "$out/serving-table.log" \
       bash tools/load_table.sh "$build/bin" "$out/serving" 4 "1 8 32 128" --device cuda
   fi
@@ -158,7 +174,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
   cuda_lessons=$(for nn in $cuda_lessons; do wanted "$nn" && echo "$nn"; done)
   # About 10 s an entry on an H200 (lesson 07's six took 59 s); lesson 11's entries also wait for
   # its CPU cases (the model's among them), which the grader runs beside the kernel cases.
-  if [ -n "$cuda_lessons" ]; then
+  if step_on catalogue && [ -n "$cuda_lessons" ]; then
     proven=(--proven-out "$out/gpu-proven.txt")
     [ $whole_catalogue -eq 1 ] || proven+=(--skip-proven docs/gpu-proven.txt)
     run_step "known-wrong kernels (lessons $(echo $cuda_lessons))" 360 "$out/known-wrong.log" \
@@ -170,5 +186,5 @@ fi
 # --------------------------------------------------------------- 7. report --
 [ -n "$commit" ] || commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu-commit 2>/dev/null || echo unknown)
 "$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
-  --lessons "$only"
+  --lessons "$only" --steps "$steps_on"
 ! grep -qP '\t(failed|timed out)\t' "$steps"

@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--build-only", default="0")
     ap.add_argument("--seconds", type=int, default=0)
     ap.add_argument("--lessons", default="", help="the lessons --lessons limited the sanitizers, benches and catalogue to")
+    ap.add_argument("--steps", default="tests sanitizers benches catalogue", help="the steps --steps ran after the build")
     a = ap.parse_args()
 
     gpu = ask(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"])
@@ -51,6 +52,7 @@ def main():
         "seconds": a.seconds,
         "build_only": a.build_only == "1",
         "lessons": a.lessons.split(),
+        "steps_run": a.steps.split(),
         "steps": [],
         "tests": {},
         "benches": {},
@@ -85,7 +87,8 @@ def main():
     md = ["# GPU check report {#gpu_report}", ""]  # the page docs/gpu-report.md replaces
     md += [f"- GPU: {report['gpu']}", f"- CUDA compiler: {report['nvcc']}", f"- commit: {report['commit']}",
            f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else "")
-           + (f" --lessons {' '.join(report['lessons'])}" if report["lessons"] else ""),
+           + (f" --lessons {' '.join(report['lessons'])}" if report["lessons"] else "")
+           + (f" --steps {','.join(report['steps_run'])}" if len(report["steps_run"]) < 4 else ""),
            f"- took: {report['seconds']} s", ""]
     md += ["| step | result | seconds | note |", "| --- | --- | --- | --- |"]
     md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in report["steps"]]
