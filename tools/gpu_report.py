@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grade_report  # noqa: E402
+import gpu_targets  # noqa: E402
 
 
 def ask(argv):
@@ -98,6 +99,10 @@ def main():
         bad = [c["name"] for c in cases if c["status"] == "failed"]
         if bad:
             md += ["", "Failed: " + ", ".join(bad)]
+    if report["benches"]:  # the course's GPU targets and the forward's tuning constants, against these figures
+        md += ["", "## Targets and tuning", "", "The issues' GPU targets and the tuning constants the forward uses, "
+               "against this run's figures (tools/gpu_targets.py; the picks are for a person to commit).", ""]
+        md += gpu_targets.summary(report)
     for name, bench in report["benches"].items():
         md += ["", f"## {name}", ""]
         if "copy_gbps" in bench:

@@ -3,7 +3,8 @@
 benches' --small run-through (lessons 07, 08, 09 and 11 over the emulated kernels, CI's
 Emulated.Lesson*CudaBenchRunsThrough), then tools/gpu_report_plots.py over its markdown. Each
 bench's section must be there with its rows (the tensor-core ones among them) and its checks
-(every one "within"), and both plots must be drawn, so that a GPU's minutes never end in the
+(every one "within"), the targets and tuning section must pick every constant
+(tools/gpu_targets.py), and both plots must be drawn, so that a GPU's minutes never end in the
 report's bug.
 
     gpu_report_test.py REPOSITORY_ROOT BENCH_JSON_DIR
@@ -42,6 +43,13 @@ with tempfile.TemporaryDirectory() as out:
         missing = [line for line in lines if line not in section]
         if missing:
             sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
+    # tools/gpu_targets.py's section: every tuning constant picked from the benches' rows.
+    for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kChunkTensorCores", "kChunkKernelMinTokens"):
+        row = next((line for line in md.splitlines() if line.startswith(f"| `{name}`")), "")
+        if not row or "not in this report" in row:
+            sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")
+    if "| batch 8 over one GEMV (256 x 256 bf16): at most 1.5x | " not in md:
+        sys.exit("the report's targets table lacks the batch 8 product's figure")
     if "OUTSIDE" in md or " within" not in md:
         sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
     # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)

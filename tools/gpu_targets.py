@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""The GPU targets the course set itself, and the forward's tuning constants, read from a GPU report.
+
+    tools/gpu_targets.py DIR/gpu-report.json     (tools/gpu_report.py also puts this in the report)
+
+Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
+lesson texts quote them) is printed with the report's figure and met / not met; each tuning
+constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kChunkTensorCores,
+kChunkKernelMinTokens: guesses until a report) with the value in the source and the value the
+report's rows pick, and the rows that pick it. A figure the report does not have is said so,
+never guessed. Nothing is changed: the picks are for a person to commit, with the report.
+"""
+import json
+import math
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def constant(path, name):
+    """The value of `inline constexpr ... name = value;` in a source file (None if absent)."""
+    try:
+        text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+    except OSError:
+        return None
+    m = re.search(rf"constexpr\s+\w+\s+{name}\s*=\s*([^;]+);", text)
+    return m.group(1).strip() if m else None
+
+
+def batch_of(shape):
+    m = re.search(r"batch (\d+)", shape)
+    return int(m.group(1)) if m else 1
+
+
+def square(shape):
+    """n of an "n x n ..." shape (None otherwise)."""
+    m = re.match(r"(\d+) x (\d+)\b", shape)
+    return int(m.group(1)) if m and m.group(1) == m.group(2) else None
+
+
+def verdict(ok):
+    return "met" if ok else "**not met**"
+
+
+def cell(rows, title_start, first_cell_start, column):
+    """A lesson 10 table's cell: the first table whose title starts so, its first row whose first
+    cell starts so, the named column's text (None if any is missing)."""
+    for t in rows:
+        if t.get("title", "").startswith(title_start) and column in t.get("columns", []):
+            i = t["columns"].index(column)
+            for r in t.get("rows", []):
+                if str(r[0]).startswith(first_cell_start) and i < len(r):
+                    return str(r[i])
+    return None
+
+
+def number(text, pattern=r"([\d.]+)"):
+    m = re.search(pattern, text or "")
+    return float(m.group(1)) if m else None
+
+
+def summary(report):
+    """Markdown lines: the targets, then the tuning constants."""
+    benches = report.get("benches", {})
+    b07, b08, b09 = (benches.get(f"lesson0{n}_cuda_bench") or {} for n in (7, 8, 9))
+    b10 = benches.get("lesson10_cuda_bench") or {}
+    k07, k08 = b07.get("kernels", []), b08.get("kernels", [])
+    targets, picks = [], []
+
+    def target(what, figure, ok):
+        targets.append(f"| {what} | {figure if figure is not None else 'not in this report'} | "
+                       f"{verdict(ok) if figure is not None else '-'} |")
+
+    # ---- lesson 07: the batched product and decode against the roofline
+    n = max((square(k["shape"]) or 0 for k in k07), default=0)
+    gemv1 = [k["ms"] for k in k07 if k["name"].startswith("gemv_bf16 v") and square(k["shape"]) == n]
+    at8 = {k["name"]: k["ms"] for k in k07 if square(k["shape"]) == n and batch_of(k["shape"]) == 8 and "bf16" in k["shape"]}
+    ours = {name: ms for name, ms in at8.items() if "cuBLAS" not in name}  # the course's kernels
+    if gemv1 and ours:
+        best = min(ours, key=ours.get)
+        r = ours[best] / min(gemv1)
+        theirs = f"; cuBLAS {at8['cuBLAS bf16 GEMM'] / min(gemv1):.2f}x" if "cuBLAS bf16 GEMM" in at8 else ""
+        target(f"batch 8 over one GEMV ({n} x {n} bf16): at most 1.5x", f"{r:.2f}x ({best}{theirs})", r <= 1.5)
+    else:
+        target("batch 8 over one GEMV (bf16): at most 1.5x", None, False)
+    dec = {d.get("batch", 1): d for d in b07.get("decode", []) if re.match(r"(1\.1B shape|small model)", d.get("model", ""))}
+    if 1 in dec:
+        f = dec[1].get("fraction_of_roofline", 0)
+        target("decode of the 1.1B shape at batch 1: at least 70% of its memory roofline", f"{100 * f:.0f}%", f >= 0.7)
+    else:
+        target("decode of the 1.1B shape at batch 1: at least 70% of its memory roofline", None, False)
+    if 1 in dec and 64 in dec:
+        r = dec[64]["tokens_per_s"] / dec[1]["tokens_per_s"]
+        target("decode at batch 64: at least 15x batch 1's tokens/s", f"{r:.1f}x", r >= 15)
+    else:
+        target("decode at batch 64: at least 15x batch 1's tokens/s", None, False)
+
+    # ---- lesson 08: attention against the copy bandwidth
+    paged = [k for k in k08 if k["name"].startswith("paged") and re.match(r"batch 32 x 2048 positions$", k["shape"])]
+    if paged:
+        best = max(paged, key=lambda k: k["fraction_of_copy"])
+        target("paged decode attention, batch 32 x 2,048: at least 60% of copy bandwidth",
+               f"{100 * best['fraction_of_copy']:.0f}% ({best['name']})", best["fraction_of_copy"] >= 0.6)
+    else:
+        target("paged decode attention, batch 32 x 2,048: at least 60% of copy bandwidth", None, False)
+    split = [k for k in k08 if k["name"].startswith("paged, split") and k["shape"] == "batch 1 x 32768 positions"]
+    if split:
+        f = split[0]["fraction_of_copy"]
+        target("split-K, batch 1 x 32K positions: at least 50% of copy bandwidth", f"{100 * f:.0f}%", f >= 0.5)
+    else:
+        target("split-K, batch 1 x 32K positions: at least 50% of copy bandwidth", None, False)
+
+    # ---- lesson 09: version 3 against version 1 at the longest prompt
+    pre = b09.get("prefill", [])
+    if pre:
+        t = max(p["tokens"] for p in pre)
+        ms = {p["version"]: p["ms"] for p in pre if p["tokens"] == t}
+        if 1 in ms and 3 in ms:
+            r = ms[1] / ms[3]
+            target(f"lesson 09, version 3 over version 1 at {t:,} tokens: at least 5x", f"{r:.1f}x", r >= 5)
+    else:
+        target("lesson 09, version 3 over version 1 at 4,096 tokens: at least 5x", None, False)
+
+    # ---- lesson 10: the whole engine on the GPU
+    tables = b10.get("tables", [])
+    v = number(cell(tables, "What a step costs", "1.1B shape", "m = 5"), r"\(([\d.]+)x\)")
+    target("verifying 5 tokens in one step (1.1B shape): at most 1.2x one decode step",
+           None if v is None else f"{v:.2f}x", v is not None and v <= 1.2)
+    lookup = number(cell(tables, "Speculative decoding", "1.1B shape: prompt lookup", "speedup"))
+    target("prompt lookup at k = 4 (1.1B shape): at least 1.5x plain greedy",
+           None if lookup is None else f"{lookup:.2f}x", lookup is not None and lookup >= 1.5)
+    warm = number(cell(tables, "Time to first token", "1.1B shape", "cold / warm"))
+    target("warm time to first token: at least 5x faster than cold (1.1B shape)",
+           None if warm is None else f"{warm:.1f}x", warm is not None and warm >= 5)
+    rows = report.get("serving_table", [])
+    rate = {(r.get("label"), str(r.get("users"))): float(r.get("total_tokens_per_s") or 0) for r in rows}
+    if rate.get(("engine", "32")) and rate.get(("naive", "32")):
+        r = rate[("engine", "32")] / rate[("naive", "32")]
+        target("the engine at 32 users: at least 10x naive serving's tokens/s", f"{r:.1f}x", r >= 10)
+    else:
+        target("the engine at 32 users: at least 10x naive serving's tokens/s", None, False)
+
+    # ---- the tuning constants
+    def pick(name, path, value, why):
+        now = constant(path, name)
+        picks.append(f"| `{name}` ({path}) | {now} | {value if value is not None else 'not in this report'} | {why} |")
+
+    tensor = {}  # variant: [ms over every (n, batch) it ran]
+    for k in k07:
+        m = re.match(r"tensor_gemm_bf16 v(\d+)$", k["name"])
+        if m:
+            tensor.setdefault(int(m.group(1)), []).append(k["ms"])
+    variant = None
+    if tensor:
+        geo = {v: math.exp(sum(math.log(x) for x in ms) / len(ms)) for v, ms in tensor.items()}
+        variant = min(geo, key=geo.get)
+        why = "geometric mean ms over its rows: " + ", ".join(f"v{v} {geo[v]:.4f}" for v in sorted(geo))
+    else:
+        why = "lesson 07's tensor_gemm_bf16 rows"
+    pick("kTensorGemmVariant", "lessons/07_cuda_decoder/fused_kernels.hpp", variant, why)
+
+    min_batch, notes = None, []
+    if variant is not None:
+        for size in sorted({square(k["shape"]) for k in k07 if k["name"] == f"tensor_gemm_bf16 v{variant}"}):
+            t = {batch_of(k["shape"]): k["ms"] for k in k07 if k["name"] == f"tensor_gemm_bf16 v{variant}" and square(k["shape"]) == size}
+            s = {batch_of(k["shape"]): k["ms"] for k in k07 if k["name"] == "skinny_gemm_bf16" and square(k["shape"]) == size}
+            batches = sorted(b for b in t if b in s)
+            wins = [b for b in batches if all(t[c] < s[c] for c in batches if c >= b)]
+            first = min(wins) if wins else None
+            notes.append(f"{size}: " + ", ".join(f"batch {b} {t[b]:.4f} / {s[b]:.4f} ms" for b in batches))
+            if first is None:
+                min_batch = "none (the skinny GEMM wins at every batch)"
+            elif not isinstance(min_batch, str):
+                min_batch = max(min_batch or 0, first)
+    pick("kTensorGemmMinBatch", "lessons/07_cuda_decoder/fused_kernels.hpp", min_batch,
+         "the smallest batch from which the chosen variant beats your skinny GEMM at every larger one (tensor / skinny: "
+         + "; ".join(notes) + ")" if notes else "lesson 07's tensor and skinny rows")
+
+    chunks = {}  # chunk shape: {design: ms}
+    for k in k08:
+        if k["shape"].startswith("chunk of "):
+            chunks.setdefault(k["shape"], {})[k["name"]] = k["ms"]
+    decode_name, cuda_name, tc_name = ("chunk rows through your decode kernel", "chunk kernel (tiles of 32 rows)",
+                                       "chunk kernel on tensor cores (tiles of 32 rows)")
+    size = lambda shape: int(re.match(r"chunk of (\d+)", shape).group(1))  # noqa: E731
+    tc_rows = [(s, d) for s, d in chunks.items() if tc_name in d and cuda_name in d and size(s) >= 32]
+    use_tc = all(d[tc_name] < d[cuda_name] for _, d in tc_rows) if tc_rows else None
+    pick("kChunkTensorCores", "lessons/08_cuda_paged_attention/chunk_attention.hpp",
+         None if use_tc is None else str(use_tc).lower(),
+         "tensor cores / CUDA cores, chunks of 32 tokens and more: "
+         + ", ".join(f"{size(s)}: {d[tc_name]:.4f} / {d[cuda_name]:.4f} ms" for s, d in sorted(tc_rows, key=lambda x: size(x[0]))))
+    design = tc_name if use_tc else cuda_name
+    rows_ = sorted(((size(s), d) for s, d in chunks.items() if design in d and decode_name in d), key=lambda x: x[0])
+    wins = [n for n, _ in rows_ if all(d[design] < d[decode_name] for m, d in rows_ if m >= n)]
+    first = None if not rows_ else (min(wins) if wins else "none (the decode kernel wins at every size)")
+    if isinstance(first, int) and first == rows_[0][0]:
+        first = f"{first} or fewer (the smallest chunk measured)"
+    pick("kChunkKernelMinTokens", "lessons/08_cuda_paged_attention/cuda_paged.hpp", first,
+         "the chunk kernel / your decode kernel over a chunk's rows: "
+         + ", ".join(f"{n}: {d[design]:.4f} / {d[decode_name]:.4f} ms" for n, d in rows_))
+
+    return (["| target | this report | |", "| --- | --- | --- |"] + targets + ["",
+            "| tuning constant | in the source | this report picks | from |", "| --- | --- | --- | --- |"] + picks)
+
+
+def main():
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "gpu-check", "gpu-report.json")
+    with open(path, encoding="utf-8") as f:
+        print("\n".join(summary(json.load(f))))
+
+
+if __name__ == "__main__":
+    main()
