@@ -105,10 +105,11 @@ def summary(report):
                f"{100 * best['fraction_of_copy']:.0f}% ({best['name']})", best["fraction_of_copy"] >= 0.6)
     else:
         target("paged decode attention, batch 32 x 2,048: at least 60% of copy bandwidth", None, False)
-    split = [k for k in k08 if k["name"].startswith("paged, split") and k["shape"] == "batch 1 x 32768 positions"]
-    if split:
-        f = split[0]["fraction_of_copy"]
-        target("split-K, batch 1 x 32K positions: at least 50% of copy bandwidth", f"{100 * f:.0f}%", f >= 0.5)
+    split = [k for k in k08 if "split" in k["name"] and k["shape"] == "batch 1 x 32768 positions"]
+    if split:  # yours, and the second design split as many ways
+        best = max(split, key=lambda k: k["fraction_of_copy"])
+        target("split-K, batch 1 x 32K positions: at least 50% of copy bandwidth",
+               f"{100 * best['fraction_of_copy']:.0f}% ({best['name']})", best["fraction_of_copy"] >= 0.5)
     else:
         target("split-K, batch 1 x 32K positions: at least 50% of copy bandwidth", None, False)
 

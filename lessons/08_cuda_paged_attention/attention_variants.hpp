@@ -25,4 +25,13 @@ namespace infer::gpu {
 /// off a 16-byte boundary, and another warp count (infer::Error naming the function).
 void paged_decode_attention_tiled(const PagedBatch& a, int warps = 4);
 
+/// The same design split over the context as your paged_decode_attention_split(): one launch
+/// computes every (sequence, K/V head, split) partial, split s reading split_range(length,
+/// num_splits, s)'s positions, into your workspace layout, then your merge_attention_partials()
+/// combines them into a.out. For the blocks a batch of a few sequences leaves idle (at batch 1, a
+/// block per K/V head: 8 on a GPU of 132 multiprocessors). Refuses num_splits outside [1, 65535]
+/// and a null workspace, and as paged_decode_attention_tiled().
+void paged_decode_attention_tiled_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse,
+                                        int warps = 4);
+
 }  // namespace infer::gpu

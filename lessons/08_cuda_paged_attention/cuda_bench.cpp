@@ -10,17 +10,18 @@
 //      128): lesson 07's decode_attention (a launch per sequence, a block per query head), your
 //      paged kernel over tables whose blocks lie in order, and over shuffled tables, at block
 //      sizes 8, 16 and 32. Shuffled against in-order is the cost of paging. Beside yours, at
-//      block size 16, a second design (attention_variants.hpp: 32 positions a warp), its output
-//      compared with yours (the largest difference and a verdict against lesson 08's tolerance,
-//      printed and in the JSON's notes), and both at head_dim 64 too (the 1.1B shape's heads);
+//      block size 16, a second design (attention_variants.hpp: 32 positions a warp; 4 or 8 warps a
+//      block; and split 2 and 4 ways over the context), its output compared with yours (the
+//      largest difference and a verdict against lesson 08's tolerance, printed and in the JSON's
+//      notes), and both at head_dim 64 too (the 1.1B shape's heads);
 //      then the second design's edge cases, correctness only (lengths 1 to 200 in one batch,
-//      groups of 1 and 12, head_dim 256, blocks of 3).
+//      groups of 1 and 12, head_dim 256, blocks of 3; split 3 and 8 ways).
 //   1d. a prompt chunk's attention (chunks of 8 to 2,048 tokens after up to 2,040 cached, the
 //      1.1B shape's heads): its rows through your decode kernel, one row at a time, against the
 //      given chunk kernel's tiles of 32 rows (chunk_attention.hpp) in its two designs, CUDA cores and
 //      tensor cores, each output checked first.
 //   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
-//      split, and the speedup.
+//      split, and the speedup; the second design split as many ways beside them.
 //   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
 //      positions cached: lesson 07's engine against the paged, split one.
 //
@@ -66,18 +67,23 @@ struct Result {
   double bytes = 0, ms = 0;
 };
 
-/// Runs your paged_decode_attention on `a` and the second design on the same inputs, each into
-/// an output first filled with NaN (so that an element left unwritten shows), and says how far
-/// apart they are: the largest |theirs - yours| against lesson 08's tolerance, 1e-4 + 1e-4 |yours|
-/// (a NaN anywhere is outside it).
-std::string check_variant(const gpu::PagedBatch& a, const std::string& label, int warps = 4) {
+/// Runs your paged_decode_attention on `a` and the second design on the same inputs (split
+/// `splits` ways over the context, where `splits` > 0), each into an output first filled with NaN
+/// (so that an element left unwritten shows), and says how far apart they are: the largest
+/// |theirs - yours| against lesson 08's tolerance, 1e-4 + 1e-4 |yours| (a NaN anywhere is outside it).
+std::string check_variant(const gpu::PagedBatch& a, const std::string& label, int warps = 4, int splits = 0) {
   const size_t n = static_cast<size_t>(a.batch) * a.heads * a.head_dim;
   DeviceArray<float> yours(n), theirs(n);
   yours.fill_bytes(0xFF), theirs.fill_bytes(0xFF);
   gpu::PagedBatch y = a, t = a;
   y.out = yours.get(), t.out = theirs.get();
   gpu::paged_decode_attention(y);
-  gpu::paged_decode_attention_tiled(t, warps);
+  if (splits > 0) {
+    DeviceArray<float> po(n * splits), pl(static_cast<size_t>(a.batch) * a.heads * splits);
+    gpu::paged_decode_attention_tiled_split(t, splits, po.get(), pl.get(), warps);
+  } else {
+    gpu::paged_decode_attention_tiled(t, warps);
+  }
   const std::vector<float> hy = yours.download(), ht = theirs.download();
   double diff = 0, big = 0;
   bool within = true;
@@ -87,7 +93,8 @@ std::string check_variant(const gpu::PagedBatch& a, const std::string& label, in
     big = std::max(big, static_cast<double>(std::abs(hy[i])));
     within = within && d <= 1e-4 + 1e-4 * std::abs(hy[i]);
   }
-  return cat("32 positions a warp (", warps, " warps a block) against yours, ", label, ": largest difference ", diff, " (largest output ", big,
+  return cat("32 positions a warp (", warps, " warps a block", splits > 0 ? cat(", split ", splits, " ways") : "",
+             ") against yours, ", label, ": largest difference ", diff, " (largest output ", big,
              "): ", within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|");
 }
 
@@ -125,6 +132,20 @@ int main(int argc, char** argv) {
     const int heads = 32, kv_heads = 8, hd = 128, kvd = kv_heads * hd;
     std::vector<Result> results;
     std::vector<std::string> checks;  // the second design's output against yours
+    // The second design split 2 and 4 ways over the context (4 warps): more blocks where a batch
+    // gives few (batch 32 x 8 K/V heads: 256 blocks of 4 warps for 132 multiprocessors). Each
+    // checked against yours, then timed.
+    auto time_tiled_splits = [&](const gpu::PagedBatch& a, const std::string& shape, double bytes,
+                                 const std::string& label) {
+      for (const int splits : {2, 4}) {
+        checks.push_back(check_variant(a, label, 4, splits));
+        const size_t rows = static_cast<size_t>(a.batch) * a.heads;
+        DeviceArray<float> po(rows * splits * a.head_dim), pl(rows * splits);
+        results.push_back({cat("paged (32 a warp, 4 warps), shuffled, split ", splits), shape, bytes, cuda_time_ms([&] {
+                             gpu::paged_decode_attention_tiled_split(a, splits, po.get(), pl.get());
+                           }, reps)});
+      }
+    };
 
     // 1. Contiguous against paged: batch 32 at 2,048 positions.
     {
@@ -164,6 +185,7 @@ int main(int argc, char** argv) {
             results.push_back({cat("paged (32 a warp, ", warps, " warps), ", shuffled ? "shuffled" : "in-order"), shape,
                                bytes, cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a, warps); }, reps)});
           }
+          if (shuffled) time_tiled_splits(a, shape, bytes, cat(shape, ", shuffled, head_dim ", hd));
         }
       }
     }
@@ -187,6 +209,7 @@ int main(int argc, char** argv) {
         results.push_back({cat("paged (32 a warp, ", warps, " warps), shuffled"), shape, bytes,
                            cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a, warps); }, reps)});
       }
+      time_tiled_splits(a, shape, bytes, cat(shape, ", shuffled"));
     }
     // 1c. The second design's edges, correctness only: lengths that leave tiles, lanes and warps
     // idle (1 to 200 in one batch), a group of 1 and one of 12 (two blocks a K/V head), head_dim
@@ -206,6 +229,10 @@ int main(int argc, char** argv) {
         if (warps == 4 || d <= 128)
           checks.push_back(
               check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs), warps));
+      // Split: ranges that end inside a tile, and (8 ways over 1 position) empty ones.
+      for (const int splits : {3, 8})
+        checks.push_back(
+            check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs), 4, splits));
     }
 
     // 1d. A prompt chunk through the pool: n rows of one sequence after L cached positions (the
@@ -284,6 +311,12 @@ int main(int argc, char** argv) {
       results.push_back({"paged, one pass", cat("batch 1 x ", length, " positions"), bytes, p.one_pass_ms});
       results.push_back({cat("paged, split ", p.splits, " ways"), cat("batch 1 x ", length, " positions"), bytes,
                          p.split_ms});
+      // The second design, split as many ways (checked against yours first).
+      checks.push_back(check_variant(a, cat("batch 1 x ", length, " positions, shuffled"), 4, p.splits));
+      results.push_back({cat("paged (32 a warp, 4 warps), split ", p.splits, " ways"), cat("batch 1 x ", length, " positions"),
+                         bytes, cuda_time_ms([&] {
+                           gpu::paged_decode_attention_tiled_split(a, p.splits, po.get(), pl.get());
+                         }, reps)});
     }
 
     // 3. A whole decode step at a long context: the 1.1B shape (TinyLlama's: 22 layers, hidden
