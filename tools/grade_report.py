@@ -164,7 +164,8 @@ def print_table(report, colour):
     t = report
     print(f"{'total':<28} {t['earned']:>4}/{t['total']:<4}")
     if t.get("ungraded"):
-        print(f"(and {t['ungraded']} points of CUDA cases, graded only on a machine with a CUDA device)")
+        print(f"(and {t['ungraded']} points of CUDA cases, graded only on a machine with a CUDA device; "
+              "without one, ./course check NN --emulate runs them on the processor where the CUDA toolkit is)")
     print(f"graded: {describe_code(t.get('student_code'))}, against the course at {describe_code(t.get('course_code'))}")
 
 

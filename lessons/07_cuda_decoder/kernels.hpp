@@ -46,7 +46,9 @@ void gemv_f32(int version, const float* w, const float* x, float* y, int rows, i
 /// y = W x with bfloat16 weights (rows * cols uint16_t, row-major), float32 x, y and sums.
 /// - version 1: one warp per row, one weight (2 bytes) per lane per load;
 /// - version 2: one warp per row, eight weights (16 bytes) per lane per load; when cols is not a
-///   multiple of 8 (rows not on 16-byte boundaries), version 2 runs version 1.
+///   multiple of 8 (rows not on 16-byte boundaries), version 2 runs version 1. Memory is
+///   little-endian on the GPU as on x86: of a 32-bit word loaded at column c, the low 16 bits are
+///   column c and the high 16 bits column c + 1.
 void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int rows, int cols);
 
 /// Y = X W^T for a batch of vectors: x [batch, cols] (row b is sequence b's input), y [batch, rows],
@@ -64,8 +66,8 @@ void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int 
 /// 4 warps takes 16 weight rows (4 per warp) and walks the columns in tiles of 256: for each tile
 /// it first stages every batch row's 256 values of x in shared memory (float4 loads, the whole
 /// block, then a __syncthreads()), then each lane reads its 8 columns of each of its warp's 4
-/// rows with 16-byte loads and multiplies them by every staged x row, keeping 4 x kB partial sums
-/// in registers. So a weight crosses from memory once per 16 batch rows, and a value of x is read
+/// rows with 16-byte loads and multiplies them by every staged x row, keeping 4 x B partial sums
+/// in registers (B: the launch's batch rows, at most 16). So a weight crosses from memory once per 16 batch rows, and a value of x is read
 /// from memory once per block and from shared memory once per 4 weight rows, not once per weight
 /// (gemv_batch's cost). Batches above 16 go through in chunks of 16 (one launch each). Needs cols
 /// a multiple of 8 and w and x on 16-byte boundaries (as cudaMalloc returns them), so that every
@@ -78,7 +80,7 @@ void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int
 
 /// RMSNorm of each row of x [rows, cols] into y, with gain `weight` [cols]:
 /// y = x / sqrt(mean(x^2) + eps) * weight. One block per row, its threads reducing the sum of
-/// squares through shared memory.
+/// squares through shared memory. Throws for rows or cols below 1, or a null pointer.
 void rms_norm(const float* x, const float* weight, float* y, int rows, int cols, float eps);
 
 /// Rotary embedding in place, rotate-half layout (lesson 00's apply_rope): x [rows, heads *
@@ -93,12 +95,13 @@ void add(float* x, const float* y, long n);
 /// CUDA model writes over gate). Throws for n < 1.
 void swiglu(const float* gate, const float* up, float* out, long n);
 
-/// Softmax of each row of x [rows, cols], in place, the row's maximum subtracted first.
+/// Softmax of each row of x [rows, cols], in place, the row's maximum subtracted first. Throws for
+/// rows or cols below 1, or a null pointer.
 void softmax_rows(float* x, int rows, int cols);
 
 /// out [n, hidden] = the rows of table [vocab, hidden] for ids [n] (a device array). An id
 /// outside [0, vocab) writes a row of NaN (a kernel cannot throw; the host checks ids first
-/// where it has them).
+/// where it has them). Throws for n, vocab or hidden below 1, or a null pointer.
 void embedding(const float* table, const int* ids, float* out, int n, int vocab, int hidden);
 
 /// Decode attention for one sequence: the single query q [heads * head_dim] (already rotated)

@@ -37,7 +37,8 @@ def launch(match):
         cfg.append("0")
     if len(cfg) != 3:
         raise SystemExit(f"emulate_cu.py: a launch with a stream is not emulated: {match.group(0)}")
-    call = f"::emu::launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}" + (f", {args}" if args.strip() else "") + ");"
+    name = '"' + " ".join(kernel.split()).replace("\\", "\\\\").replace('"', '\\"') + '"'  # for messages
+    call = f"::emu::launch({name}, {cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}" + (f", {args}" if args.strip() else "") + ");"
     # The lines that follow stay where they were (#line): as many newlines as the launch had.
     return call + "\n" * (match.group(0).count("\n") - call.count("\n"))
 

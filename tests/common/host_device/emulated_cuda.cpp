@@ -98,6 +98,7 @@ struct Block {
   std::vector<Fiber> fibers;
   std::vector<unsigned char> shared;
   std::vector<uint64_t> slots;  // 2 x 32 per warp: the shuffles' exchange (warp_slots())
+  std::vector<long> numbers;    // beside each slot: the number of the shuffle that wrote it
   std::vector<long> shuffles;   // per thread: its shuffles so far
   std::map<void*, long> fresh;  // static shared arrays: the block that last filled each one
   int current = 0, live = 0, at_block = 0;
@@ -107,6 +108,7 @@ struct Block {
 };
 
 thread_local Block* block = nullptr;
+thread_local const char* kernel_name = "";  // the launch's, for messages
 
 int warp_of(int t) { return t / 32; }
 
@@ -218,13 +220,36 @@ unsigned char* dynamic_shared() {  // on a 128-byte boundary, as a GPU's is
 }
 void sync_block() { wait(Wait::block); }
 void sync_warp() { wait(Wait::warp); }
-uint64_t* warp_slots() {
+WarpSlots warp_slots() {
   const int t = block->current;
-  const int phase = block->shuffles[static_cast<size_t>(t)]++ % 2;  // this lane's shuffles so far
-  return block->slots.data() + 64 * warp_of(t) + 32 * phase;
+  const long number = block->shuffles[static_cast<size_t>(t)]++;  // this lane's shuffles so far
+  const size_t first = static_cast<size_t>(64 * warp_of(t) + 32 * (number % 2));
+  return {block->slots.data() + first, block->numbers.data() + first, number};
 }
 
-void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void()>& body) {
+std::string where() {
+  return infer::cat("kernel ", kernel_name, ", block (", block_idx.x, ", ", block_idx.y, ", ", block_idx.z, "), thread (",
+                    thread_idx.x, ", ", thread_idx.y, ", ", thread_idx.z, ")");
+}
+
+void shuffle_from_absent_lane(int src) {
+  const long n = static_cast<long>(block_dim.x) * block_dim.y * block_dim.z;
+  const long absent = 32L * warp_of(block->current) + src;
+  throw infer::Error(infer::cat("emulated shuffle: ", where(), " (lane ", lane(), ") read lane ", src, ", which ",
+                                absent >= n ? "the block does not have (it has " + std::to_string(n) + " threads)"
+                                            : "has returned",
+                                ": undefined on a GPU (the value is garbage). Every lane a shuffle reads must "
+                                "reach that shuffle: keep lanes in the loop (with a neutral value) instead of "
+                                "returning early"));
+}
+
+void require_whole_warp(unsigned took_part) {
+  infer::require(took_part == 0xffffffffu, "emulated WMMA: ", where(),
+                 ": a tensor-core operation needs every lane of the warp, and some lane has returned");
+}
+
+void run(const char* kernel, dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void()>& body) {
+  kernel_name = kernel;
   const long n = static_cast<long>(threads.x) * threads.y * threads.z;
   infer::require(n >= 1 && n <= 1024, "emulated launch: ", n, " threads a block (expected 1 to 1,024)");
   infer::require(grid.x >= 1 && grid.y >= 1 && grid.z >= 1, "emulated launch: an empty grid");
@@ -257,6 +282,7 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
         b.shared.assign(shared_bytes + 128, 0xFF);
         b.live = static_cast<int>(n), b.at_block = 0;
         b.shuffles.assign(static_cast<size_t>(n), 0);
+        b.numbers.assign(static_cast<size_t>(warps) * 64, -1);  // no shuffle wrote any slot yet
         b.warp_live.assign(static_cast<size_t>(warps), 0), b.at_warp.assign(static_cast<size_t>(warps), 0);
         for (long t = 0; t < n; ++t) {
           Fiber& f = b.fibers[static_cast<size_t>(t)];
@@ -285,8 +311,16 @@ void run(dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void(
             ran = true;
             if (f.done) ++finished;
           }
-          infer::require(ran || finished == n, "emulated launch: block (", x, ", ", y, ", ", z,
-                         ") is stuck: a live thread never reaches the barrier or shuffle others wait at");
+          if (!ran && finished < n) {
+            int at_block = 0, at_warp = 0;
+            for (const Fiber& f : b.fibers) at_block += f.waiting == Wait::block, at_warp += f.waiting == Wait::warp;
+            throw infer::Error(infer::cat(
+                "emulated launch: kernel ", kernel, ", block (", x, ", ", y, ", ", z, ") of ", n, " threads is stuck: ",
+                at_block, " wait at __syncthreads(), ", at_warp, " at a warp operation (__syncwarp, a shuffle, a vote, "
+                "WMMA), ", finished, " have returned, and none can go on. A barrier that some thread of the block (or "
+                "lane of the warp) never reaches: inside a branch not every thread takes, or after some threads "
+                "returned early?"));
+          }
         }
         if (b.error) std::rethrow_exception(b.error);
       }

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -59,7 +60,11 @@ extern thread_local uint3 thread_idx, block_idx;
 /// thread a fiber; `shared_bytes` of dynamic shared memory per block (filled with 0xFF: a float
 /// read before it is written is NaN). Throws infer::Error for a deadlock (a barrier some live
 /// thread never reaches) or more than 1,024 threads a block.
-void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+/// `kernel` names the kernel in what it throws (the launch's text, as emulate_cu.py copies it).
+void run(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+
+/// Where the calling fiber is, for a message: "kernel K, block (x, y, z), thread (x, y, z)".
+std::string where();
 
 /// The block's dynamic shared memory (extern __shared__).
 unsigned char* dynamic_shared();
@@ -79,24 +84,46 @@ void sync_warp();
 /// The slots the calling warp's lanes exchange a shuffle's values through: 32 of them, one per
 /// lane, alternating between two sets from one shuffle to the next. A lane writes a set only after
 /// every lane has passed the shuffle after the one that last read it, so one wait a shuffle does.
-uint64_t* warp_slots();
+/// Beside each value, the number of the writer's shuffle (its count of them so far): a slot whose
+/// number is not the reader's own was not written by this shuffle (its lane has returned, or the
+/// warp has no such lane).
+struct WarpSlots {
+  uint64_t* values;
+  long* numbers;
+  long number;  // the calling lane's shuffle
+};
+WarpSlots warp_slots();
 
 /// Every lane's `v`, exchanged: out[i] is lane i's (the shuffles and votes are built on it).
+/// Returns the lanes that took part (bit i: lane i wrote out[i] in this exchange; the others'
+/// out[i] is stale).
 template <typename T>
-void exchange(T v, T (&out)[32]) {
+unsigned exchange(T v, T (&out)[32]) {
   static_assert(sizeof(T) <= 8);
-  uint64_t* slots = warp_slots();
+  const WarpSlots slots = warp_slots();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  slots[lane()] = bits;
+  slots.values[lane()] = bits, slots.numbers[lane()] = slots.number;
   sync_warp();
-  for (int i = 0; i < 32; ++i) std::memcpy(&out[i], &slots[i], sizeof(T));
+  unsigned took_part = 0;
+  for (int i = 0; i < 32; ++i) {
+    std::memcpy(&out[i], &slots.values[i], sizeof(T));
+    if (slots.numbers[i] == slots.number) took_part |= 1u << i;
+  }
+  return took_part;
 }
 
+/// Throws infer::Error: the calling lane's shuffle read lane `src`, which took no part in it.
+[[noreturn]] void shuffle_from_absent_lane(int src);
+/// Throws infer::Error unless every lane took part (`took_part`, exchange()'s): WMMA's rule.
+void require_whole_warp(unsigned took_part);
+
+/// Lane `src_lane`'s `v`. Reading a lane that has returned or does not exist is undefined on a
+/// GPU (the value is garbage): here it throws, naming the kernel and the lanes.
 template <typename T>
 T shuffle_from(T v, int src_lane) {
   T all[32];
-  exchange(v, all);
+  if (!(exchange(v, all) >> (src_lane & 31) & 1u)) shuffle_from_absent_lane(src_lane & 31);
   return all[src_lane & 31];
 }
 
@@ -125,11 +152,11 @@ void set_shared_limit(const void* kernel, int bytes);
 /// launch asking for more dynamic shared memory than the kernel may take throws infer::Error, as
 /// a GPU's launch fails (cudaErrorInvalidValue, which cuda_check_launch would report).
 template <typename G, typename B, typename... P, typename... A>
-void launch(G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
+void launch(const char* name, G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
   check_shared(reinterpret_cast<const void*>(kernel), shared);
-  launch_or_record([g = to_dim3(grid), b = to_dim3(block), shared, kernel,
+  launch_or_record([name, g = to_dim3(grid), b = to_dim3(block), shared, kernel,
                     params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
-    run(g, b, shared, [&] { std::apply(kernel, params); });
+    run(name, g, b, shared, [&] { std::apply(kernel, params); });
   });
 }
 
@@ -143,7 +170,8 @@ void launch(G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
 #define warpSize 32
 
 // The warp's operations. Their masks are taken as the whole warp (the course's kernels use no
-// other): a lane that a shuffle reads must not have returned (undefined on a GPU; stale here).
+// other): a lane that a shuffle reads must not have returned (undefined on a GPU; an error here),
+// and a vote counts a returned lane as false (as a GPU counts an inactive one).
 inline void __syncthreads() { emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::sync_warp(); }
 inline unsigned __activemask() { return 0xffffffffu; }
@@ -174,10 +202,10 @@ T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
 }
 inline unsigned __ballot_sync(unsigned, int predicate) {
   int all[32];
-  emu::exchange(predicate ? 1 : 0, all);
+  const unsigned took_part = emu::exchange(predicate ? 1 : 0, all);
   unsigned bits = 0;
   for (int i = 0; i < 32; ++i) bits |= static_cast<unsigned>(all[i] != 0) << i;
-  return bits;
+  return bits & took_part;
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
 inline int __all_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) == 0xffffffffu; }
@@ -374,7 +402,7 @@ void gather_tile(const F& f, T (&tile)[F::rows * F::cols]) {
   for (int w = 0; w < words; ++w) {
     uint64_t word = 0, all[32];
     std::memcpy(&word, reinterpret_cast<const unsigned char*>(f.x) + 8 * w, std::min(8, bytes - 8 * w));
-    emu::exchange(word, all);
+    emu::require_whole_warp(emu::exchange(word, all));
     for (int l = 0; l < 32; ++l) {
       T part[per_word];
       std::memcpy(static_cast<void*>(part), &all[l], sizeof(part));
