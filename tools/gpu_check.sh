@@ -39,7 +39,8 @@ while [ $# -gt 0 ]; do
     --build-only) build_only=1; shift ;;
     --whole-catalogue) whole_catalogue=1; shift ;;
     --steps)
-      steps_on=$(echo "${2:?--steps needs a list such as tests,benches}" | tr ',' ' ')
+      [ $# -ge 2 ] && [ -n "${2//[, ]/}" ] || { echo "gpu-check: --steps needs a list such as tests,benches" >&2; exit 2; }
+      steps_on=${2//,/ }
       for s in $steps_on; do
         [[ " tests sanitizers benches catalogue " == *" $s "* ]] ||
           { echo "gpu-check: unknown step '$s' (expected tests, sanitizers, benches or catalogue)" >&2; exit 2; }
@@ -52,7 +53,35 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 steps="$out/steps.tsv"
-: >"$steps"
+# A call with --steps adds to the last call's report in DIR when both ran the same commit: its
+# steps' lines and outputs are replaced, the others' kept (so `--steps tests,benches`, then
+# `--steps sanitizers,catalogue` make one report). Otherwise DIR starts empty of reports.
+this_commit=${commit:-$(git rev-parse HEAD 2>/dev/null || cat .gpu-commit 2>/dev/null || echo unknown)}
+category() {  # a steps.tsv line's step: tests, sanitizers, benches, catalogue, or build
+  case "$1" in
+    tests*|"cuda tests"*) echo tests ;; compute-sanitizer*) echo sanitizers ;;
+    bench*|"serving table"*) echo benches ;; known-wrong*) echo catalogue ;; *) echo build ;;
+  esac
+}
+kept=""
+if [ "$steps_on" != "tests sanitizers benches catalogue" ] && [ -f "$steps" ] &&
+   [ "$(cat "$out/commit" 2>/dev/null)" = "$this_commit" ]; then
+  while IFS= read -r line; do
+    c=$(category "${line%%$'	'*}")
+    [ "$c" = build ] || [[ " $steps_on " == *" $c "* ]] || kept+="$line"$'
+'
+  done <"$steps"
+  for s in $steps_on; do
+    case "$s" in
+      tests) rm -f "$out"/*.junit.xml ;;
+      benches) rm -rf "$out"/*_bench.json "$out"/serving ;;
+    esac
+  done
+else
+  rm -rf "$out"/*.junit.xml "$out"/*_bench.json "$out"/serving "$out"/gpu-proven.txt
+fi
+printf '%s' "$kept" >"$steps"
+echo "$this_commit" >"$out/commit"
 start=$SECONDS
 PY=$(command -v python3 || echo /usr/bin/python3)
 
@@ -184,7 +213,7 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
 fi
 
 # --------------------------------------------------------------- 7. report --
-[ -n "$commit" ] || commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu-commit 2>/dev/null || echo unknown)
+commit=$this_commit
 "$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
-  --lessons "$only" --steps "$steps_on"
+  --lessons "$only" --steps "$steps_on" --continued "$([ -n "$kept" ] && echo 1 || echo 0)"
 ! grep -qP '\t(failed|timed out)\t' "$steps"

@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=0)
     ap.add_argument("--lessons", default="", help="the lessons --lessons limited the sanitizers, benches and catalogue to")
     ap.add_argument("--steps", default="tests sanitizers benches catalogue", help="the steps --steps ran after the build")
+    ap.add_argument("--continued", default="0", help="1: DIR holds an earlier call's steps too (same commit)")
     a = ap.parse_args()
 
     gpu = ask(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"])
@@ -89,8 +90,10 @@ def main():
     md += [f"- GPU: {report['gpu']}", f"- CUDA compiler: {report['nvcc']}", f"- commit: {report['commit']}",
            f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else "")
            + (f" --lessons {' '.join(report['lessons'])}" if report["lessons"] else "")
-           + (f" --steps {','.join(report['steps_run'])}" if len(report["steps_run"]) < 4 else ""),
-           f"- took: {report['seconds']} s", ""]
+           + (f" --steps {','.join(report['steps_run'])}" if len(report["steps_run"]) < 4 else "")
+           + (" (added to an earlier call's report at the same commit: the steps below are both calls')"
+              if a.continued == "1" else ""),
+           f"- took: {report['seconds']} s" + (" (this call)" if a.continued == "1" else ""), ""]
     md += ["| step | result | seconds | note |", "| --- | --- | --- | --- |"]
     md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in report["steps"]]
     for name, cases in report["tests"].items():
