@@ -250,6 +250,9 @@ def print_first_failure(report, results, root=ROOT):
             out = (res.get("output") if isinstance(res, dict) else res[1]) if res else ""
             if t.get("message") and not (out and t["message"] in out):
                 print(t["message"])
+                if out and "read the output for where" in t["message"]:  # a crash: its last words
+                    lines = [line for line in out.splitlines() if line.strip()]
+                    print("Its output ended:\n" + "\n".join("  " + line for line in lines[-8:]))
             elif out:
                 print(failure_message(out))
             elif t["status"] == "not built":

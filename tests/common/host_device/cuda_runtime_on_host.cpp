@@ -6,15 +6,69 @@
 // every day. It proves nothing about the real kernels: ./course gpu-check does that on a GPU.
 #include <cuda_runtime_api.h>
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "tests/common/host_device/capture.hpp"
 
+// The emulator's "kernel K, block (..), thread (..)" of the fiber running, where it is linked
+// (emulated_cuda.cpp); async-signal-safe: a thread_local buffer.
+extern "C" const char* course_emulated_where() __attribute__((weak));
+
 namespace {
+constexpr size_t kPage = 4096;
+
+struct Buffer {
+  void* base = nullptr;  // the mapping: the buffer's pages and the guard page after them
+  size_t length = 0, size = 0;  // the mapping's bytes; the size cudaMalloc was asked for
+};
+std::mutex buffers_mutex;
+std::map<void*, Buffer> buffers;  // by the pointer cudaMalloc returned
+
+/// SIGSEGV: where the address lies in the guard page after a buffer, says so (and which kernel
+/// thread, emulated, made the access), then lets the signal kill the process as it would have.
+void on_fault(int, siginfo_t* info, void*) {
+  char msg[768];
+  const char* addr = static_cast<const char*>(info->si_addr);
+  int n = 0;
+  if (buffers_mutex.try_lock()) {  // (a fault while the map is being changed: say less)
+    for (const auto& [p, b] : buffers) {
+      const char* start = static_cast<const char*>(p);
+      const char* guard = static_cast<const char*>(b.base) + b.length - kPage;
+      if (addr >= guard && addr < guard + kPage) {
+        n = std::snprintf(msg, sizeof msg,
+                          "\nstand-in device: a read or write past the end of a cudaMalloc'd buffer, at its byte %ld "
+                          "of %zu (address %p, the buffer at %p)%s%s. Past a buffer's end lies another buffer, or "
+                          "nothing, on a GPU: compute-sanitizer's memcheck reports it there.\n",
+                          static_cast<long>(addr - start), b.size, info->si_addr, p,
+                          course_emulated_where && *course_emulated_where() ? ", in " : "",
+                          course_emulated_where ? course_emulated_where() : "");
+        break;
+      }
+    }
+    buffers_mutex.unlock();
+  }
+  if (n > 0 && write(2, msg, static_cast<size_t>(n)) < 0) return;
+}  // SA_RESETHAND: returning runs the access again, now under the default action
+
+void install_fault_handler() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sigaction(SIGSEGV, &sa, nullptr);
+}
+
 using Work = std::vector<std::function<void()>>;
 Work* recording = nullptr;  // the graph being captured (null: none)
 long launched = 0;          // kernels launched from the host (a graph counts once)
@@ -34,15 +88,38 @@ extern "C" {
 
 // As on a GPU, a capture refuses what a graph cannot hold: allocations and synchronous copies.
 
+// Device memory: 256-byte aligned, as cudaMalloc's is (kernels rely on it for wide and
+// tensor-core loads), and each buffer ends where a page nothing may touch begins, so that a kernel
+// (or host code) reading or writing past a buffer's end, beyond the rounding to 256 bytes, stops
+// with a message (on_fault) instead of passing with a neighbour's bytes: what compute-sanitizer's
+// memcheck reports on a GPU.
 cudaError_t cudaMalloc(void** p, size_t size) {
   if (recording) return cudaErrorStreamCaptureUnsupported;
-  // 256-byte aligned, as cudaMalloc's are (kernels rely on it for wide and tensor-core loads).
-  *p = std::aligned_alloc(256, (size + 255) / 256 * 256 + (size == 0 ? 256 : 0));
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  static std::once_flag once;
+  std::call_once(once, install_fault_handler);
+  const size_t used = std::max<size_t>((size + 255) / 256 * 256, 256);
+  const size_t length = (used + kPage - 1) / kPage * kPage + kPage;  // the buffer's pages, then the guard
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return cudaErrorMemoryAllocation;
+  char* guard = static_cast<char*>(base) + length - kPage;
+  mprotect(guard, kPage, PROT_NONE);
+  *p = guard - used;
+  std::lock_guard lock(buffers_mutex);
+  buffers[*p] = {base, length, size};
+  return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
-  std::free(p);
+  if (p == nullptr) return cudaSuccess;
+  Buffer b;
+  {
+    std::lock_guard lock(buffers_mutex);
+    const auto it = buffers.find(p);
+    if (it == buffers.end()) return cudaErrorInvalidValue;
+    b = it->second;
+    buffers.erase(it);
+  }
+  munmap(b.base, b.length);
   return cudaSuccess;
 }
 

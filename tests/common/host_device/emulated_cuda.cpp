@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstring>
 #include <ucontext.h>
 
@@ -231,6 +232,21 @@ std::string where() {
   return infer::cat("kernel ", kernel_name, ", block (", block_idx.x, ", ", block_idx.y, ", ", block_idx.z, "), thread (",
                     thread_idx.x, ", ", thread_idx.y, ", ", thread_idx.z, ")");
 }
+
+}  // namespace emu
+
+/// Where the running fiber is, for the stand-in's fault message (cuda_runtime_on_host.cpp): no
+/// allocation, as a signal handler needs; "" outside a kernel.
+extern "C" const char* course_emulated_where() {
+  thread_local char text[320];
+  if (emu::block == nullptr) return "";
+  std::snprintf(text, sizeof text, "kernel %s, block (%u, %u, %u), thread (%u, %u, %u)", emu::kernel_name,
+                emu::block_idx.x, emu::block_idx.y, emu::block_idx.z, emu::thread_idx.x, emu::thread_idx.y,
+                emu::thread_idx.z);
+  return text;
+}
+
+namespace emu {
 
 void shuffle_from_absent_lane(int src) {
   const long n = static_cast<long>(block_dim.x) * block_dim.y * block_dim.z;
