@@ -339,6 +339,17 @@ GRADED_TEST(Lesson07Kernels, BadShapesThrowNamingTheKernel, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::rms_norm(a.get(), nullptr, c.get(), 1, 4, 1e-5f); }, "rms_norm"));
   EXPECT_TRUE(testing::throws_error_mentioning(
       [&] { decode_attention(a.get(), b.get(), c.get(), a.get(), 2, 3, 2, 4); }, "decode_attention"));
+  // Each throw kernels.hpp promises, before any launch.
+  DeviceArray<int> ids(std::vector<int>{0, 1});
+  DeviceArray<uint16_t> w16(16);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_bf16(3, w16.get(), b.get(), c.get(), 4, 4); }, "version"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_batch_f32(a.get(), b.get(), c.get(), 4, 4, 0); }, "batch"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { skinny_gemm_f32(a.get(), b.get(), c.get(), 4, 4, 0); }, "batch"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::softmax_rows(a.get(), 0, 4); }, "softmax_rows"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::rope(a.get(), ids.get(), 2, 1, 3, 10000.0f); }, "rope"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::add(a.get(), b.get(), 0); }, "add"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::swiglu(a.get(), b.get(), c.get(), 0); }, "swiglu"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gpu::embedding(a.get(), ids.get(), c.get(), 2, 0, 4); }, "embedding"));
 }
 
 }  // namespace
