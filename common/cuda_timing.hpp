@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -109,6 +110,23 @@ void fill_random(DeviceArray<T>& a, uint64_t seed, float scale = 1.0f) {
   for (size_t at = 0; at < a.size(); at += tile.size())
     INFER_CUDA_CHECK(cudaMemcpy(a.get() + at, tile.data(), std::min(tile.size(), a.size() - at) * sizeof(T),
                                 cudaMemcpyHostToDevice));
+}
+
+/// How far one kernel's output lies from another's, as a bench checks it before timing it.
+struct Agreement {
+  double largest = 0;  ///< the largest |got - want|: NaN once any value is NaN, on either side
+  bool within = true;  ///< every value within atol + rtol |want| (a NaN is not)
+};
+
+/// The Agreement of `got` with `want` (the same length), within atol + rtol |want|.
+inline Agreement agreement(const std::vector<float>& want, const std::vector<float>& got, double atol, double rtol) {
+  Agreement a;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(e <= a.largest) && !std::isnan(a.largest)) a.largest = e;  // a NaN makes it NaN, and it stays
+    a.within = a.within && e <= atol + rtol * std::abs(want[i]);
+  }
+  return a;
 }
 
 }  // namespace infer

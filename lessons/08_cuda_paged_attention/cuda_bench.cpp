@@ -85,14 +85,11 @@ std::string check_variant(const gpu::PagedBatch& a, const std::string& label, in
     gpu::paged_decode_attention_tiled(t, warps);
   }
   const std::vector<float> hy = yours.download(), ht = theirs.download();
-  double diff = 0, big = 0;
-  bool within = true;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = std::abs(static_cast<double>(ht[i]) - hy[i]);
-    if (!(d <= diff) && !std::isnan(diff)) diff = d;  // a NaN makes diff NaN, and stays
-    big = std::max(big, static_cast<double>(std::abs(hy[i])));
-    within = within && d <= 1e-4 + 1e-4 * std::abs(hy[i]);
-  }
+  const Agreement agree = agreement(hy, ht, 1e-4, 1e-4);
+  const double diff = agree.largest;
+  const bool within = agree.within;
+  double big = 0;
+  for (const float y : hy) big = std::max(big, static_cast<double>(std::abs(y)));
   return cat("32 positions a warp (", warps, " warps a block", splits > 0 ? cat(", split ", splits, " ways") : "",
              ") against yours, ", label, ": largest difference ", diff, " (largest output ", big,
              "): ", within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|");
@@ -272,13 +269,7 @@ int main(int argc, char** argv) {
         chunk.fill_bytes(0xFF);
         gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
         const std::vector<float> hc = chunk.download();
-        double diff = 0;
-        bool within = true;
-        for (size_t i = 0; i < hy.size(); ++i) {
-          const double e = std::abs(static_cast<double>(hc[i]) - hy[i]);
-          if (!(e <= diff) && !std::isnan(diff)) diff = e;  // a NaN makes diff NaN, and stays
-          within = within && e <= 1e-4 + 1e-4 * std::abs(hy[i]);
-        }
+        const auto [diff, within] = agreement(hy, hc, 1e-4, 1e-4);
         const std::string name = tc ? "chunk kernel on tensor cores (tiles of 32 rows)" : "chunk kernel (tiles of 32 rows)";
         checks.push_back(cat(name, " against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
                              within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));

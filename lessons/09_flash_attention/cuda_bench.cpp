@@ -115,13 +115,7 @@ int main(int argc, char** argv) {
           }
         }
         const double abs_tol = version == 3 ? 2e-2 : 2e-5, rel_tol = version == 3 ? 2e-2 : 2e-4;
-        double diff = 0;
-        bool within = true;
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double e = std::abs(static_cast<double>(got[i]) - v2[i]);
-          if (!(e <= diff) && !std::isnan(diff)) diff = e;  // a NaN makes diff NaN, and stays
-          within = within && e <= abs_tol + rel_tol * std::abs(v2[i]);
-        }
+        const auto [diff, within] = agreement(v2, got, abs_tol, rel_tol);
         if (version != 2) {
           notes.push_back(cat("version ", version, " against version 2, ", t, " tokens: largest difference ", diff, ": ",
                               within ? "within" : "OUTSIDE", " ", abs_tol, " + ", rel_tol, " |v2|"));
