@@ -18,6 +18,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_targets  # noqa: E402  (the report's reading of a shape's batch)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "docs", "gpu-report.md")
 out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "docs", "images")
@@ -95,8 +98,7 @@ os.makedirs(out, exist_ok=True)
 r = first_with(all_runs, "lesson07_cuda_bench")
 fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
 def batch_of(k):
-    m = re.search(r"batch (\d+)", k["shape"])
-    return int(m.group(1)) if m else 1
+    return gpu_targets.batch_of(k["shape"])
 
 
 # The largest square matrix (16,384 on a GPU), one row and batch 8 (the bench also has 2 to 64);
