@@ -301,15 +301,16 @@ TEST(Weights, MissingConfigKeyIsNamed) {
 
 TEST(Linear, EqualsThePlainProductOnOddShapes) {
   // linear() against x * W^T: the register-tiled path (up to kLinearTileRows rows of x: every
-  // remainder of its 4 x 4 tiles) on 1 and 3 threads, the matrix-product path above it; output and
-  // input sizes that are not multiples of a vector's width, of a tile or of the thread count.
+  // remainder of its 4 x 4 tiles; one row of x with whole packets goes through its own loop, 16
+  // and 48 columns) on 1 and 3 threads, the matrix-product path above it; output and input sizes
+  // that are not multiples of a vector's width, of a tile or of the thread count.
   // Tolerance 1e-5 sqrt(cols) + 1e-5 |y| (sums in another order).
   const int threads_before = omp_get_max_threads();
   for (int threads : {1, 3}) {
     omp_set_num_threads(threads);
     for (int n : {1, 2, 3, 4, 5, 7, 8, 9, 33, kLinearTileRows, kLinearTileRows + 1}) {
       for (int out : {1, 3, 17, 130, 1000}) {
-        for (int in : {1, 7, 16, 33, 1023}) {
+        for (int in : {1, 7, 16, 33, 48, 1023}) {
           Rng rng(static_cast<uint64_t>(n * 1000003 + out * 1009 + in));
           Matrix x(n, in), w(out, in);
           for (float& v : x.reshaped()) v = static_cast<float>(rng.normal());
@@ -350,7 +351,7 @@ TEST(Linear, RowsOfWOnOneThreadEqualTheWholeProduct) {
     }
   for (int n : {1, 3, 4, 9, kLinearTileRows + 3})
     for (int out : {5, 130})
-      for (int in : {7, 33}) {
+      for (int in : {7, 33, 48}) {
         Rng rng(static_cast<uint64_t>(n * 7919 + out * 31 + in));
         Matrix x(n, in), w(out, in), y0(n, out);
         for (float& v : x.reshaped()) v = static_cast<float>(rng.normal());
