@@ -13,6 +13,9 @@
 ///   (Eigen's packets: as wide as -march=native allows). Every vector loaded from W or x feeds 4
 ///   multiply-adds, so the loads keep up with the arithmetic, and W is read from memory once
 ///   whatever the batch. That is what lets a batch of 8 or 32 cost little more than a batch of 1.
+///   One row of x (a decode step of one sequence) takes a plainer loop over the same 4 rows of W,
+///   each vector of W loaded straight into its multiply-add: the tile's set-up and prefetches
+///   cost more than they save on a row of a few hundred floats (linear.cpp says by how much).
 /// - **More rows** (prefill): the product is compute-bound, and Eigen's blocked, packed,
 ///   multi-threaded matrix product is near the machine's peak. (Below about 64 rows its packing
 ///   of all of W costs more than it saves: `./course bench engine` shows the batched decode.)
