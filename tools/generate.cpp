@@ -3,7 +3,7 @@
 //   generate --model DIR --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
-//            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]
+//            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]
 //            [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //            [--tensor-parallel-size N]
@@ -65,7 +65,7 @@ void usage(std::ostream& out) {
   out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
-         "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G]]\n"
+         "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]\n"
          "                [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "                [--tensor-parallel-size N]\n"
@@ -88,7 +88,8 @@ void usage(std::ostream& out) {
          "  paged attention reads it; a draft model (--speculative draft or tree) runs there too, in the\n"
          "  same format; --cuda-graphs (with --paged) replays its decode steps from CUDA graphs.\n"
          "  --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;\n"
-         "  int4 in groups of --group G columns, default 32).\n"
+         "  int4 in groups of --group G columns, default 32); --activations int8 (with int4, on the CPU)\n"
+         "  rounds each product's activations to 8 bits too and sums in integers.\n"
          "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started for you),\n"
          "  each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
          "  --speculative tree (temperature 0 only) runs lesson 06's own tree loop: the draft's tree of\n"
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "generate",
                               {"--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group",
+                               "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group", "--activations",
                                "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches",
                                "--tensor-parallel-size"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "-h", "--help"});
@@ -203,7 +204,7 @@ int main(int argc, char** argv) {
     // Quantized at load (lesson 11), before anything is printed: a group that does not divide the
     // model's columns is refused here.
     infer::ModelProjections projections;
-    if (quantized && device == "cpu") projections = infer::quantize_model(model, weight.format, group);
+    if (quantized && device == "cpu") projections = infer::quantize_model(model, weight.format, group, weight.int8_activations);
 #if COURSE_HAVE_CUDA
     // On the GPU each matrix is quantized as it is uploaded (lesson 11's kernels read it there).
     const infer::gpu::DeviceWeights gpu_weights =
@@ -339,7 +340,9 @@ int main(int argc, char** argv) {
       for (const auto& e : engine.log())
         proposed += e.proposed, accepted += e.accepted, most_reserved = std::max(most_reserved, e.reserved_tokens);
       engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)"
-                                                   : "CPU" + (quantized ? " (" + weights + " weights)" : std::string()),
+                                                   : "CPU" + (quantized ? " (" + weights + " weights" +
+                                                                              (weight.int8_activations ? ", int8 activations)" : ")")
+                                                                        : std::string()),
                                tp > 1 ? infer::cat(", tensor parallel over ", tp, " MPI ranks") : std::string(), ", ",
                                engine.log().size(), " steps");
       if (paged)

@@ -3,7 +3,7 @@
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
-//                 [--weights f32|int8|int4 [--group G]] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
+//                 [--weights f32|int8|int4 [--group G] [--activations int8]] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //                 [--tensor-parallel-size N]
 //
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   try {
     const infer::Options opts(argc, argv, "serve_offline",
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
-                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group",
+                               "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group", "--activations",
                                "--speculative", "--num-speculative-tokens", "--draft", "--tensor-parallel-size"},
                               {"-h", "--help", "--paged", "--prefix-cache", "--cuda-graphs"},
                               // vLLM's names for the same options
@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
+                   "                     [--activations int8]\n"
                    "                     [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]] [--tensor-parallel-size N]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
@@ -96,7 +97,8 @@ int main(int argc, char** argv) {
                    "  int8 and int4 with lesson 11's);\n"
                    "  with --paged, the pool lives on the GPU and lesson 08's paged attention reads it.\n"
                    "  --weights int8|int4 runs the engine with its projections quantized at load\n"
-                   "  (lesson 11; int4 in groups of --group G columns, default 32).\n"
+                   "  (lesson 11; int4 in groups of --group G columns, default 32); --activations int8 (with int4,\n"
+                   "  on the CPU) rounds each product's activations to 8 bits too and sums in integers.\n"
                    "  --tensor-parallel-size N runs the engine over N MPI ranks (lesson 12; mpirun is started\n"
                    "  for you), each holding 1/N of the model's heads and MLP units; rank 0 prints.\n"
                    "  --speculative ngram|draft decodes speculatively inside the engine (lesson 06): prompt\n"
@@ -194,7 +196,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<infer::TensorParallelRunner> tp_runner;
     if (comm) {
       auto shards = infer::tensor_parallel(
-          quantized ? infer::quantize_model(model, weight.format, group) : infer::float_projections(model), *comm);
+          quantized ? infer::quantize_model(model, weight.format, group, weight.int8_activations)
+                    : infer::float_projections(model), *comm);
       tp_runner = paged ? std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, num_blocks, block_size)
                         : std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, slots);
       if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
@@ -219,7 +222,8 @@ int main(int argc, char** argv) {
         memory = tp_runner->memory();
       forward = std::move(tp_runner);
     } else if (device == "cpu") {
-      forward = quantized ? std::make_unique<infer::CpuRunner>(model, infer::quantize_model(model, weight.format, group))
+      forward = quantized ? std::make_unique<infer::CpuRunner>(
+                                  model, infer::quantize_model(model, weight.format, group, weight.int8_activations))
                           : std::make_unique<infer::CpuRunner>(model);
     }
     infer::PrefixKVManager* prefix = nullptr;

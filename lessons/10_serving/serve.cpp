@@ -3,7 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
-//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G]]
+//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G] [--activations int8]]
 //       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
@@ -20,7 +20,8 @@
 // the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
 // client has to send a request's headers, and then its body (10 s), before its connection is
 // closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
-// INT4 in groups of G columns, 32 by default). --tensor-parallel-size N runs the engine over N MPI
+// INT4 in groups of G columns, 32 by default; --activations int8 rounds the activations of INT4's
+// products to 8 bits too). --tensor-parallel-size N runs the engine over N MPI
 // ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler and the
 // memory, every rank holds 1/N of each layer and, in its own pool, its K/V heads of every block.
 // --device cuda runs the same engine on a GPU (lesson 07's forward, lesson 08's paged attention,
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group",
+                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
                        {"--naive", "--no-prefix-cache", "--cuda-graphs"},
                        // vLLM's names for the same options, so that what works there works here
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
     // Quantized at load (lesson 11), before the server opens its port: on the GPU, as each matrix
     // is uploaded (a group the model does not take is refused first).
     ModelProjections projections;
-    if (device == "cpu") projections = quantize_model(model, weights.format, weights.group);
+    if (device == "cpu") projections = quantize_model(model, weights.format, weights.group, weights.int8_activations);
     std::unique_ptr<TensorParallelRunner> tp_runner;
     if (comm) {  // every rank's pool holds its own K/V heads of the blocks rank 0's memory decides
       tp_runner = std::make_unique<TensorParallelRunner>(model, tensor_parallel(std::move(projections), *comm), *comm,

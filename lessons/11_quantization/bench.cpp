@@ -3,12 +3,14 @@
 //   build/solutions/bin/lesson11_bench [--out DIR] [--model DIR] [--steps N] [--quick]
 //
 // 1. Quality, on the bundled model: bits per byte of the 300 held-out quotes
-//    (models/heldout-fortunes.txt) in float32, INT8, and INT4 with groups of 32 and 64; greedy
+//    (models/heldout-fortunes.txt) in float32, INT8, and INT4 with groups of 32 and 64, and INT4
+//    with 8-bit activations (activations.hpp; measured through the engine's forward); greedy
 //    agreement with float32 over the fixture prompts (the share of 48 greedy tokens per prompt
 //    equal to float32's, up to the first difference); and how far each INT4 group's values sit
 //    from being centred on zero (what a zero point would buy).
 // 2. Speed: decode tokens/s through the engine (CpuRunner on each format's projections: INT4 in
-//    groups of 32 and 128, or 64 where 128 does not divide the model's columns) at
+//    groups of 32 and 128, or 64 where 128 does not divide the model's columns, each also with
+//    8-bit activations, "a8") at
 //    batch 1 and 8, on the bundled model and on a random 75.9M-parameter model (--model DIR for
 //    another), each against its own memory roofline: the bytes a step reads (the projections as
 //    stored, the norms, the KV positions) over the read bandwidth measured on a buffer of that size
@@ -30,6 +32,8 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/01_roofline/roofline.hpp"
+#include "lessons/03_batching/engine.hpp"
+#include "lessons/11_quantization/activations.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "tools/decode_rate.hpp"
 
@@ -38,13 +42,19 @@ using namespace infer;
 namespace {
 
 struct Format {
-  const char* name;
+  std::string name;
   WeightFormat format;
   int group;
+  bool int8_activations = false;
+
+  ModelProjections of(const ModelWeights& model) const {
+    return quantize_model(model, format, group ? group : 32, int8_activations);
+  }
 };
 
 /// The formats measured on `model`: float32, INT8, INT4 in groups of 32 and in the largest of 128
-/// and 64 that divides every projection's columns (the bundled model's 192 take no groups of 128).
+/// and 64 that divides every projection's columns (the bundled model's 192 take no groups of 128),
+/// then both INT4s with 8-bit activations.
 std::vector<Format> formats_for(const ModelConfig& c) {
   std::vector<Format> out = {{"f32", WeightFormat::f32, 0}, {"int8", WeightFormat::int8, 0},
                              {"int4 g32", WeightFormat::int4, 32}};
@@ -54,6 +64,27 @@ std::vector<Format> formats_for(const ModelConfig& c) {
       out.push_back({g == 128 ? "int4 g128" : "int4 g64", WeightFormat::int4, g});
       break;
     }
+  for (size_t i = 2, n = out.size(); i < n; ++i) out.push_back({out[i].name + " a8", WeightFormat::int4, out[i].group, true});
+  return out;
+}
+
+/// The same through the engine's forward over `projections` (lesson 03's step, one sequence):
+/// for 8-bit activations, which the plain model cannot run.
+std::vector<int> greedy(const ModelWeights& model, const ModelProjections& projections, const std::string& prompt,
+                        int n) {
+  std::vector<int> tokens = ByteTokenizer::encode(prompt), out;
+  SlotKVManager memory(model.config, 1);
+  std::unique_ptr<KVStore> cache = memory.open(static_cast<int>(tokens.size()) + n);
+  std::span<const int> feed(tokens);
+  for (int i = 0; i < n; ++i) {
+    StepInput step;
+    step.chunks.push_back({feed, cache.get()});
+    const Matrix logits = forward_step(model, projections, step);
+    Eigen::Index next = 0;
+    logits.row(0).maxCoeff(&next);
+    out.push_back(static_cast<int>(next));
+    feed = std::span<const int>(&out.back(), 1);
+  }
   return out;
 }
 
@@ -105,7 +136,7 @@ int main(int argc, char** argv) {
 
     // ---- quality
     std::printf("Quality on the bundled model (tiny-fortunes), 300 held-out quotes:\n");
-    std::printf("%-10s %12s %14s %16s\n", "format", "bits/byte", "vs float32", "greedy agreement");
+    std::printf("%-12s %12s %14s %16s\n", "format", "bits/byte", "vs float32", "greedy agreement");
     const std::vector<std::string> quotes = heldout_quotes();
     std::vector<std::string> prompts;
     {
@@ -120,19 +151,21 @@ int main(int argc, char** argv) {
     quality << "format,bits_per_byte,delta,greedy_agreement\n";
     double f32_bpb = 0;
     for (const Format& f : formats_for(bundled.config)) {
-      const ModelProjections p = quantize_model(bundled, f.format, f.group ? f.group : 32);
+      const ModelProjections p = f.of(bundled);
       const ModelWeights plain = dequantized_model(bundled, p);
-      const double bpb = bits_per_byte(plain, quotes);
+      // 8-bit activations round inside the products: only the engine's forward has them.
+      const double bpb = f.int8_activations ? bits_per_byte(bundled, p, quotes) : bits_per_byte(plain, quotes);
       if (f.format == WeightFormat::f32) f32_bpb = bpb;
       long same = 0, total = 0;
       for (size_t i = 0; i < prompts.size(); ++i) {
-        const std::vector<int> mine = greedy(plain, prompts[i], greedy_tokens);
+        const std::vector<int> mine = f.int8_activations ? greedy(bundled, p, prompts[i], greedy_tokens)
+                                                         : greedy(plain, prompts[i], greedy_tokens);
         size_t k = 0;
         while (k < mine.size() && k < reference[i].size() && mine[k] == reference[i][k]) ++k;
         same += static_cast<long>(k), total += static_cast<long>(reference[i].size());
       }
       const double agree = total ? static_cast<double>(same) / static_cast<double>(total) : 1;
-      std::printf("%-10s %12.4f %+14.5f %15.0f%%\n", f.name, bpb, bpb - f32_bpb, 100 * agree);
+      std::printf("%-12s %12.4f %+14.5f %15.0f%%\n", f.name.c_str(), bpb, bpb - f32_bpb, 100 * agree);
       quality << f.name << "," << bpb << "," << bpb - f32_bpb << "," << agree << "\n";
     }
     std::printf("INT4 groups' offset from zero, mean |group mean| / group max: %.3f (groups of 32), %.3f (64)\n\n",
@@ -154,13 +187,15 @@ int main(int argc, char** argv) {
     std::ofstream speed(out + "/speed.csv");
     speed << "model,format,batch,tokens_per_s,bytes_per_step,bandwidth,roof_tokens_per_s\n";
     std::printf("Decode through the engine, %d threads, %d positions in:\n", omp_get_max_threads(), context);
-    std::printf("%-14s %-10s %6s %11s %10s %10s %11s %8s %9s\n", "model", "format", "batch", "tokens/s", "vs f32",
+    std::printf("(a8: INT4 weights by 8-bit activations, %s)\n",
+                int4_int8_vectorized(32) ? "summed by AVX-512 VNNI" : "the plain loop: this build has no AVX-512 VNNI");
+    std::printf("%-14s %-12s %6s %11s %10s %10s %11s %8s %9s\n", "model", "format", "batch", "tokens/s", "vs f32",
                 "MB/step", "GB/s roof", "roof tok/s", "of roof");
     for (const auto& [name, model] : models) {
       const ModelConfig& c = model.config;
       std::vector<double> f32_rate(2, 0);
       for (const Format& f : formats_for(c)) {
-        CpuRunner runner(model, quantize_model(model, f.format, f.group ? f.group : 32));
+        CpuRunner runner(model, f.of(model));
         const double weights = static_cast<double>(runner.weight_bytes()) + norm_bytes(model);
         // The roof is a ceiling: the best of the read bandwidths measured just before and just after
         // the rates (on a shared machine one measurement alone can catch a busy moment).
@@ -176,7 +211,7 @@ int main(int argc, char** argv) {
           const double roof = batch * bandwidth / bytes;
           const double rate = rates[bi];
           if (f.format == WeightFormat::f32) f32_rate[bi] = rate;
-          std::printf("%-14s %-10s %6d %11.0f %9.2fx %10.2f %11.1f %10.0f %8.0f%%\n", name.c_str(), f.name, batch, rate,
+          std::printf("%-14s %-12s %6d %11.0f %9.2fx %10.2f %11.1f %10.0f %8.0f%%\n", name.c_str(), f.name.c_str(), batch, rate,
                       rate / f32_rate[bi], bytes / 1e6, bandwidth / 1e9, roof, 100 * rate / roof);
           speed << name << "," << f.name << "," << batch << "," << rate << "," << bytes << "," << bandwidth << "," << roof
                 << "\n";

@@ -7,6 +7,8 @@
 #include "common/errors.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
+#include "lessons/03_batching/engine.hpp"
+#include "lessons/11_quantization/activations.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 
 namespace infer {
@@ -42,6 +44,14 @@ WeightChoice weight_choice(const Options& opts, std::string_view program, std::s
   if (opts.has("--group") && choice.format != WeightFormat::int4)
     throw Error(cat(program, ": --group needs --weights int4"));
   choice.group = static_cast<int>(opts.number("--group", 32, 2, 1 << 20));
+  const std::string activations = opts.text("--activations", "f32");
+  if (activations != "f32" && activations != "int8")
+    throw Error(cat(program, ": --activations must be f32 or int8, got '", activations, "'"));
+  choice.int8_activations = activations == "int8";
+  if (choice.int8_activations && choice.format != WeightFormat::int4)
+    throw Error(cat(program, ": --activations int8 needs --weights int4 (got --weights ", choice.name, ")"));
+  if (choice.int8_activations && device == "cuda")
+    throw Error(cat(program, ": --activations int8 runs on the CPU only (the GPU's INT4 kernels take float activations)"));
   return choice;
 }
 
@@ -49,9 +59,12 @@ long QuantizedMatrix::bytes() const {
   return static_cast<long>(q.size() * sizeof(int8_t) + packed.size() + scales.size() * sizeof(float));
 }
 
-ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, int group) {
+ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, int group, bool int8_activations) {
+  require(!int8_activations || format == WeightFormat::int4, "quantize_model: 8-bit activations with ",
+          weight_format_name(format), " weights (they are for int4)");
   if (format == WeightFormat::f32) return float_projections(model);
   const auto quantize = [&](const Matrix& w) -> std::unique_ptr<Projection> {
+    if (int8_activations) return std::make_unique<Int4Int8Projection>(quantize_int4(w, group));
     return std::make_unique<QuantizedProjection>(format == WeightFormat::int8 ? quantize_int8(w)
                                                                               : quantize_int4(w, group));
   };
@@ -98,9 +111,15 @@ std::vector<std::string> heldout_quotes() {
   return quotes;
 }
 
-double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& quotes, int context) {
-  require(context >= 1 && context <= model.config.max_position_embeddings, "bits_per_byte: a context of ", context,
-          " tokens, the model holds ", model.config.max_position_embeddings);
+namespace {
+
+/// Bits per byte of the quotes as bits_per_byte() defines it, the logits of each quote's input
+/// (BOS and its bytes, cut to `context` tokens) from `logits_of`.
+template <typename LogitsOf>
+double bits_per_byte_of(const ModelConfig& config, const std::vector<std::string>& quotes, int context,
+                        LogitsOf logits_of) {
+  require(context >= 1 && context <= config.max_position_embeddings, "bits_per_byte: a context of ", context,
+          " tokens, the model holds ", config.max_position_embeddings);
   double bits = 0;
   long bytes = 0;
   for (const std::string& quote : quotes) {
@@ -108,7 +127,7 @@ double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& 
     ids.push_back(ByteTokenizer::kEos);
     if (static_cast<int>(ids.size()) > context + 1) ids.resize(context + 1);
     const std::span<const int> input(ids.data(), ids.size() - 1);
-    const Matrix logits = forward(model, input);
+    const Matrix logits = logits_of(input);
     for (Eigen::Index t = 0; t < logits.rows(); ++t) {
       const auto row = logits.row(t);
       const double m = row.maxCoeff();
@@ -119,6 +138,27 @@ double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& 
   }
   require(bytes > 0, "bits_per_byte: no bytes to predict");
   return bits / static_cast<double>(bytes);
+}
+
+}  // namespace
+
+double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& quotes, int context) {
+  return bits_per_byte_of(model.config, quotes, context,
+                          [&](std::span<const int> input) { return forward(model, input); });
+}
+
+double bits_per_byte(const ModelWeights& model, const ModelProjections& projections,
+                     const std::vector<std::string>& quotes, int context) {
+  projections.check(model.config);
+  SlotKVManager memory(model.config, 1);
+  return bits_per_byte_of(model.config, quotes, context, [&](std::span<const int> input) {
+    std::unique_ptr<KVStore> cache = memory.open(static_cast<int>(input.size()));
+    StepInput step;
+    step.chunks.push_back({input, cache.get(), -1, static_cast<int>(input.size())});
+    Matrix logits = forward_step(model, projections, step);
+    memory.close(std::move(cache));
+    return logits;
+  });
 }
 
 }  // namespace infer

@@ -30,14 +30,15 @@ for ax, model in zip(axes, models):
         ax.scatter(xs, [float(rows[f]["roof_tokens_per_s"]) for f in formats], marker="_", s=300, color="black",
                    zorder=3, label="its memory roof" if i == 0 else None)
     ax.set_xticks(range(len(formats)))
-    ax.set_xticklabels(formats)
+    ax.set_xticklabels([f.replace(" a8", "\na8") for f in formats], fontsize=8)  # a8: 8-bit activations
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s")
     ax.set_title(f"{model}: decode against each format's roof", fontsize=10)
     ax.grid(alpha=0.3, axis="y", which="both")
     ax.legend(fontsize=7)
 q = axes[-1]
-q.bar([r["format"] for r in quality], [float(r["delta"]) for r in quality], color="tab:red")
+q.bar([r["format"].replace(" a8", "\na8") for r in quality], [float(r["delta"]) for r in quality], color="tab:red")
+q.tick_params(axis="x", labelsize=8)
 for i, r in enumerate(quality):
     q.annotate(f"{float(r['delta']):+.5f}", (i, float(r["delta"])), ha="center", va="bottom", fontsize=8)
 q.set_ylabel("bits per byte, minus float32's")

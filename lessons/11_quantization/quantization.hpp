@@ -118,9 +118,12 @@ class QuantizedProjection final : public Projection {
 
 /// Every projection of `model` (seven a layer and the output head) in `format` (given): f32
 /// gives float_projections(model); int8 and int4 quantize each matrix with your functions
-/// (`group` for int4). The embeddings and norms stay float32 in `model`, which must outlive the
-/// result when `format` is f32. Hand it to CpuRunner.
-ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, int group = 32);
+/// (`group` for int4). With `int8_activations` (int4 only), each is an Int4Int8Projection
+/// (activations.hpp): its products round x to 8 bits too. The embeddings and norms stay float32
+/// in `model`, which must outlive the result when `format` is f32. Hand it to CpuRunner. Throws
+/// infer::Error for 8-bit activations with another format.
+ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, int group = 32,
+                                bool int8_activations = false);
 
 /// `model` with every projection replaced by what `projections` reads back (given): the same
 /// function as the quantized engine's, up to the order of float sums, for measuring it with the
@@ -135,14 +138,18 @@ struct WeightChoice {
   WeightFormat format = WeightFormat::f32;
   /// INT4's group (--group, 32 by default).
   int group = 32;
+  /// --activations int8: INT4 weights times activations rounded to 8 bits (activations.hpp).
+  bool int8_activations = false;
   /// Whether the projections are quantized (int8 or int4).
   bool quantized() const { return format != WeightFormat::f32; }
 };
 
-/// Reads --weights (f32 by default) and --group of `program`'s `opts` for the forward on `device`
-/// ("cpu" or "cuda"; "" for a program without --device, which reads f32, int8 and int4 only), the
-/// one check the programs share (given). Throws infer::Error naming the program for a name that is
-/// not a format, bf16 on the CPU, --group without int4, and a group below 2. On the GPU, int8 and
+/// Reads --weights (f32 by default), --group and --activations (f32 by default, or int8) of
+/// `program`'s `opts` for the forward on `device` ("cpu" or "cuda"; "" for a program without
+/// --device, which reads f32, int8 and int4 only), the one check the programs share (given).
+/// Throws infer::Error naming the program for a name that is not a format, bf16 on the CPU,
+/// --group without int4, a group below 2, and --activations other than f32 or int8, or int8
+/// without --weights int4 or on the GPU. On the GPU, int8 and
 /// int4 are lesson 11's kernels in lesson 07's forward (gpu::device_weights(), cuda_weights.hpp).
 WeightChoice weight_choice(const Options& opts, std::string_view program, std::string_view device);
 
@@ -155,5 +162,12 @@ std::vector<std::string> heldout_quotes();
 /// token after BOS (the bytes and EOS) over the number of bytes. Lower is better; a model that
 /// guessed uniformly over 259 tokens would score about 8.
 double bits_per_byte(const ModelWeights& model, const std::vector<std::string>& quotes, int context = 256);
+
+/// The same measure through the engine's forward (forward_step() over `projections`, one quote a
+/// step, logits at every position): for a format whose products round more than its weights,
+/// which to_float() cannot show (8-bit activations). Equals the plain measure over
+/// dequantized_model() within float rounding for the other formats.
+double bits_per_byte(const ModelWeights& model, const ModelProjections& projections,
+                     const std::vector<std::string>& quotes, int context = 256);
 
 }  // namespace infer

@@ -79,14 +79,16 @@ for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "
 # Lesson 11's weights: INT8 per output channel keeps this prompt's 64 greedy ids (measured: so do
 # the fixture's other prompts); INT4 runs through the same engine (its text parts from float32's
 # within a few tokens: lesson 11's bench measures how soon).
-for weights, golden_ids in (("int8", True), ("int4", False)):
+# INT4 with 8-bit activations (lesson 11's given path) runs and says so.
+for weights, extra, golden_ids, says in (("int8", [], True, "(int8 weights)"), ("int4", [], False, "(int4 weights)"),
+                                         ("int4", ["--activations", "int8"], False, "(int4 weights, int8 activations)")):
     run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
-                          "--temperature", "0", "--ids", "--weights", weights, "--stats"],
+                          "--temperature", "0", "--ids", "--weights", weights, "--stats"] + extra,
                          capture_output=True, text=True, check=False)
     got = [int(x) for x in run.stdout.split()] if run.returncode == 0 else []
-    if run.returncode != 0 or (golden_ids and got != want) or not got or f"({weights} weights)" not in run.stderr:
-        sys.exit(f"generate --weights {weights} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
-    print(f"generate --weights {weights}: {len(got)} ids" + (", the golden greedy ones" if golden_ids else ""))
+    if run.returncode != 0 or (golden_ids and got != want) or not got or says not in run.stderr:
+        sys.exit(f"generate --weights {weights} {' '.join(extra)} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
+    print(f"generate --weights {weights} {' '.join(extra)}: {len(got)} ids" + (", the golden greedy ones" if golden_ids else ""))
 
 for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --device cuda, --kv-cache"),
                       (["--tensor-parallel-size", "0"], "--tensor-parallel-size"),
@@ -94,6 +96,9 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--weights", "int8", "--group", "32"], "--group needs --weights int4"),
                       (["--weights", "int4", "--group", "48"], "a group of 48 columns"),
                       (["--weights", "int8", "--kv-cache"], "drop --kv-cache"),
+                      (["--activations", "int8"], "--activations int8 needs --weights int4"),
+                      (["--weights", "int4", "--activations", "int4"], "--activations must be f32 or int8"),
+                      (["--weights", "int4", "--activations", "int8", "--device", "cuda"], "runs on the CPU only"),
                       (["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
                       (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
