@@ -293,6 +293,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
                  (device == "cuda" ? "GPU, " + weights + " weights" : "CPU" + (quantized ? ", " + weights + " weights" : std::string()) +
+                                                            (weight.int8_activations ? " by int8 activations" : "") +
                                                             (tp > 1 ? infer::cat(", tensor parallel over ", tp, " MPI ranks")
                                                                     : std::string()))
                      .c_str());

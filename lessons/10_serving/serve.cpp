@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
       auto engine = serving_engine(std::move(runner), std::move(memory), engine_opts, std::move(speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
       what = cat("engine", device == "cuda" ? " on the GPU" : "", " on ", weights.name, " weights",
+                 weights.int8_activations ? " by int8 activations" : "",
                  tp > 1 ? cat(", tensor parallel over ", tp, " MPI ranks") : "", ": ", engine_opts.max_running,
                  " at once, ", engine_opts.token_budget, " tokens a step, ", blocks, " KV blocks of ", block,
                  opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);

@@ -5,11 +5,12 @@
 /// CPU with a few cores per memory channel that widening, not memory, bounds the INT4 decode
 /// (`./course bench 11` shows INT4 well below its own memory roof). llama.cpp's answer, and the
 /// one here: round x too, per group, to 8 bits, and multiply the 4-bit weights by the 8-bit
-/// activations in integers. With AVX-512 VNNI one instruction (`vpdpbusd`) multiplies 64 unsigned
-/// bytes by 64 signed bytes and adds each four products into a 32-bit sum: a packet of stored
-/// nibbles (q + 8, so 1..15, unsigned) meets a packet of 8-bit x directly, and the + 8 is taken
-/// off once per group (8 times the group's sum of x). The float arithmetic is left to one
-/// conversion and one multiply-add per 16 sums.
+/// activations in integers. With AVX-512 VNNI (Vector Neural Network Instructions) one
+/// instruction (`vpdpbusd`) multiplies 64 unsigned bytes by 64 signed bytes and adds each four
+/// products into a 32-bit sum: a packet of stored nibbles (q + 8, so 1..15, unsigned) meets a
+/// packet of 8-bit x (rearranged once per call into the nibbles' order), and the + 8 is taken off
+/// by starting each 32-bit sum from -8 times the 8 values of x it multiplies. The float arithmetic
+/// is left to, per 16 sums, one conversion, one product of W's and x's scales and one multiply-add.
 ///
 /// The price is a second rounding: each x, rounded to its group's step s_x = max |x| / 127, moves
 /// by at most s_x / 2, so a product over one group moves by at most s_x / 2 times the sum of the
@@ -45,10 +46,11 @@ Int8Rows quantize_rows_int8(ConstMatrixRef x, int group);
 /// w.scale(first + i, g) * xq.scale(j, g) * (the group's integer sum of q_w q_x), (+= with
 /// `accumulate`), on the calling thread alone. W is read once, as stored, for any rows of x. With
 /// AVX-512 VNNI and a group whose half is 4, 8, 16, 32 or a multiple of 64 bytes (groups of 8, 16,
-/// 32, 64, 128, 256...), 64 bytes of W at a time through `vpdpbusd`; otherwise (another processor,
+/// 32, 64, 128, 256, 384...), 64 bytes of W at a time through `vpdpbusd`; otherwise (another processor,
 /// another group) linear_int4_int8_plain(). Both sum the same integers; they differ by float
 /// rounding only, within 1e-5 of the sum of the terms' magnitudes. Throws infer::Error for a W
-/// that is not INT4, mismatched shapes or rows outside W.
+/// that is not INT4 (or whose group or arrays do not fit its shape), mismatched shapes or rows
+/// outside W.
 void linear_int4_int8_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
                                 bool accumulate);
 

@@ -8,6 +8,12 @@
 
 #include "common/errors.hpp"
 
+// The rounding tells inf and NaN from numbers by arithmetic (inf * 0 is NaN), which the
+// compiler may fold away when told that no value is ever inf or NaN.
+#if defined(__FAST_MATH__) || defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "given_activations.cpp needs IEEE inf and NaN: build it without -ffast-math or -ffinite-math-only"
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
@@ -29,6 +35,11 @@ void check_product(ConstMatrixRef x, const QuantizedMatrix& w, const MatrixRef& 
                    const char* who) {
   require(w.format == WeightFormat::int4, who, ": a matrix in format ", weight_format_name(w.format),
           " (expected int4)");
+  check_group(w.cols, w.group, who);
+  require(static_cast<long>(w.packed.size()) == w.rows * w.cols / 2 &&
+              static_cast<long>(w.scales.size()) == w.rows * (w.cols / w.group),
+          who, ": W [", w.rows, ", ", w.cols, "] in groups of ", w.group, " holds ", w.packed.size(), " bytes and ",
+          w.scales.size(), " scales (expected ", w.rows * w.cols / 2, " and ", w.rows * (w.cols / w.group), ")");
   require(x.cols() == w.cols, who, ": x has ", x.cols(), " columns but W [", w.rows, ", ", w.cols, "] expects ",
           w.cols);
   require(y.rows() == x.rows() && y.cols() == w.rows, who, ": y is ", y.rows(), " x ", y.cols(), ", expected ",
@@ -208,10 +219,12 @@ void vnni_rows(const QuantizedMatrix& w, long r, const Arranged& a, long n, long
   // a 50 MB matrix: 38 GB/s without prefetching, 61 with; the bytes alone gained nothing).
   constexpr long kAhead = 16;
   const long rb = w.cols / 2, sb = w.cols / w.group * static_cast<long>(sizeof(float));
-  const char* bytes = reinterpret_cast<const char*>(w.packed.data()) + (r + kAhead) * rb;
-  const char* scales = reinterpret_cast<const char*>(w.scales.data()) + (r + kAhead) * sb;
-  for (long b = 0; b < R * rb; b += 64) __builtin_prefetch(bytes + b);  // a hint: never faults, even past W
-  for (long b = 0; b < R * sb; b += 64) __builtin_prefetch(scales + b);
+  if (r + kAhead + R <= w.rows) {  // (the last rows of W have nothing ahead to ask for)
+    const char* bytes = reinterpret_cast<const char*>(w.packed.data()) + (r + kAhead) * rb;
+    const char* scales = reinterpret_cast<const char*>(w.scales.data()) + (r + kAhead) * sb;
+    for (long b = 0; b < R * rb; b += 64) __builtin_prefetch(bytes + b);
+    for (long b = 0; b < R * sb; b += 64) __builtin_prefetch(scales + b);
+  }
   long j = 0;
   for (; j + 4 <= n; j += 4) vnni_tile<R, 4>(w, r, a, j, chunks, pg, y, ldy);
   switch (n - j) {
@@ -223,7 +236,10 @@ void vnni_rows(const QuantizedMatrix& w, long r, const Arranged& a, long n, long
 }
 #endif
 
-/// The calling thread's rounded x (each call rounds its x anew; the memory stays).
+/// The calling thread's rounded x. Each call rounds and arranges its whole x anew (every thread
+/// for its own rows of W: a few thousand values a decode step, against the megabytes of W), and
+/// the memory stays with the thread for the next call: about 3 bytes per value of the largest x
+/// it has seen (a prefill of 256 rows of 2,048 columns: 1.5 MB a thread).
 struct Scratch {
   Int8Rows x;
 #if COURSE_INT4_INT8_VNNI
