@@ -5,8 +5,8 @@
 
 Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
 lesson texts quote them) is printed with the report's figure and met / not met; each tuning
-constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kChunkTensorCores,
-kChunkKernelMinTokens: guesses until a report) with the value in the source and the value the
+constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
+kChunkTensorCores, kChunkKernelMinTokens: guesses until a report) with the value in the source and the value the
 report's rows pick, and the rows that pick it. A figure the report does not have is said so,
 never guessed. Nothing is changed: the picks are for a person to commit, with the report.
 """
@@ -183,6 +183,37 @@ def summary(report):
     pick("kTensorGemmMinBatch", "lessons/07_cuda_decoder/fused_kernels.hpp", min_batch,
          "the smallest batch from which the chosen variant beats your skinny GEMM at every larger one (tensor / skinny: "
          + "; ".join(notes) + ")" if notes else "lesson 07's tensor and skinny rows")
+
+    # Lesson 11's quantized products: the smallest batch from which the tensor-core GEMM makes the
+    # 1.1B step's projections faster than the GEMVs at every larger batch, for every quantized format.
+    b11 = benches.get("lesson11_cuda_bench") or {}
+    qsteps = {}  # format: {batch: {"gemv": ms, "tensor": ms}}
+    for r in b11.get("quantized_step", []):
+        name = r.get("format", "")
+        if name.startswith("bf16"):
+            continue
+        tc = name.endswith(" on tensor cores")
+        qsteps.setdefault(name.removesuffix(" on tensor cores"), {}).setdefault(r["batch"], {})["tensor" if tc else "gemv"] = r["ms"]
+    qmin, qnotes = None, []
+    for name, by in sorted(qsteps.items()):
+        both = sorted(b for b, d in by.items() if "gemv" in d and "tensor" in d)
+        if not both:
+            continue
+        wins = [b for b in both if all(by[c]["tensor"] < by[c]["gemv"] for c in both if c >= b)]
+        qnotes.append(f"{name}: " + ", ".join(f"batch {b} {by[b]['tensor']:.2f} / {by[b]['gemv']:.2f} ms" for b in both))
+        if not wins:
+            qmin = "none (the GEMVs win at every batch)"
+        elif not isinstance(qmin, str):
+            # The batches measured bound the crossing: the tensor GEMM wins from `first`, loses just below.
+            first = min(wins)
+            below = [b for b in both if b < first]
+            qmin = max(qmin or 0, first)
+            if below and qmin == first:
+                qnotes[-1] += f" (between {max(below) + 1} and {first})"
+    pick("kQuantTensorGemmMinBatch", "lessons/07_cuda_decoder/fused_kernels.hpp", qmin,
+         "the smallest batch from which the tensor-core GEMM beats the GEMVs over the 1.1B step's projections "
+         "at every larger one, for every quantized format (tensor / GEMVs: " + "; ".join(qnotes) + ")"
+         if qnotes else "lesson 11's step rows")
 
     chunks = {}  # chunk shape: {design: ms}
     for k in k08:

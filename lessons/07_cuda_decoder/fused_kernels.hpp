@@ -66,16 +66,21 @@ bool tensor_gemm_int4_runs(int rows, int cols, int group);
 
 /// tensor_gemm_bf16's variants, 1 to this.
 inline constexpr int kTensorGemmVariants = 4;
-/// The variant the forward uses. A guess until a GPU report's lesson 07 rows pick one (they time
-/// all four against your skinny GEMM and cuBLAS's).
-inline constexpr int kTensorGemmVariant = 2;
+/// The variant the forward uses: the GPU report's pick (commit e864848, an H200: geometric mean
+/// over its rows of batch 8 and more, v1 0.217, v2 0.199, v3 0.186, v4 0.155 ms; docs/gpu-report.md).
+inline constexpr int kTensorGemmVariant = 4;
 /// Batch rows per launch of tensor_gemm_bf16.
 inline constexpr int kTensorGemmChunk = 64;
 /// The forward's bf16 products of this many rows or more go to tensor_gemm_bf16 (where it runs),
-/// fewer to your skinny GEMM (and lesson 11's quantized ones to tensor_gemm_int8/int4, fewer to
-/// its GEMVs). A guess until a GPU report's rows place it: somewhere between 8 and 16 rows (16 FLOP
-/// per byte of bf16 W, past the CUDA cores' ridge of about 14) float32 sums stop hiding behind W's
-/// read.
-inline constexpr int kTensorGemmMinBatch = 8;
+/// fewer to your skinny GEMM. The GPU report's pick (commit e864848, an H200): from 4 rows variant 4 beats the
+/// skinny GEMM at every larger batch on both of its shapes (4,096 x 4,096 at batch 4: 0.032 against
+/// 0.038 ms; 16,384 x 16,384: 0.311 against 0.328 ms); at 2 rows it wins on the small shape only.
+inline constexpr int kTensorGemmMinBatch = 4;
+/// Lesson 11's quantized products of this many rows or more go to tensor_gemm_int8/int4 (where
+/// they run), fewer to its GEMVs. A guess between the GPU report's two batches (commit e864848, an
+/// H200): at 8 rows the GEMVs were faster for every format and shape but one, at 64 the tensor-core
+/// GEMM over the 1.1B step's projections (int8 13.3 against 33.3 ms, int4 g128 27.8 against 30.2);
+/// lesson 11's bench now times 16 and 32 rows too, to place it.
+inline constexpr int kQuantTensorGemmMinBatch = 16;
 
 }  // namespace infer::gpu

@@ -23,10 +23,10 @@ class QuantizedDeviceMatrix final : public DeviceProjection {
   int cols() const override { return cols_; }
   void product(const float* x, float* y, int batch, int first, int count) const override {
     // Rows [first, first + count) of W are a run of its arrays: QuantizedMatrix's rows are independent.
-    // From kTensorGemmMinBatch rows (a prompt chunk, a large batch) the given tensor-core GEMM
+    // From kQuantTensorGemmMinBatch rows (a prompt chunk, a large batch) the given tensor-core GEMM
     // (lesson 07's fused_kernels.hpp) reads the same arrays, where it runs; your GEMVs below that.
     const size_t r = static_cast<size_t>(first);
-    const bool tensor = batch >= kTensorGemmMinBatch;
+    const bool tensor = batch >= kQuantTensorGemmMinBatch;
     if (format_ == WeightFormat::int8) {
       const int8_t* q = q_.get() + r * cols_;
       if (tensor && tensor_gemm_int8_runs(count, cols_)) tensor_gemm_int8(q, scales_.get() + r, x, y, count, cols_, batch);

@@ -21,6 +21,7 @@
 #include <span>
 #include <thread>
 #include <utility>
+#include <vector>
 #include <csignal>
 #include <pthread.h>
 #include <sys/wait.h>
@@ -223,6 +224,33 @@ Communicator& mpi_world() {
 }
 #endif
 
+namespace {
+
+/// The processes whose parent is `parent` (read from /proc/PID/stat; none where there is no /proc).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::FILE* f = std::fopen((entry.path() / "stat").c_str(), "r");
+    if (!f) continue;  // gone since the listing
+    char line[512] = {};
+    const size_t n = std::fread(line, 1, sizeof line - 1, f);
+    std::fclose(f);
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
+    const char* close = std::strrchr(line, ')');
+    if (n == 0 || !close) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      found.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return found;
+}
+
+}  // namespace
+
 int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   require(ranks >= 1, program, ": --tensor-parallel-size ", ranks, " (at least 1)");
   // Open MPI tells each process it starts its place in the job through the environment.
@@ -259,9 +287,12 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     _exit(127);
   }
   setpgid(child, child);  // also here, so that it holds before the first signal arrives
-  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1, which
-  // mpirun forwards to every rank: a program that waits for it stops cleanly (the server), one
-  // that does not ends there. A second one is passed on as SIGTERM: mpirun aborts the job.
+  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1, to
+  // mpirun and to each rank it started here: a program that waits for it stops cleanly (the
+  // server), one that does not ends there. Open MPI's mpirun forwards SIGUSR1 to the ranks itself
+  // by default, but not every build does (one Open MPI 4.1.6 did not), and then a server would never
+  // hear of the stop; a rank that hears it twice stops once. A second SIGINT or SIGTERM is passed
+  // on as SIGTERM: mpirun aborts the job.
   static volatile sig_atomic_t mpirun_pid = 0, stops = 0;
   mpirun_pid = child;
   stops = 0;
@@ -269,7 +300,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   sigemptyset(&pass_on.sa_mask);
   pass_on.sa_handler = [](int) {
     kill(mpirun_pid, stops == 0 ? SIGUSR1 : SIGTERM);
-    stops = 1;
+    stops = stops + 1;
   };
   sigaction(SIGINT, &pass_on, &old_int);
   sigaction(SIGTERM, &pass_on, &old_term);
@@ -279,7 +310,17 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, &old_mask);
   int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  bool told_ranks = false;
+  // Polled (every 20 ms) rather than a blocking waitpid(), so that a stop arriving at any moment is
+  // passed to the ranks outside the signal handler (reading /proc is not for a handler).
+  while (true) {
+    const pid_t done = waitpid(child, &status, WNOHANG);
+    if (done == child || (done < 0 && errno != EINTR)) break;
+    if (stops > 0 && !told_ranks) {
+      for (const pid_t rank : children_of(child)) kill(rank, SIGUSR1);
+      told_ranks = true;
+    }
+    usleep(20000);
   }
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   sigaction(SIGINT, &old_int, nullptr);

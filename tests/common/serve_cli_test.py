@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The HTTP server over lesson 12's MPI ranks, end to end: options it cannot combine with ranks are
 refused before mpirun starts; on 2 ranks (mpirun started by the server) concurrent greedy requests
-get the single-process server's texts; SIGTERM to the server stops every rank, exit status 0.
+get the single-process server's texts; SIGTERM to the server stops every rank, exit status 0, also
+under an mpirun that does not pass SIGUSR1 on to its ranks (as one Open MPI 4.1.6 did not).
 
     serve_cli_test.py LESSON10_SERVE_BINARY REPOSITORY_ROOT
 """
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -110,12 +112,34 @@ if len(processes_with(f"--port {port} --tensor-parallel-size 2")) < 4:  # this s
 out = stop(ranks, "the server on 2 ranks")
 if "tensor parallel over 2 MPI ranks" not in out:
     sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
-for _ in range(50):
-    left = processes_with(f"--port {port} --tensor-parallel-size 2")
-    if not left:
-        break
-    time.sleep(0.1)
-else:
+
+
+def all_gone(port):
+    for _ in range(50):
+        left = processes_with(f"--port {port} --tensor-parallel-size 2")
+        if not left:
+            return
+        time.sleep(0.1)
     sys.exit(f"processes left running after the server stopped: {left}")
+
+
+all_gone(port)
+
+# An mpirun that keeps SIGUSR1 to itself (ignored, nothing forwarded): the stop must still reach
+# the ranks, which the server tells directly.
+with tempfile.TemporaryDirectory() as bin_dir:
+    real = subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True, text=True).stdout.strip()
+    fake = os.path.join(bin_dir, "mpirun")
+    with open(fake, "w") as f:
+        f.write(f"#!/bin/sh\ntrap '' USR1\nexec {real} --mca ess_base_forward_signals none \"$@\"\n")
+    os.chmod(fake, 0o755)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
+    port = free_port()
+    ranks = start(port, "--tensor-parallel-size", "2")
+    if texts(port)[:1] != expected[:1]:
+        ranks.kill()
+        sys.exit("on 2 ranks under an mpirun that forwards no signal, the greedy text differs")
+    stop(ranks, "the server on 2 ranks under an mpirun that forwards no signal")
+    all_gone(port)
 print(f"serve --tensor-parallel-size 2: {len(PROMPTS)} concurrent greedy requests answered as by one process; "
-      "SIGTERM stopped every rank, exit 0")
+      "SIGTERM stopped every rank, exit 0, also under an mpirun that forwards no signal")
