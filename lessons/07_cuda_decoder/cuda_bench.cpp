@@ -194,7 +194,11 @@ int main(int argc, char** argv) {
     // Batched decode (what lesson 03's engine runs on the GPU): B sequences per step, each with
     // its own cache. The weights are read once per step, so tokens/s should grow almost B-fold
     // until the step stops being memory-bound.
-    for (const int batch : small ? std::vector<int>{4, 16} : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64}) {
+    // Then the same batches with the forward's bf16 products by cuBLAS's GEMM (use_cublas), the
+    // library production engines call, against your skinny and the given tensor-core GEMMs.
+    const std::vector<int> batches = small ? std::vector<int>{4, 16} : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64};
+    for (const bool cublas : {false, true})
+    for (const int batch : batches) {
       const int steps = small ? 2 : quick ? 8 : 32;
       std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
       std::vector<KVStore*> caches;
@@ -205,12 +209,14 @@ int main(int argc, char** argv) {
       std::vector<int> tokens(batch);
       for (int b = 0; b < batch; ++b) tokens[b] = 3 + b;
       gpu::CudaForward& forward = big_model->forward();
+      forward.use_cublas(cublas);
       forward.decode(tokens, caches);  // warm-up
       Stopwatch clock;
       for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
-      decodes.push_back({cat(big_name, ", bf16, batch ", batch), batch * steps / clock.seconds(),
-                         forward.weight_bytes_per_step(), batch});
+      decodes.push_back({cat(big_name, ", bf16, batch ", batch, cublas ? ", cuBLAS products" : ""),
+                         batch * steps / clock.seconds(), forward.weight_bytes_per_step(), batch});
     }
+    big_model->forward().use_cublas(false);
 
     std::printf("%-20s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
     for (const Result& r : results) {

@@ -213,6 +213,13 @@ class CudaForward final : public ModelRunner {
   /// shapes, and attentions that cannot be captured (lesson 07's), run as before. The logits are
   /// the same launches' (the tests compare). Off by default.
   void use_graphs(bool on);
+  /// Multiplies by cuBLAS's bf16 GEMM (the library production engines call) where a step has
+  /// kCublasMinBatch to kCublasMaxBatch rows (fused_kernels.hpp), instead of lesson 07's skinny and
+  /// tensor-core GEMMs: x split into two bf16 halves as the tensor-core GEMM splits it, so the
+  /// sums keep x to about 16 bits either way. bf16 weights only (float32 and lesson 11's formats
+  /// keep their products); one row stays with your GEMV. Off by default: the engine then runs
+  /// your kernels alone. Drops the graphs captured so far.
+  void use_cublas(bool on);
   /// Graphs held now (one per batch size and attention layout met since the step's scratch
   /// arrays last grew, which drops them all).
   int graphs_captured() const;

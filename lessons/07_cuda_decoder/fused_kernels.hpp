@@ -64,6 +64,16 @@ bool tensor_gemm_int8_runs(int rows, int cols);
 /// multiple of 32 dividing cols (so that a row's 16-byte packet lies in one group).
 bool tensor_gemm_int4_runs(int rows, int cols, int group);
 
+/// x [n] split into two bf16 halves for a product on bf16 inputs that keeps x to about 16 bits, as
+/// tensor_gemm_bf16 does in shared memory: hi_lo[i] = bf16(x[i]) (rounded to nearest even), and
+/// hi_lo[n + i] = bf16(x[i] - hi_lo[i]) (what the rounding lost). X W^T is then X_hi W^T + X_lo W^T.
+/// Throws infer::Error (naming split_bf16) for n below 1 or a null pointer.
+void split_bf16(const float* x, uint16_t* hi_lo, long n);
+
+/// y[i] = halves[i] + halves[n + i] for i < n: the two products split_bf16's halves gave, joined.
+/// Throws infer::Error (naming add_halves) for n below 1 or a null pointer.
+void add_halves(const float* halves, float* y, long n);
+
 /// tensor_gemm_bf16's variants, 1 to this.
 inline constexpr int kTensorGemmVariants = 4;
 /// The variant the forward uses: the GPU report's pick (commit e864848, an H200: geometric mean
@@ -82,5 +92,13 @@ inline constexpr int kTensorGemmMinBatch = 4;
 /// GEMM over the 1.1B step's projections (int8 13.3 against 33.3 ms, int4 g128 27.8 against 30.2);
 /// lesson 11's bench now times 16 and 32 rows too, to place it.
 inline constexpr int kQuantTensorGemmMinBatch = 16;
+/// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
+/// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
+/// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM
+/// below every kernel of lesson 07 at every batch from 2 to 64 on both of its shapes (16,384 x
+/// 16,384: 0.137 to 0.145 ms, one GEMV's 0.145). Above 64 rows (prompt chunks) the scratch
+/// arrays would grow with the chunk: the tensor-core GEMM takes them.
+inline constexpr int kCublasMinBatch = 2;
+inline constexpr int kCublasMaxBatch = 64;
 
 }  // namespace infer::gpu

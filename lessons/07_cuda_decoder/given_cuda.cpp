@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include <cublas_v2.h>
+
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
@@ -20,9 +22,60 @@ namespace infer::gpu {
 
 namespace {
 
+/// cuBLAS's bf16 GEMM for the forward's products of kCublasMinBatch to kCublasMaxBatch rows
+/// (CudaForward::use_cublas): x split into bf16 halves (split_bf16), both halves multiplied in one
+/// GEMM, so that W is read once, and joined (add_halves). Its scratch arrays are sized once, for
+/// the largest matrix and kCublasMaxBatch rows, so that a captured graph's addresses stay valid.
+class LibraryGemm {
+ public:
+  LibraryGemm(size_t max_rows, size_t max_cols)
+      : x2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_cols),
+        y2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_rows),
+        workspace_(kWorkspaceBytes) {
+    check(cublasCreate(&handle_), "cublasCreate");
+    // The kernels' stream (each thread's default: CMakeLists.txt), and a workspace of its own, so
+    // that cuBLAS allocates nothing while a decode step is being captured into a graph.
+    check(cublasSetStream(handle_, cudaStreamPerThread), "cublasSetStream");
+    check(cublasSetWorkspace(handle_, workspace_.get(), kWorkspaceBytes), "cublasSetWorkspace");
+  }
+  ~LibraryGemm() { cublasDestroy(handle_); }
+  LibraryGemm(const LibraryGemm&) = delete;
+  LibraryGemm& operator=(const LibraryGemm&) = delete;
+
+  /// y [batch, count] = x [batch, cols] W^T for bf16 W [count, cols] (row-major), batch within
+  /// kCublasMinBatch..kCublasMaxBatch.
+  void product(const uint16_t* w, const float* x, float* y, int batch, int count, int cols) const {
+    const long n = static_cast<long>(batch) * cols, out = static_cast<long>(batch) * count;
+    require(batch <= kCublasMaxBatch && static_cast<size_t>(2 * n) <= x2_.size() &&
+                static_cast<size_t>(2 * out) <= y2_.size(),
+            "LibraryGemm: ", batch, " rows of ", cols, " into ", count, " exceed its scratch");
+    split_bf16(x, x2_.get(), n);
+    // Row-major W [count, cols] is column-major W^T; X2 [2 batch, cols] row-major is column-major
+    // X2^T: Y2^T [count, 2 batch] = (W^T)^T X2^T, that is Y2 [2 batch, count] row-major.
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, count, 2 * batch, cols, &one, w, CUDA_R_16BF, cols,
+                       x2_.get(), CUDA_R_16BF, cols, &zero, y2_.get(), CUDA_R_32F, count, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+    add_halves(y2_.get(), y, out);
+  }
+
+ private:
+  static constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLAS's docs suggest for Hopper
+  static void check(cublasStatus_t status, const char* what) {
+    require(status == CUBLAS_STATUS_SUCCESS, "cuBLAS: ", what, " failed with status ", static_cast<int>(status));
+  }
+  cublasHandle_t handle_ = nullptr;
+  // The products write them from a const method: the scratch is not the matrix's state.
+  mutable DeviceArray<uint16_t> x2_;
+  mutable DeviceArray<float> y2_;
+  DeviceArray<uint8_t> workspace_;
+};
+
 /// A weight matrix [rows, cols] on the device in float32 or bf16, and lesson 07's products by it:
 /// the fastest GEMV for one row, the skinny GEMM above (bf16 from kTensorGemmMinBatch rows: the
-/// given one on tensor cores, where the device has them).
+/// given one on tensor cores, where the device has them; from kCublasMinBatch to kCublasMaxBatch
+/// rows cuBLAS's, where CudaForward::use_cublas gave it one).
 class DeviceMatrix final : public DeviceProjection {
  public:
   DeviceMatrix(int rows, int cols, WeightType type) : rows_(rows), cols_(cols) {
@@ -39,6 +92,8 @@ class DeviceMatrix final : public DeviceProjection {
       else skinny_gemm_f32(f32_.get() + at, x, y, count, cols_, batch);
     } else {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
+      else if (library_ && batch >= kCublasMinBatch && batch <= kCublasMaxBatch)
+        library_->product(bf16_.get() + at, x, y, batch, count, cols_);
       else if (batch >= kTensorGemmMinBatch && tensor_gemm_runs(count, cols_))
         tensor_gemm_bf16(kTensorGemmVariant, bf16_.get() + at, x, y, count, cols_, batch);
       else skinny_gemm_bf16(bf16_.get() + at, x, y, count, cols_, batch);
@@ -48,11 +103,14 @@ class DeviceMatrix final : public DeviceProjection {
 
   DeviceArray<float>& f32() { return f32_; }
   DeviceArray<uint16_t>& bf16() { return bf16_; }
+  /// Products of kCublasMinBatch to kCublasMaxBatch rows by `library` (bf16 only; null: lesson 07's).
+  void use_library(const LibraryGemm* library) { library_ = library; }
 
  private:
   int rows_, cols_;
   DeviceArray<float> f32_;
   DeviceArray<uint16_t> bf16_;
+  const LibraryGemm* library_ = nullptr;
 };
 
 std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, WeightType type) {
@@ -335,6 +393,7 @@ struct CudaForward::Impl {
   std::unique_ptr<DeviceAttention> attention;
   Scratch s;
 
+  std::unique_ptr<LibraryGemm> library;               // use_cublas()
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
@@ -576,6 +635,27 @@ Matrix CudaForward::decode(std::span<const int> tokens, std::span<KVStore* const
 void CudaForward::use_graphs(bool on) {
   impl_->graphs = on;
   impl_->attention->set_graphs(on);
+}
+
+void CudaForward::use_cublas(bool on) {
+  Impl& m = *impl_;
+  std::vector<DeviceMatrix*> matrices;  // lesson 07's bf16 ones (lesson 11's formats keep their products)
+  const auto collect = [&](const std::unique_ptr<DeviceProjection>& p) {
+    if (auto* d = dynamic_cast<DeviceMatrix*>(p.get()); d && d->bf16().size() > 0) matrices.push_back(d);
+  };
+  collect(m.lm_head);
+  for (const Impl::Layer& l : m.layers)
+    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) collect(*w);
+  if (on && !m.library && !matrices.empty()) {
+    size_t max_rows = 0, max_cols = 0;
+    for (const DeviceMatrix* d : matrices)
+      max_rows = std::max<size_t>(max_rows, d->rows()), max_cols = std::max<size_t>(max_cols, d->cols());
+    m.library = std::make_unique<LibraryGemm>(max_rows, max_cols);
+  }
+  for (DeviceMatrix* d : matrices) d->use_library(on ? m.library.get() : nullptr);
+  // Graphs captured before hold the other products' launches.
+  for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);
+  m.execs.clear();
 }
 
 int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.size()); }

@@ -384,6 +384,41 @@ void tensor_gemm_int4(const uint8_t* packed, const float* scales, const float* x
   tensor_gemm("tensor_gemm_int4", 1, Int4Weights{packed, scales, group}, x, y, rows, cols, batch);
 }
 
+namespace {
+
+__global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi_lo, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    hi_lo[i] = hi;
+    hi_lo[n + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+  }
+}
+
+__global__ void add_halves_kernel(const float* halves, float* y, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x)
+    y[i] = halves[i] + halves[n + i];
+}
+
+/// Blocks for an elementwise kernel over n values (a grid-stride loop covers the rest).
+int elementwise_blocks(long n) { return static_cast<int>(std::min<long>((n + kThreads - 1) / kThreads, 4096)); }
+
+}  // namespace
+
+void split_bf16(const float* x, uint16_t* hi_lo, long n) {
+  require(n >= 1, "split_bf16: n must be >= 1, got ", n);
+  require_device_pointers("split_bf16", {x, hi_lo});
+  split_bf16_kernel<<<elementwise_blocks(n), kThreads>>>(x, reinterpret_cast<__nv_bfloat16*>(hi_lo), n);
+  cuda_check_launch("split_bf16");
+}
+
+void add_halves(const float* halves, float* y, long n) {
+  require(n >= 1, "add_halves: n must be >= 1, got ", n);
+  require_device_pointers("add_halves", {halves, y});
+  add_halves_kernel<<<elementwise_blocks(n), kThreads>>>(halves, y, n);
+  cuda_check_launch("add_halves");
+}
+
 void add_rms_norm(float* x, const float* y, const float* weight, float* h, int rows, int cols, float eps) {
   require(rows >= 1 && cols >= 1, "add_rms_norm: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("add_rms_norm", {x, y, weight, h});

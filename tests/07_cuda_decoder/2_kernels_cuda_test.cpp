@@ -233,6 +233,36 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get() + 1, x.get(), y.get(), 32, 32, 1); }, "32-byte"));
 }
 
+TEST(GivenCublasHelpers, SplitBf16KeepsXToAbout16BitsAndAddHalvesJoinsTheProducts) {
+  // split_bf16: hi = float_to_bf16(x) exactly, lo = bf16(x - hi), so hi + lo is within 2^-16 |x|
+  // (lo's own rounding: 8 bits of what hi lost, itself under 2^-8 |x|); add_halves: the two
+  // halves summed elementwise, every element written. n odd and above a grid's reach in blocks.
+  REQUIRE_DEVICE();
+  for (const long n : {1L, 37L, 4097L}) {
+    const auto x = random_values(static_cast<size_t>(n), 900 + n, 3.0);
+    DeviceArray<float> dx(x);
+    DeviceArray<uint16_t> hi_lo(static_cast<size_t>(2 * n));
+    hi_lo.fill_bytes(0xFF);
+    split_bf16(dx.get(), hi_lo.get(), n);
+    const std::vector<uint16_t> got = hi_lo.download();
+    for (long i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], float_to_bf16(x[i])) << "hi of element " << i << " of " << n;
+      const float joined = bf16_to_float(got[i]) + bf16_to_float(got[n + i]);
+      ASSERT_LE(std::fabs(joined - x[i]), std::ldexp(std::fabs(x[i]), -16)) << "hi + lo of element " << i;
+    }
+    const auto halves = random_values(static_cast<size_t>(2 * n), 950 + n);
+    DeviceArray<float> dh(halves), dy = poisoned(static_cast<size_t>(n));
+    add_halves(dh.get(), dy.get(), n);
+    const std::vector<float> y = dy.download();
+    for (long i = 0; i < n; ++i) ASSERT_EQ(y[i], halves[i] + halves[n + i]) << "element " << i << " of " << n;
+  }
+  using testing::throws_error_mentioning;
+  DeviceArray<float> f(4);
+  DeviceArray<uint16_t> h(8);
+  EXPECT_TRUE(throws_error_mentioning([&] { split_bf16(f.get(), h.get(), 0); }, "split_bf16"));
+  EXPECT_TRUE(throws_error_mentioning([&] { add_halves(f.get(), f.get(), 0); }, "add_halves"));
+}
+
 GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
   REQUIRE_DEVICE();
   for (const Shape s : {Shape{1, 1}, Shape{1, 192}, Shape{5, 33}, Shape{7, 4097}}) {

@@ -1,6 +1,7 @@
-// A stand-in for the few cuBLAS calls the GPU benches make (lessons 07 and 09 time their kernels
-// beside cuBLAS's), as plain loops over the stand-in runtime's host memory, so that the benches
-// run through on a machine without a GPU (their --small mode; tests/common/CMakeLists.txt). The
+// A stand-in for the few cuBLAS calls the course makes (lessons 07 and 09's benches time their
+// kernels beside cuBLAS's; CudaForward::use_cublas multiplies by cuBLAS's bf16 GEMM), as plain
+// loops over the stand-in runtime's host memory, so that the benches run through and the engine's
+// cases run on a machine without a GPU (tests/common/CMakeLists.txt). The
 // products are computed, not skipped: a bench that checks a kernel against cuBLAS gets cuBLAS's
 // numbers. Column-major, as cuBLAS is; only what the benches ask for (float32 and bf16 inputs,
 // float32 accumulation): anything else answers CUBLAS_STATUS_NOT_SUPPORTED, never a wrong result.
@@ -77,6 +78,16 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// The stream and the workspace: the stand-in has one stream, and needs no workspace.
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t) {
+  return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return workspace || bytes == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasSgemv_v2(cublasHandle_t, cublasOperation_t trans, int m, int n, const float* alpha,

@@ -151,6 +151,25 @@ void rope(float* x, const int* positions, int rows, int heads, int head_dim, flo
   });
 }
 
+void split_bf16(const float* x, uint16_t* hi_lo, long n) {
+  require(n >= 1, "split_bf16: n must be >= 1, got ", n);
+  require_device_pointers("split_bf16", {x, hi_lo});
+  host_device::launch([=] {
+    for (long i = 0; i < n; ++i) {
+      hi_lo[i] = float_to_bf16(x[i]);
+      hi_lo[n + i] = float_to_bf16(x[i] - bf16_to_float(hi_lo[i]));
+    }
+  });
+}
+
+void add_halves(const float* halves, float* y, long n) {
+  require(n >= 1, "add_halves: n must be >= 1, got ", n);
+  require_device_pointers("add_halves", {halves, y});
+  host_device::launch([=] {
+    for (long i = 0; i < n; ++i) y[i] = halves[i] + halves[n + i];
+  });
+}
+
 void add(float* x, const float* y, long n) {
   require(n >= 1, "add: n must be >= 1, got ", n);
   require_device_pointers("add", {x, y});
