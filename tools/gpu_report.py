@@ -122,6 +122,16 @@ def main():
         for d in bench.get("decode", []):
             md += [f"- decode, {d.get('model')}: {d.get('tokens_per_s', 0):.0f} tokens/s "
                    f"({100 * d.get('fraction_of_roofline', 0):.0f}% of its memory roofline)"]
+        parts = bench.get("step_parts", [])  # lesson 07's: one decode step, launch by launch
+        if parts:
+            total = sum(p.get("ms", 0) * p.get("per_step", 0) for p in parts)
+            step = bench.get("step_ms", 0)
+            md += ["", "One decode step of the 1.1B shape (bf16, batch 1), each launch timed alone:", "",
+                   "| launch | per step | ms each | ms a step | GB/s |", "| --- | --- | --- | --- | --- |"]
+            md += [f"| {p.get('name')} | {p.get('per_step')} | {p.get('ms', 0):.4f} | "
+                   f"{p.get('ms', 0) * p.get('per_step', 0):.3f} | {p.get('gbps', 0):.0f} |" for p in parts]
+            md += ["", f"The parts: {total:.3f} ms; the step: {step:.3f} ms; the rest (the host's launching and "
+                   f"waiting): {step - total:.3f} ms."]
         splits = bench.get("splits", [])
         if splits:
             md += ["", "| positions (batch 1) | splits | one pass ms | split ms | speedup |", "| --- | --- | --- | --- | --- |"]

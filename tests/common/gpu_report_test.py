@@ -18,7 +18,9 @@ import tempfile
 root, benches = sys.argv[1], sys.argv[2]
 wanted = {  # bench: lines its section must have
     "lesson07_cuda_bench": ["| gemv_bf16 v", "| skinny_gemm_bf16 |", "| tensor_gemm_bf16 v4 |", "| cuBLAS bf16 GEMM |",
-                            "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:"],
+                            "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:",
+                            "- decode, small model in the 1.1B shape's place, bf16, batch 16, cuBLAS products:",
+                            "| q, k, v GEMV [", "| logits to the host (cudaMemcpy) | 1 |", "The parts: "],
     "lesson08_cuda_bench": ["| chunk kernel on tensor cores (tiles of 32 rows) |", "| paged, split ",
                             "- decode step, small model in the 1.1B shape's place"],
     "lesson09_cuda_bench": ["cuBLAS bf16 product on this device", "- version 3 against version 2, 64 tokens"],
