@@ -207,13 +207,16 @@ void launch_tiled(const PagedBatch& a, int warps, int num_splits, float* partial
   require(aligned16(a.q) && aligned16(a.k_pool) && aligned16(a.v_pool),
           who, ": q, k_pool and v_pool must lie on 16-byte boundaries");
   require(a.batch <= 65535, who, ": batch ", a.batch, " must be at most 65535 (a grid dimension)");
-  require(warps == 4 || (warps == 8 && a.head_dim <= 128), who, ": ", warps, " warps a block at head_dim ", a.head_dim,
-          " (4, or 8 up to head_dim 128: their shared memory)");
   // 4 query heads a block for groups of up to 4 (half the registers), 8 above. At most 46 KiB of
-  // shared memory (4 warps, head_dim 256) or 47 KiB (8 warps, head_dim 128): no opt-in needed.
+  // shared memory (4 warps, head_dim 256), 47 KiB (8 warps, head_dim 128) or 46.5 KiB (16 warps,
+  // head_dim 128, groups of up to 4): no opt-in needed.
   const bool four = a.heads / a.kv_heads <= 4;
-  const auto launch = warps == 8 ? (four ? launch_blocks<8, 4> : launch_blocks<8, 8>)
-                                 : (four ? launch_blocks<4, 4> : launch_blocks<4, 8>);
+  require(warps == 4 || (warps == 8 && a.head_dim <= 128) || (warps == 16 && a.head_dim <= 128 && four), who, ": ",
+          warps, " warps a block at head_dim ", a.head_dim, " and ", a.heads / a.kv_heads,
+          " query heads a K/V head (4; 8 up to head_dim 128; 16 up to head_dim 128 and groups of 4: their shared memory)");
+  const auto launch = warps == 16 ? launch_blocks<16, 4>
+                      : warps == 8 ? (four ? launch_blocks<8, 4> : launch_blocks<8, 8>)
+                                   : (four ? launch_blocks<4, 4> : launch_blocks<4, 8>);
   launch(a, num_splits, partial_out, partial_lse);
   cuda_check_launch(who);
 }

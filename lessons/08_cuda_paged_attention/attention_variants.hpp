@@ -21,7 +21,7 @@ namespace infer::gpu {
 
 /// paged_decode_attention()'s contract, computed by the tiled design above with `warps` warps a
 /// block (4; or 8, for head_dim up to 128: twice the warps per block where a batch gives few
-/// blocks). Also refuses a head_dim that is not a multiple of 4 or above 256, q, k_pool or v_pool
+/// blocks; or 16, for head_dim up to 128 and up to 4 query heads a K/V head). Also refuses a head_dim that is not a multiple of 4 or above 256, q, k_pool or v_pool
 /// off a 16-byte boundary, and another warp count (infer::Error naming the function).
 void paged_decode_attention_tiled(const PagedBatch& a, int warps = 4);
 

@@ -134,13 +134,22 @@ int main(int argc, char** argv) {
     // checked against yours, then timed.
     auto time_tiled_splits = [&](const gpu::PagedBatch& a, const std::string& shape, double bytes,
                                  const std::string& label) {
-      for (const int splits : {2, 4}) {
-        checks.push_back(check_variant(a, label, 4, splits));
-        const size_t rows = static_cast<size_t>(a.batch) * a.heads;
-        DeviceArray<float> po(rows * splits * a.head_dim), pl(rows * splits);
-        results.push_back({cat("paged (32 a warp, 4 warps), shuffled, split ", splits), shape, bytes, cuda_time_ms([&] {
-                             gpu::paged_decode_attention_tiled_split(a, splits, po.get(), pl.get());
-                           }, reps)});
+      // (and 8 warps split 2 and 4 ways, and 16 warps whole, where their shared memory allows:
+      // candidates for the GPU target of 60% of copy bandwidth, the report says which wins)
+      for (const int warps : {4, 8})
+        for (const int splits : {2, 4}) {
+          if (warps == 8 && a.head_dim > 128) continue;
+          checks.push_back(check_variant(a, label, warps, splits));
+          const size_t rows = static_cast<size_t>(a.batch) * a.heads;
+          DeviceArray<float> po(rows * splits * a.head_dim), pl(rows * splits);
+          results.push_back({cat("paged (32 a warp, ", warps, " warps), shuffled, split ", splits), shape, bytes,
+                             cuda_time_ms([&] { gpu::paged_decode_attention_tiled_split(a, splits, po.get(), pl.get(), warps); },
+                                          reps)});
+        }
+      if (a.head_dim <= 128 && a.heads / a.kv_heads <= 4) {
+        checks.push_back(check_variant(a, label, 16));
+        results.push_back({"paged (32 a warp, 16 warps), shuffled", shape, bytes,
+                           cuda_time_ms([&] { gpu::paged_decode_attention_tiled(a, 16); }, reps)});
       }
     };
 
@@ -209,9 +218,10 @@ int main(int argc, char** argv) {
       time_tiled_splits(a, shape, bytes, cat(shape, ", shuffled"));
     }
     // 1c. The second design's edges, correctness only: lengths that leave tiles, lanes and warps
-    // idle (1 to 200 in one batch), a group of 1 and one of 12 (two blocks a K/V head), head_dim
-    // 256, blocks of 3 positions.
-    for (const auto [h, kvh, d] : {std::array<int, 3>{4, 4, 256}, std::array<int, 3>{12, 1, 64}}) {
+    // idle (1 to 200 in one batch), a group of 1, one of 4 (16 warps) and one of 12 (two blocks a
+    // K/V head), head_dim 256, blocks of 3 positions.
+    for (const auto [h, kvh, d] : {std::array<int, 3>{4, 4, 256}, std::array<int, 3>{8, 2, 128},
+                                   std::array<int, 3>{12, 1, 64}}) {
       const std::vector<int> lengths = {1, 31, 33, 127, 129, 200};
       const int batch = static_cast<int>(lengths.size()), bs = 3, blocks = (200 + bs - 1) / bs;
       const size_t rows = static_cast<size_t>(batch) * blocks * bs;
@@ -222,8 +232,8 @@ int main(int argc, char** argv) {
       a.q = q.get(), a.k_pool = k.get(), a.v_pool = v.get(), a.block_tables = t.get(), a.lengths = dlengths.get();
       a.out = out.get(), a.batch = batch, a.max_blocks = blocks, a.block_size = bs, a.heads = h, a.kv_heads = kvh;
       a.head_dim = d, a.max_length = 200;
-      for (const int warps : {4, 8})
-        if (warps == 4 || d <= 128)
+      for (const int warps : {4, 8, 16})
+        if (warps == 4 || (d <= 128 && (warps == 8 || h / kvh <= 4)))
           checks.push_back(
               check_variant(a, cat("lengths 1 to 200, ", h, "/", kvh, " heads of ", d, ", blocks of ", bs), warps));
       // Split: ranges that end inside a tile, and (8 ways over 1 position) empty ones.
@@ -310,6 +320,18 @@ int main(int argc, char** argv) {
                          bytes, cuda_time_ms([&] {
                            gpu::paged_decode_attention_tiled_split(a, p.splits, po.get(), pl.get());
                          }, reps)});
+      // Candidates for the GPU target of 50% of copy bandwidth at 32K positions: more blocks
+      // (2, 4 and 8 times your choose_splits() count, 8 warps a block), each checked first: the
+      // report says whether more blocks than that pay.
+      for (const int times : {2, 4, 8}) {
+        const int more = p.splits * times;
+        if (small && times > 2) break;
+        checks.push_back(check_variant(a, cat("batch 1 x ", length, " positions, shuffled"), 8, more));
+        DeviceArray<float> mo(static_cast<size_t>(heads) * more * hd), ml(static_cast<size_t>(heads) * more);
+        results.push_back({cat("paged (32 a warp, 8 warps), split ", more, " ways"), cat("batch 1 x ", length, " positions"),
+                           bytes, cuda_time_ms([&] { gpu::paged_decode_attention_tiled_split(a, more, mo.get(), ml.get(), 8); },
+                                               reps)});
+      }
     }
 
     // 3. A whole decode step at a long context: the 1.1B shape (TinyLlama's: 22 layers, hidden
