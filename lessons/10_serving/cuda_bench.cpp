@@ -407,16 +407,36 @@ int main(int argc, char** argv) {
                                   " (k = 1's acceptance); predicted S(k) = E(k) t_1 / (k t_d + t_v(k + 1)), lesson 06's formula."));
       spec["notes"].push_back(equal ? "Every speculative output equals plain greedy decoding's."
                                     : "SOME SPECULATIVE OUTPUT DIFFERS FROM PLAIN GREEDY DECODING'S.");
-      // The 1.1B shape: prompt lookup over its pattern weights' greedy text (an upper bound: that text repeats).
-      const std::vector<std::vector<int>> big_prompts = {some_tokens(64, big.vocab_size, 7)};
-      const SpecRun big_plain = run_engine(nullptr, big_forward.get(), big, big_prompts, max_new, nullptr, 0);
-      const SpecRun big_lookup = run_engine(nullptr, big_forward.get(), big, big_prompts, max_new, prompt_lookup_speculator(), 4);
-      spec["rows"].push_back({"1.1B shape: none", "0", cat(std::round(big_plain.tokens_per_s)), "1", "",
-                              cat(std::round(100 * big_plain.tokens_per_step) / 100), ""});
-      spec["rows"].push_back({"1.1B shape: prompt lookup (pattern text)", "4", cat(std::round(big_lookup.tokens_per_s)),
-                              cat(std::round(100 * big_lookup.tokens_per_s / big_plain.tokens_per_s) / 100),
-                              cat(std::round(100 * big_lookup.acceptance), "%"),
-                              cat(std::round(100 * big_lookup.tokens_per_step) / 100), ""});
+      // The 1.1B shape: prompt lookup over its pattern weights' greedy text (which need not repeat
+      // itself), then over a prompt that holds the text it will write (P, its greedy text G, P
+      // again: the case prompt lookup is for, a model copying from its context, as in editing),
+      // each with lesson 07's products and with cuBLAS's (use_cublas), which set verification's cost.
+      const std::vector<int> p0 = some_tokens(64, big.vocab_size, 7);
+      for (const bool cublas : {false, true}) {
+        big_forward->use_cublas(cublas);
+        const std::string by = cublas ? ", cuBLAS products" : "";
+        const SpecRun big_plain = run_engine(nullptr, big_forward.get(), big, {p0}, max_new, nullptr, 0);
+        const SpecRun big_lookup = run_engine(nullptr, big_forward.get(), big, {p0}, max_new, prompt_lookup_speculator(), 4);
+        std::vector<int> p1 = p0;
+        p1.insert(p1.end(), big_plain.outputs[0].begin(), big_plain.outputs[0].end());
+        p1.insert(p1.end(), p0.begin(), p0.end());
+        const SpecRun copy_plain = run_engine(nullptr, big_forward.get(), big, {p1}, max_new, nullptr, 0);
+        const SpecRun copy_lookup = run_engine(nullptr, big_forward.get(), big, {p1}, max_new, prompt_lookup_speculator(), 4);
+        equal = equal && big_lookup.outputs == big_plain.outputs && copy_lookup.outputs == copy_plain.outputs;
+        const auto rows = [&](const std::string& what, const SpecRun& plain_run, const SpecRun& lookup_run) {
+          spec["rows"].push_back({cat("1.1B shape", by, ": none", what), "0", cat(std::round(plain_run.tokens_per_s)), "1", "",
+                                  cat(std::round(100 * plain_run.tokens_per_step) / 100), ""});
+          spec["rows"].push_back({cat("1.1B shape", by, ": prompt lookup", what), "4", cat(std::round(lookup_run.tokens_per_s)),
+                                  cat(std::round(100 * lookup_run.tokens_per_s / plain_run.tokens_per_s) / 100),
+                                  cat(std::round(100 * lookup_run.acceptance), "%"),
+                                  cat(std::round(100 * lookup_run.tokens_per_step) / 100), ""});
+        };
+        rows(" (pattern text)", big_plain, big_lookup);
+        rows(" (a prompt holding its greedy text)", copy_plain, copy_lookup);
+      }
+      big_forward->use_cublas(false);
+      spec["notes"].back() = equal ? "Every speculative output equals plain greedy decoding's."
+                                   : "SOME SPECULATIVE OUTPUT DIFFERS FROM PLAIN GREEDY DECODING'S.";
       report["tables"].push_back(spec);
     }
 
