@@ -4,7 +4,7 @@
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]
-//            [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
+//            [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //            [--tensor-parallel-size N]
 //
@@ -66,7 +66,7 @@ void usage(std::ostream& out) {
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
          "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]\n"
-         "                [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]\n"
+         "                [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "                [--tensor-parallel-size N]\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
@@ -86,7 +86,8 @@ void usage(std::ostream& out) {
          "  --device cuda runs the forward on a GPU with lesson 07's kernels (--weights f32 or bf16, default\n"
          "  f32; int8 and int4 with lesson 11's); with --paged the pool lives on the GPU and lesson 08's\n"
          "  paged attention reads it; a draft model (--speculative draft or tree) runs there too, in the\n"
-         "  same format; --cuda-graphs (with --paged) replays its decode steps from CUDA graphs.\n"
+         "  same format; --cuda-graphs (with --paged) replays its decode steps from CUDA graphs; --cublas\n"
+         "  (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.\n"
          "  --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32); --activations int8 (with int4, on the CPU)\n"
          "  rounds each product's activations to 8 bits too and sums in integers.\n"
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
                                "--seed", "--kv-dtype", "--block-size", "--num-blocks", "--device", "--weights", "--group", "--activations",
                                "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches",
                                "--tensor-parallel-size"},
-                              {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "-h", "--help"});
+                              {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"});
     if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
@@ -176,6 +177,9 @@ int main(int argc, char** argv) {
     if (opts.has("--cuda-graphs") && (device != "cuda" || !paged))
       throw infer::Error("generate: --cuda-graphs replays decode steps on the GPU over paged memory; it needs "
                          "--device cuda and --paged");
+    if (opts.has("--cublas") && (device != "cuda" || weight.name != "bf16"))
+      throw infer::Error(infer::cat("generate: --cublas multiplies bf16 weights on the GPU by cuBLAS's GEMM; it needs "
+                                    "--device cuda and --weights bf16, got --device ", device, ", --weights ", weight.name));
     if (device == "cuda" && (opts.has("--kv-cache") || opts.has("--kv-dtype")))
       throw infer::Error("generate: --device cuda runs the engine, which keeps its KV memory on the GPU; drop --kv-cache "
                          "and --kv-dtype (--paged keeps it in blocks)");
@@ -278,9 +282,12 @@ int main(int argc, char** argv) {
       if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
         infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, blocks, block_size);
         gpu.forward->use_graphs(opts.has("--cuda-graphs"));
+        gpu.forward->use_cublas(opts.has("--cublas"));
         runner = std::move(gpu.forward), pool = std::move(gpu.pool);
       } else if (device == "cuda") {  // lesson 07's slot
-        runner = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
+        auto f = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
+        f->use_cublas(opts.has("--cublas"));
+        runner = std::move(f);
         memory = infer::gpu::cuda_slots(model.config, 1, room);
       }
 #endif

@@ -3,7 +3,7 @@
 //   serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]
 //                 [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]
 //                 [--paged [--block-size SIZE] [--num-blocks N]] [--prefix-cache]
-//                 [--weights f32|int8|int4 [--group G] [--activations int8]] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
+//                 [--weights f32|int8|int4 [--group G] [--activations int8]] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]
 //                 [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //                 [--tensor-parallel-size N]
 //
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
                               {"--model", "--prompts", "--max-batch", "--max-new-tokens", "--policy", "--temperature",
                                "--top-p", "--seed", "--block-size", "--num-blocks", "--device", "--weights", "--group", "--activations",
                                "--speculative", "--num-speculative-tokens", "--draft", "--tensor-parallel-size"},
-                              {"-h", "--help", "--paged", "--prefix-cache", "--cuda-graphs"},
+                              {"-h", "--help", "--paged", "--prefix-cache", "--cuda-graphs", "--cublas"},
                               // vLLM's names for the same options
                               {{"--max-num-seqs", "--max-batch"},
                                {"--num-gpu-blocks-override", "--num-blocks"},
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
                    "                     [--activations int8]\n"
-                   "                     [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]] [--tensor-parallel-size N]\n"
+                   "                     [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]] [--tensor-parallel-size N]\n"
                    "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
@@ -165,6 +165,9 @@ int main(int argc, char** argv) {
     if (opts.has("--cuda-graphs") && (device != "cuda" || !paged))
       throw infer::Error("serve_offline: --cuda-graphs replays decode steps on the GPU over paged memory; it needs "
                          "--device cuda and --paged");
+    if (opts.has("--cublas") && (device != "cuda" || weight.name != "bf16"))
+      throw infer::Error(infer::cat("serve_offline: --cublas multiplies bf16 weights on the GPU by cuBLAS's GEMM; it needs "
+                                    "--device cuda and --weights bf16, got --device ", device, ", --weights ", weight.name));
     if (!paged && (opts.has("--block-size") || opts.has("--num-blocks") || opts.has("--prefix-cache")))
       throw infer::Error("serve_offline: --block-size, --num-blocks and --prefix-cache need --paged");
     const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
@@ -235,9 +238,12 @@ int main(int argc, char** argv) {
     if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
       infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, num_blocks, block_size);
       gpu.forward->use_graphs(opts.has("--cuda-graphs"));
+      gpu.forward->use_cublas(opts.has("--cublas"));
       forward = std::move(gpu.forward), pool = std::move(gpu.pool);
     } else if (device == "cuda") {  // lesson 07's whole-context slots
-      forward = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
+      auto f = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
+      f->use_cublas(opts.has("--cublas"));
+      forward = std::move(f);
       memory = infer::gpu::cuda_slots(model.config, slots);
     }
     infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too

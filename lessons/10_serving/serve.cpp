@@ -4,7 +4,7 @@
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
 //       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G] [--activations int8]]
-//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs]]
+//       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
 // lesson 05's prefix cache over lesson 04's paged memory (--kv-blocks blocks of --block-size
@@ -27,7 +27,8 @@
 // --device cuda runs the same engine on a GPU (lesson 07's forward, lesson 08's paged attention,
 // the pool's rows in device memory; the bookkeeping and the prefix cache stay on the host), its
 // weight matrices in float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs); with --naive, the naive baseline's forward runs there too;
-// --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size).
+// --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
+// (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
-                       {"--naive", "--no-prefix-cache", "--cuda-graphs"},
+                       {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
                         {"--max-num-batched-tokens", "--token-budget"},
@@ -109,6 +110,10 @@ int main(int argc, char** argv) {
       throw Error("lesson10_serve: --cuda-graphs replays the engine's decode steps on the GPU; it needs --device cuda "
                   "and the engine (not --naive)");
     const WeightChoice weights = weight_choice(opts, "lesson10_serve", device);
+    if (opts.has("--cublas") && (device != "cuda" || opts.has("--naive") || weights.name != "bf16"))
+      throw Error(cat("lesson10_serve: --cublas multiplies the engine's bf16 weights on the GPU by cuBLAS's GEMM; it needs "
+                      "--device cuda, --weights bf16 and the engine (not --naive); got --device ", device, ", --weights ",
+                      weights.name, opts.has("--naive") ? ", --naive" : ""));
     if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
     const ServingOptions engine_opts{
@@ -192,6 +197,7 @@ int main(int argc, char** argv) {
 #if COURSE_HAVE_CUDA
         gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, gpu_weights, blocks, block);
         parts.forward->use_graphs(opts.has("--cuda-graphs"));
+        parts.forward->use_cublas(opts.has("--cublas"));
         pool = std::move(parts.pool);
         runner = std::move(parts.forward);
 #endif

@@ -103,7 +103,7 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
                       (["--temperature", "inf"], "--temperature expects a finite number"),
-                      (["--device", "tpu"], "cpu or cuda"),
+                      (["--device", "tpu"], "cpu or cuda"), (["--cublas"], "it needs --device cuda and --weights bf16"),
                       (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
                       (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8"),
                       (["--paged", "--num-blocks", "0"], "num-blocks"), (["--block-size", "8"], "need --paged"),

@@ -94,6 +94,12 @@ if refused.returncode != 1 or "drop --naive" not in refused.stderr:
 if "mpirun" in refused.stdout + refused.stderr:
     sys.exit(f"a refused option must be said once, before mpirun starts: {refused.stderr!r}")
 print("serve --tensor-parallel-size 2 --naive: refused before any rank starts")
+for bad, fragment in [(["--cublas"], "needs --device cuda, --weights bf16"),
+                      (["--cublas", "--naive"], "got --device cpu, --weights f32, --naive")]:
+    run = subprocess.run([binary, "--model", model] + bad, capture_output=True, text=True, timeout=30)
+    if run.returncode != 1 or fragment not in run.stderr:
+        sys.exit(f"serve {' '.join(bad)}: expected exit 1 saying {fragment!r}, got {run.returncode}: {run.stderr!r}")
+print("serve --cublas without the GPU's bf16 engine: refused")
 
 port = free_port()
 one = start(port)

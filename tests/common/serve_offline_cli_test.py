@@ -72,7 +72,8 @@ with tempfile.TemporaryDirectory() as tmp:
         if run.returncode != 0 or f"{weights} weights" not in run.stderr or "--- request 1, line 2" not in run.stdout:
             sys.exit(f"--weights {weights}: exit {run.returncode}, {run.stderr!r}")
     for extra, says in [(["--weights", "int9"], "f32, int8 or int4"), (["--weights", "int8", "--group", "32"], "--group needs"),
-                        (["--weights", "int4", "--group", "48"], "a group of 48 columns")]:
+                        (["--weights", "int4", "--group", "48"], "a group of 48 columns"),
+                        (["--cublas"], "it needs --device cuda and --weights bf16")]:
         run = serve(ok, *extra)
         if run.returncode == 0 or says not in run.stderr:
             sys.exit(f"{extra}: expected a non-zero exit mentioning {says!r}, got {run.returncode}: {run.stderr!r}")
