@@ -163,9 +163,9 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
       # over the ones that move device blocks around (a mixed step, the prefix cache's copies,
       # cancellation), no racecheck.
       if [ "$(basename "$prog")" = engine_cuda_tests ]; then
-        run_step "compute-sanitizer memcheck $(basename "$prog") (step, prefix cache, cancellation)" 150 \
+        run_step "compute-sanitizer memcheck $(basename "$prog") (step, prefix cache, cancellation, cuBLAS)" 150 \
           "$out/sanitizer-memcheck-$(basename "$prog").log" \
-          compute-sanitizer --tool memcheck --error-exitcode 3 "$prog" --gtest_filter='*MixedStep*:*PrefixCache*:*Cancelling*'
+          compute-sanitizer --tool memcheck --error-exitcode 3 "$prog" --gtest_filter='*MixedStep*:*PrefixCache*:*Cancelling*:*Cublas*'
         continue
       fi
       run_step "compute-sanitizer memcheck $(basename "$prog")" 150 "$out/sanitizer-memcheck-$(basename "$prog").log" \
