@@ -6,9 +6,10 @@
 // format holds (weights, scales, x and y), against the device's own device-to-device copy, and
 // in time against lesson 07's bf16 GEMV of the same shape at batch 1 (gemv_bf16 version 2):
 // "bf16 / this" above 1 is faster than bf16. Batch 8 asks whether eight sequences cost about one:
-// the kernels read W once for up to 8 rows of x. Batches 8 and 64 (a prompt chunk's rows) also go
-// through the given tensor-core GEMM for each format (lesson 07's fused_kernels.hpp), which the
-// forward uses from 8 rows on, its output checked against the GEMV's first. The shapes: a 16384 x 16384 matrix (256 MB in
+// the kernels read W once for up to 8 rows of x. Batches 8 to 64 (16 and 32 too: a large batch, a
+// prompt chunk's rows) also go through the given tensor-core GEMM for each format (lesson 07's
+// fused_kernels.hpp), which the forward uses from kTensorGemmMinBatch (bf16) or
+// kQuantTensorGemmMinBatch rows on, its output checked against the GEMV's first. The shapes: a 16384 x 16384 matrix (256 MB in
 // INT8, past any cache), and the projections of a 1.1B-parameter model (TinyLlama's: hidden 2048,
 // 4 KV heads of 64, MLP 5632, 32,000 tokens, 22 layers), which the bench also sums into one decode
 // step's projections. Random weights and inputs; kernel times are the median of CUDA-event
