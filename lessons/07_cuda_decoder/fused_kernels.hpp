@@ -99,6 +99,7 @@ inline constexpr int kQuantTensorGemmMinBatch = 16;
 /// 16,384: 0.137 to 0.145 ms, one GEMV's 0.145). Above 64 rows (prompt chunks) the scratch
 /// arrays would grow with the chunk: the tensor-core GEMM takes them.
 inline constexpr int kCublasMinBatch = 2;
+/// The most rows use_cublas's products take (see kCublasMinBatch).
 inline constexpr int kCublasMaxBatch = 64;
 
 }  // namespace infer::gpu
