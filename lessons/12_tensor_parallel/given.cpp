@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <thread>
 #include <utility>
@@ -227,24 +228,28 @@ Communicator& mpi_world() {
 namespace {
 
 /// The processes whose parent is `parent` (read from /proc/PID/stat; none where there is no /proc).
-std::vector<pid_t> children_of(pid_t parent) {
+/// Never throws: a process gone since the listing, or a listing cut short, leaves it out.
+std::vector<pid_t> children_of(pid_t parent) noexcept {
   std::vector<pid_t> found;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::FILE* f = std::fopen((entry.path() / "stat").c_str(), "r");
-    if (!f) continue;  // gone since the listing
-    char line[512] = {};
-    const size_t n = std::fread(line, 1, sizeof line - 1, f);
-    std::fclose(f);
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
-    const char* close = std::strrchr(line, ')');
-    if (n == 0 || !close) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
-      found.push_back(static_cast<pid_t>(std::stol(name)));
+  try {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::FILE* f = std::fopen((it->path() / "stat").c_str(), "r");
+      if (!f) continue;  // gone since the listing
+      char line[512] = {};
+      const size_t n = std::fread(line, 1, sizeof line - 1, f);
+      std::fclose(f);
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
+      const char* close = std::strrchr(line, ')');
+      if (n == 0 || !close) continue;
+      char state = 0;
+      int ppid = 0;
+      if (std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+        found.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  } catch (...) {  // (out of memory): the ones found so far
   }
   return found;
 }
@@ -288,43 +293,44 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   }
   setpgid(child, child);  // also here, so that it holds before the first signal arrives
   // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1, to
-  // mpirun and to each rank it started here: a program that waits for it stops cleanly (the
-  // server), one that does not ends there. Open MPI's mpirun forwards SIGUSR1 to the ranks itself
-  // by default, but not every build does (one Open MPI 4.1.6 did not), and then a server would never
-  // hear of the stop; a rank that hears it twice stops once. A second SIGINT or SIGTERM is passed
-  // on as SIGTERM: mpirun aborts the job.
-  static volatile sig_atomic_t mpirun_pid = 0, stops = 0;
-  mpirun_pid = child;
+  // each rank mpirun started here and then to mpirun: a program that waits for it stops cleanly
+  // (the server), one that does not ends there. Open MPI's mpirun forwards SIGUSR1 to the ranks
+  // itself by default, but not every build does (one Open MPI 4.1.6 did not), and then a server
+  // would never hear of the stop; a rank that hears it twice stops once. Ranks that mpirun starts
+  // after the stop are told as they appear. A second SIGINT or SIGTERM is passed on as SIGTERM:
+  // mpirun aborts the job. The handler only counts; the loop below does the telling (reading /proc
+  // is not for a handler), every 20 ms.
+  static volatile sig_atomic_t stops = 0;
   stops = 0;
-  struct sigaction pass_on {}, old_int {}, old_term {};
-  sigemptyset(&pass_on.sa_mask);
-  pass_on.sa_handler = [](int) {
-    kill(mpirun_pid, stops == 0 ? SIGUSR1 : SIGTERM);
-    stops = stops + 1;
-  };
-  sigaction(SIGINT, &pass_on, &old_int);
-  sigaction(SIGTERM, &pass_on, &old_term);
+  struct sigaction count_stop {}, old_int {}, old_term {};
+  sigemptyset(&count_stop.sa_mask);
+  sigaddset(&count_stop.sa_mask, SIGINT);  // one handler at a time: two signals count as two
+  sigaddset(&count_stop.sa_mask, SIGTERM);
+  count_stop.sa_handler = [](int) { stops = stops + 1; };
+  sigaction(SIGINT, &count_stop, &old_int);
+  sigaction(SIGTERM, &count_stop, &old_term);
   sigset_t stop_signals, old_mask;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, &old_mask);
   int status = 0;
-  bool told_ranks = false;
-  // Polled (every 20 ms) rather than a blocking waitpid(), so that a stop arriving at any moment is
-  // passed to the ranks outside the signal handler (reading /proc is not for a handler).
+  std::set<pid_t> told;  // the ranks told so far
+  bool told_mpirun = false, aborted = false;
   while (true) {
     const pid_t done = waitpid(child, &status, WNOHANG);
     if (done == child || (done < 0 && errno != EINTR)) break;
-    if (stops > 0 && !told_ranks) {
-      for (const pid_t rank : children_of(child)) kill(rank, SIGUSR1);
-      told_ranks = true;
+    if (stops > 0) {
+      for (const pid_t rank : children_of(child))
+        if (told.insert(rank).second) kill(rank, SIGUSR1);
+      if (!told_mpirun) kill(child, SIGUSR1), told_mpirun = true;
     }
+    if (stops > 1 && !aborted) kill(child, SIGTERM), aborted = true;
     usleep(20000);
   }
-  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
