@@ -67,6 +67,8 @@ bool tensor_gemm_int4_runs(int rows, int cols, int group);
 /// x [n] split into two bf16 halves for a product on bf16 inputs that keeps x to about 16 bits, as
 /// tensor_gemm_bf16 does in shared memory: hi_lo[i] = bf16(x[i]) (rounded to nearest even), and
 /// hi_lo[n + i] = bf16(x[i] - hi_lo[i]) (what the rounding lost). X W^T is then X_hi W^T + X_lo W^T.
+/// An infinite x (or one that rounds to infinity in bf16) gives hi = inf and lo = NaN, so the
+/// product is NaN where float32 sums would be infinite: activations never come near that.
 /// Throws infer::Error (naming split_bf16) for n below 1 or a null pointer.
 void split_bf16(const float* x, uint16_t* hi_lo, long n);
 

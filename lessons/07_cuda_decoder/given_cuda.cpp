@@ -1,5 +1,5 @@
-// Lesson 07: the CUDA model, given to students. It only composes the kernels of kernels.hpp
-// (yours in the exercises track); it launches nothing of its own.
+// Lesson 07: the CUDA model, given to students. It composes the kernels of kernels.hpp (yours in
+// the exercises track) and the given ones of fused_kernels.hpp; with use_cublas, cuBLAS's GEMM too.
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 
 #include <algorithm>
@@ -33,14 +33,28 @@ class LibraryGemm {
         y2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_rows),
         workspace_(kWorkspaceBytes) {
     check(cublasCreate(&handle_), "cublasCreate");
-    // The kernels' stream (each thread's default: CMakeLists.txt), and a workspace of its own, so
-    // that cuBLAS allocates nothing while a decode step is being captured into a graph.
-    check(cublasSetStream(handle_, cudaStreamPerThread), "cublasSetStream");
-    check(cublasSetWorkspace(handle_, workspace_.get(), kWorkspaceBytes), "cublasSetWorkspace");
+    try {
+      // The kernels' stream (each thread's default: CMakeLists.txt), and a workspace of its own, so
+      // that cuBLAS allocates nothing while a decode step is being captured into a graph.
+      check(cublasSetStream(handle_, cudaStreamPerThread), "cublasSetStream");
+      check(cublasSetWorkspace(handle_, workspace_.get(), kWorkspaceBytes), "cublasSetWorkspace");
+    } catch (...) {
+      cublasDestroy(handle_);
+      throw;
+    }
   }
   ~LibraryGemm() { cublasDestroy(handle_); }
   LibraryGemm(const LibraryGemm&) = delete;
   LibraryGemm& operator=(const LibraryGemm&) = delete;
+
+  /// One small product run now (2 rows of zeros by up to 16 rows of `w` [rows, cols]), so that
+  /// cuBLAS's first call, and whatever set-up it does, is never made while a graph is captured.
+  void warm_up(const uint16_t* w, int rows, int cols) const {
+    const int count = std::min(rows, 16);
+    DeviceArray<float> x(std::vector<float>(2 * static_cast<size_t>(cols), 0.0f)), y(2 * static_cast<size_t>(count));
+    product(w, x.get(), y.get(), 2, count, cols);
+    INFER_CUDA_CHECK(cudaDeviceSynchronize());  // before x and y are freed
+  }
 
   /// y [batch, count] = x [batch, cols] W^T for bf16 W [count, cols] (row-major), batch within
   /// kCublasMinBatch..kCublasMaxBatch.
@@ -651,6 +665,7 @@ void CudaForward::use_cublas(bool on) {
     for (const DeviceMatrix* d : matrices)
       max_rows = std::max<size_t>(max_rows, d->rows()), max_cols = std::max<size_t>(max_cols, d->cols());
     m.library = std::make_unique<LibraryGemm>(max_rows, max_cols);
+    m.library->warm_up(matrices.front()->bf16().get(), matrices.front()->rows(), matrices.front()->cols());
   }
   for (DeviceMatrix* d : matrices) d->use_library(on ? m.library.get() : nullptr);
   // Graphs captured before hold the other products' launches.

@@ -236,9 +236,10 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
 TEST(GivenCublasHelpers, SplitBf16KeepsXToAbout16BitsAndAddHalvesJoinsTheProducts) {
   // split_bf16: hi = float_to_bf16(x) exactly, lo = bf16(x - hi), so hi + lo is within 2^-16 |x|
   // (lo's own rounding: 8 bits of what hi lost, itself under 2^-8 |x|); add_halves: the two
-  // halves summed elementwise, every element written. n odd and above a grid's reach in blocks.
+  // halves summed elementwise, every element written. n odd, and past the grid's 4,096 blocks of
+  // 256 threads (the grid-stride loop's second lap), as the output head's 64 rows of 32,000 are.
   REQUIRE_DEVICE();
-  for (const long n : {1L, 37L, 4097L}) {
+  for (const long n : {1L, 37L, 4097L, 4096L * 256 + 5}) {
     const auto x = random_values(static_cast<size_t>(n), 900 + n, 3.0);
     DeviceArray<float> dx(x);
     DeviceArray<uint16_t> hi_lo(static_cast<size_t>(2 * n));
