@@ -275,7 +275,16 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   std::vector<char*> raw;
   for (std::string& a : args) raw.push_back(a.data());
   raw.push_back(nullptr);
+  // Ctrl-C and SIGTERM held back from here until the handlers below are in place (a program that
+  // has not blocked them itself, as generate, would otherwise die of one between fork and
+  // sigaction, leaving mpirun running in its own process group); the old mask comes back at the end.
+  sigset_t stop_signals, old_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
   const pid_t child = fork();
+  if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   require(child >= 0, program, ": cannot start mpirun");
   if (child == 0) {
     // mpirun in a process group of its own: Ctrl-C reaches this process alone, which passes it
@@ -309,11 +318,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   count_stop.sa_handler = [](int) { stops = stops + 1; };
   sigaction(SIGINT, &count_stop, &old_int);
   sigaction(SIGTERM, &count_stop, &old_term);
-  sigset_t stop_signals, old_mask;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_UNBLOCK, &stop_signals, &old_mask);
+  pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
   int status = 0;
   std::set<pid_t> told;  // the ranks told so far
   bool told_mpirun = false, aborted = false;
