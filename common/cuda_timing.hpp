@@ -70,6 +70,14 @@ inline double cuda_time_ms(const std::function<void()>& run, int reps) {
   return ms[ms.size() / 2];
 }
 
+/// Milliseconds of one `run` when `n` of them are queued back to back between the events (the
+/// median over `reps`, divided by `n`): what it costs the device while the host keeps ahead of it,
+/// as in a decode step's stream of launches or a captured graph. cuda_time_ms() of a single run
+/// also counts the gap between the start event and the launch reaching the device.
+inline double cuda_time_each_ms(const std::function<void()>& run, int reps, int n) {
+  return cuda_time_ms([&] { for (int i = 0; i < n; ++i) run(); }, reps) / n;
+}
+
 /// GB/s of a device-to-device copy of `bytes`, counting each byte read and written.
 inline double cuda_copy_gbps(size_t bytes, int reps) {
   DeviceArray<char> src(bytes), dst(bytes);

@@ -196,12 +196,21 @@ int main(int argc, char** argv) {
     // forward's batch-1 path: stacked q, k, v and gate, up; lesson 07's contiguous cache, 64
     // positions, as the decode above reaches), times how often a step runs it; the rest of the
     // step is the host's: launching, the copies' waits, the logits' download.
+    // Each launch is timed twice: alone (one launch between two events: the device also waits for
+    // the launch to reach it) and in a stream of kStream back to back (what it costs the device
+    // while the host keeps ahead, as in a graph). The two apart say whether a small launch's time
+    // is its kernel's or the launch's; an empty pair of events says what the events alone read.
+    const int kStream = small ? 2 : 20;  // (the run-through on the emulated kernels: 2)
     struct Part {
       std::string name;
       int per_step;
-      double ms, bytes;  // one launch's time, and the bytes it must move
+      double ms, stream_ms, bytes;  // one launch's time alone and in a stream, the bytes it must move
     };
     std::vector<Part> parts;
+    const auto part = [&](std::string name, int per_step, const std::function<void()>& run, double bytes) {
+      parts.push_back({std::move(name), per_step, cuda_time_ms(run, reps), cuda_time_each_ms(run, reps, kStream), bytes});
+    };
+    const double events_ms = cuda_time_ms([] {}, reps);
     {
       const ModelConfig& c = big;
       const int hidden = c.hidden_size, hd = c.head_dim, qd = c.num_attention_heads * hd,
@@ -217,37 +226,36 @@ int main(int argc, char** argv) {
       fill_random(k, 16), fill_random(v, 17);
       DeviceArray<int> ids(std::vector<int>{3}), pos(std::vector<int>{context});
       const auto gemv = [&](const char* name, int rows, int cols, int per_step) {
-        parts.push_back({cat(name, " GEMV [", rows, " x ", cols, "]"), per_step,
-                         cuda_time_ms([&] { gpu::gemv_bf16(gpu::gemv_bf16_versions(), w.get(), x.get(), y.get(), rows, cols); }, reps),
-                         2.0 * rows * cols});
+        part(cat(name, " GEMV [", rows, " x ", cols, "]"), per_step,
+             [&] { gpu::gemv_bf16(gpu::gemv_bf16_versions(), w.get(), x.get(), y.get(), rows, cols); }, 2.0 * rows * cols);
       };
       const double row = 4.0 * hidden;
-      parts.push_back({"embedding", 1, cuda_time_ms([&] { gpu::embedding(table.get(), ids.get(), y.get(), 1, c.vocab_size, hidden); }, reps), 2 * row});
-      parts.push_back({"rms_norm (the first layer's and the final)", 2,
-                       cuda_time_ms([&] { gpu::rms_norm(x.get(), g.get(), y.get(), 1, hidden, 1e-5f); }, reps), 3 * row});
+      part("embedding", 1, [&] { gpu::embedding(table.get(), ids.get(), y.get(), 1, c.vocab_size, hidden); }, 2 * row);
+      part("rms_norm (the first layer's and the final)", 2,
+           [&] { gpu::rms_norm(x.get(), g.get(), y.get(), 1, hidden, 1e-5f); }, 3 * row);
       gemv("q, k, v", qd + 2 * kvd, hidden, L);
-      parts.push_back({"rope (q and k together)", L,
-                       cuda_time_ms([&] { gpu::rope(y.get(), pos.get(), 1, c.num_attention_heads + c.num_key_value_heads, hd, c.rope_theta); }, reps),
-                       8.0 * (qd + kvd)});
-      parts.push_back({"append k, v to the cache (two cudaMemcpy)", L, cuda_time_ms([&] {
-                         INFER_CUDA_CHECK(cudaMemcpy(cache_k.get() + k.size(), x.get(), kvd * sizeof(float), cudaMemcpyDeviceToDevice));
-                         INFER_CUDA_CHECK(cudaMemcpy(cache_v.get() + k.size(), x.get(), kvd * sizeof(float), cudaMemcpyDeviceToDevice));
-                       }, reps), 16.0 * kvd});
-      parts.push_back({cat("decode_attention, ", context, " positions"), L, cuda_time_ms([&] {
-                         gpu::decode_attention(x.get(), k.get(), v.get(), y.get(), context, c.num_attention_heads,
-                                               c.num_key_value_heads, hd); }, reps), 8.0 * context * kvd});
+      part("rope (q and k together)", L,
+           [&] { gpu::rope(y.get(), pos.get(), 1, c.num_attention_heads + c.num_key_value_heads, hd, c.rope_theta); },
+           8.0 * (qd + kvd));
+      part("append k, v to the cache (two cudaMemcpy)", L, [&] {
+             INFER_CUDA_CHECK(cudaMemcpy(cache_k.get() + k.size(), x.get(), kvd * sizeof(float), cudaMemcpyDeviceToDevice));
+             INFER_CUDA_CHECK(cudaMemcpy(cache_v.get() + k.size(), x.get(), kvd * sizeof(float), cudaMemcpyDeviceToDevice));
+           }, 16.0 * kvd);
+      part(cat("decode_attention, ", context, " positions"), L, [&] {
+             gpu::decode_attention(x.get(), k.get(), v.get(), y.get(), context, c.num_attention_heads,
+                                   c.num_key_value_heads, hd); }, 8.0 * context * kvd);
       gemv("o", hidden, qd, L);
-      parts.push_back({"add_rms_norm", 2 * L - 1,
-                       cuda_time_ms([&] { gpu::add_rms_norm(x.get(), y.get(), g.get(), table.get(), 1, hidden, 1e-5f); }, reps), 5 * row});
+      part("add_rms_norm", 2 * L - 1,
+           [&] { gpu::add_rms_norm(x.get(), y.get(), g.get(), table.get(), 1, hidden, 1e-5f); }, 5 * row);
       gemv("gate, up", 2 * inter, hidden, L);
-      parts.push_back({"swiglu", L, cuda_time_ms([&] { gpu::swiglu(x.get(), x.get() + inter, y.get(), inter); }, reps), 12.0 * inter});
+      part("swiglu", L, [&] { gpu::swiglu(x.get(), x.get() + inter, y.get(), inter); }, 12.0 * inter);
       gemv("down", hidden, inter, L);
-      parts.push_back({"add (the last layer's)", 1, cuda_time_ms([&] { gpu::add(x.get(), y.get(), hidden); }, reps), 3 * row});
+      part("add (the last layer's)", 1, [&] { gpu::add(x.get(), y.get(), hidden); }, 3 * row);
       gemv("lm_head", c.vocab_size, hidden, 1);
       std::vector<float> logits(c.vocab_size);
-      parts.push_back({"logits to the host (cudaMemcpy)", 1, cuda_time_ms([&] {
-                         INFER_CUDA_CHECK(cudaMemcpy(logits.data(), y.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
-                       }, reps), 4.0 * c.vocab_size});
+      part("logits to the host (cudaMemcpy)", 1, [&] {
+             INFER_CUDA_CHECK(cudaMemcpy(logits.data(), y.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
+           }, 4.0 * c.vocab_size);
     }
     // Batched decode (what lesson 03's engine runs on the GPU): B sequences per step, each with
     // its own cache. The weights are read once per step, so tokens/s should grow almost B-fold
@@ -289,16 +297,17 @@ int main(int argc, char** argv) {
       std::printf("%-52s %12.0f %11.1f MB %21.0f%%\n", d.model.c_str(), d.tokens_per_s, d.weight_bytes / 1e6,
                   100 * d.tokens_per_s / roof);
     }
-    double parts_ms = 0;
-    std::printf("\n%-48s %9s %10s %10s %9s\n", cat("one decode step, ", big_name, ", bf16, batch 1").c_str(), "per step", "ms each",
-                "ms a step", "GB/s");
+    double parts_ms = 0, stream_ms = 0;
+    std::printf("\n%-48s %9s %10s %12s %12s %9s\n", cat("one decode step, ", big_name, ", bf16, batch 1").c_str(), "per step",
+                "ms alone", cat("ms in ", kStream).c_str(), "a step (in)", "GB/s (in)");
     for (const Part& p : parts) {
       parts_ms += p.ms * p.per_step;
-      std::printf("%-48s %9d %10.4f %10.4f %9.0f\n", p.name.c_str(), p.per_step, p.ms, p.ms * p.per_step,
-                  p.bytes / (p.ms * 1e6));
+      stream_ms += p.stream_ms * p.per_step;
+      std::printf("%-48s %9d %10.4f %12.4f %12.4f %9.0f\n", p.name.c_str(), p.per_step, p.ms, p.stream_ms,
+                  p.stream_ms * p.per_step, p.bytes / (p.stream_ms * 1e6));
     }
-    std::printf("the parts: %.3f ms; the step: %.3f ms; the rest (the host's): %.3f ms\n", parts_ms, step_ms,
-                step_ms - parts_ms);
+    std::printf("the parts: %.3f ms alone, %.3f ms in a stream; the step: %.3f ms; an empty pair of events: %.4f ms\n",
+                parts_ms, stream_ms, step_ms, events_ms);
     if (!json.empty()) {
       std::FILE* f = std::fopen(json.c_str(), "w");
       require(f != nullptr, "lesson07_cuda_bench: cannot write ", json);
@@ -318,11 +327,13 @@ int main(int argc, char** argv) {
                      d.model.c_str(), d.batch, d.tokens_per_s, d.weight_bytes, d.tokens_per_s / roof,
                      i + 1 < decodes.size() ? "," : "");
       }
-      std::fprintf(f, "], \"step_ms\": %.5f, \"step_parts\": [\n", step_ms);
+      std::fprintf(f, "], \"step_ms\": %.5f, \"events_ms\": %.5f, \"stream\": %d, \"step_parts\": [\n", step_ms,
+                   events_ms, kStream);
       for (size_t i = 0; i < parts.size(); ++i) {
         const Part& p = parts[i];
-        std::fprintf(f, "  {\"name\": \"%s\", \"per_step\": %d, \"ms\": %.5f, \"gbps\": %.1f}%s\n", p.name.c_str(),
-                     p.per_step, p.ms, p.bytes / (p.ms * 1e6), i + 1 < parts.size() ? "," : "");
+        std::fprintf(f, "  {\"name\": \"%s\", \"per_step\": %d, \"ms\": %.5f, \"stream_ms\": %.5f, \"gbps\": %.1f}%s\n",
+                     p.name.c_str(), p.per_step, p.ms, p.stream_ms, p.bytes / (p.stream_ms * 1e6),
+                     i + 1 < parts.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
       std::fclose(f);

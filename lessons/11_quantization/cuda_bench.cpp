@@ -12,8 +12,10 @@
 // kQuantTensorGemmMinBatch rows on, its output checked against the GEMV's first. The shapes: a 16384 x 16384 matrix (256 MB in
 // INT8, past any cache), and the projections of a 1.1B-parameter model (TinyLlama's: hidden 2048,
 // 4 KV heads of 64, MLP 5632, 32,000 tokens, 22 layers), which the bench also sums into one decode
-// step's projections. Random weights and inputs; kernel times are the median of CUDA-event
-// timings after a warm-up.
+// step's projections. Random weights and inputs; a kernel's time is the median of CUDA-event
+// timings of 10 launches back to back, over 10, after a warm-up: what it costs the device within a
+// decode step's stream of launches (one launch alone between two events also reads the launch's
+// own latency, about the whole time of a small projection's GEMV; lesson 07's bench shows both).
 //
 // Then the engine: decode tokens/s through lesson 07's forward (CudaForward, whole-context caches)
 // on each format's weights (bf16; INT8 and INT4 through quantized_device_weights()), at batch 1
@@ -22,8 +24,8 @@
 // left out: they are small at 32 positions). The model: 4 of the 1.1B shape's 22 layers and its
 // output head, pattern weights (quantized on the host as they are uploaded, which takes a few
 // seconds a format; the whole model would take tens). Host clock: each step ends with its logits
-// copied back. --small runs one small GEMV shape, and this part on a small model, 8 positions
-// cached: what CI runs over the emulated kernels (and over the host stand-in's loops), so that a
+// copied back. --small runs one small GEMV shape (batches 1, 8 and 64), and this part on a small
+// model at batch 1 and 2, 2 positions cached: what CI runs over the emulated kernels (and over the host stand-in's loops), so that a
 // bug here never costs a GPU's minutes.
 //
 // On a machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts
@@ -128,7 +130,7 @@ struct DecodeRow {
 std::vector<DecodeRow> engine_decode(bool small, bool quick, double copy_gbps) {
   ModelConfig c = bench_shape_1b(small);  // the 1.1B shape, 4 of its layers; or the small model (2)
   c.num_hidden_layers = small ? 2 : 4, c.max_position_embeddings = 256;
-  const int cached = small ? 8 : 32, steps = small ? 2 : quick ? 8 : 40;
+  const int cached = small ? 2 : 32, steps = small ? 2 : quick ? 8 : 40;
   std::vector<DecodeRow> rows;
   const std::vector<gpu::DeviceWeights> formats = {gpu::WeightType::BF16,
                                                    gpu::quantized_device_weights(WeightFormat::int8),
@@ -137,7 +139,7 @@ std::vector<DecodeRow> engine_decode(bool small, bool quick, double copy_gbps) {
   for (const gpu::DeviceWeights& f : formats) {
     const auto forward = gpu::CudaForward::with_pattern_weights(c, f);
     const double bytes = forward->weight_bytes_per_step();
-    for (int batch : {1, 8})
+    for (int batch : {1, small ? 2 : 8})  // (--small: 2, the batched path at a quarter of the prefills)
       rows.push_back({f.name, batch, decode_rate(*forward, batch, cached, steps), bytes, batch * copy_gbps * 1e9 / bytes});
   }
   std::printf("\nDecode through the engine (lesson 07's forward), %s, %d positions cached:\n",
@@ -166,6 +168,7 @@ int main(int argc, char** argv) {
     if (!device) return 0;
     const cudaDeviceProp& prop = *device;
     const int reps = small ? 1 : quick ? 5 : 20;
+    const int stream = small ? 1 : 10;  // launches back to back per timing
     const double copy_gbps = small ? cuda_copy_gbps(size_t{1} << 24, reps) : cuda_copy_ceiling(quick, reps);
 
     std::vector<Shape> shapes = {{"1.1B q_proj, o_proj", 2048, 2048, 2 * 22},
@@ -175,7 +178,6 @@ int main(int argc, char** argv) {
                                  {"1.1B lm_head", 32000, 2048, 1}};
     if (!quick) shapes.insert(shapes.begin(), {"16384 x 16384", 16384, 16384, 0});
     const std::vector<Format> formats = {{"bf16", 0}, {"int8", 0}, {"int4", 32}, {"int4", 128}};
-    // (--small, the run-through on the emulated kernels, keeps 1, 8 and 64: every path, in less of CI's time)
     const std::vector<int> batches = small ? std::vector<int>{1, 8, 64} : std::vector<int>{1, 8, 16, 32, 64};
 
     std::vector<Row> results;
@@ -209,12 +211,12 @@ int main(int argc, char** argv) {
           label = cat("int4, groups of ", f.group);
         }
         for (const int batch : batches) {
-          const double ms = cuda_time_ms([&] {
+          const double ms = cuda_time_each_ms([&] {
             if (f.name == "bf16" && batch == 1) gpu::gemv_bf16(2, w16.get(), x.get(), y.get(), s.rows, s.cols);
             else if (f.name == "bf16") gpu::gemv_batch_bf16(w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
             else if (f.name == "int8") gpu::gemv_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
             else gpu::gemv_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
-          }, reps);
+          }, reps, stream);
           if (f.name == "bf16" && batch == 1) bf16_ms = ms;
           results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms});
           // The given tensor-core GEMM (lesson 07's fused_kernels.hpp), which the forward uses from
@@ -237,7 +239,7 @@ int main(int argc, char** argv) {
                     label, " product disagrees with the GEMV on ", s.name, " at batch ", batch, ", element ", i, ": ",
                     got[i], " against ", want[i]);
           results.push_back({label + " on tensor cores", s.name, s.rows, s.cols, batch, s.per_step,
-                             cuda_time_ms(tensor, reps), bytes_of(f, s, batch), bf16_ms});
+                             cuda_time_each_ms(tensor, reps, stream), bytes_of(f, s, batch), bf16_ms});
         }
       }
     }
