@@ -53,6 +53,21 @@ with tempfile.TemporaryDirectory() as out:
             sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")
     if "| batch 8 over one GEMV (256 x 256 bf16): at most 1.5x | " not in md:
         sys.exit("the report's targets table lacks the batch 8 product's figure")
+    # The batch-64 target reads both engines' rows (the run-through's batches stop short of 64):
+    # lesson 07's contiguous decode and lesson 10's paged graphs table, the best of them judged.
+    sys.path.insert(0, os.path.join(root, "tools"))
+    import gpu_targets
+    graphs = {"title": "Decode with and without CUDA graphs (paged memory, 100 positions cached; tokens/s)",
+              "columns": ["model", "batch", "launched", "from graphs"],
+              "rows": [["1.1B shape (bf16)", "1", "100", "110"], ["1.1B shape (bf16)", "64", "1600", "1540"]]}
+    decode = [{"model": "1.1B shape, bf16", "batch": 1, "tokens_per_s": 100},
+              {"model": "1.1B shape, bf16, batch 64", "batch": 64, "tokens_per_s": 350}]
+    row = next(line for line in gpu_targets.summary({"benches": {
+        "lesson07_cuda_bench": {"decode": decode}, "lesson10_cuda_bench": {"tables": [graphs]}}})
+        if line.startswith("| decode at batch 64"))
+    if "3.5x (lesson 07's contiguous caches)" not in row or "16.0x launched, 14.0x from graphs" not in row \
+            or not row.endswith("| met |"):
+        sys.exit(f"the batch-64 target misreads the two engines' rows: {row}")
     if "OUTSIDE" in md or " within" not in md:
         sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
     # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)
