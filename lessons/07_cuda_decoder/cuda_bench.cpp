@@ -5,8 +5,9 @@
 // Decode is memory-bound (lesson 01): a GEMV reads every weight once and does two FLOPs with
 // it. So each kernel is measured in GB/s (the bytes it must move, over its time), against the
 // device's own device-to-device copy measured first, and the float32 GEMV against cuBLAS's
-// SGEMV; then decode tokens/s at batch 1 against the memory roofline (the weights' bytes at the
-// copy bandwidth). Kernel times are the median of CUDA-event timings after a warm-up. On a
+// SGEMV; the 1.1B shape's matrices through gemv_bf16 v2 and the given unrolled variants
+// (gemv_variants.hpp); then decode tokens/s at batch 1 against the memory roofline (the weights'
+// bytes at the copy bandwidth). Kernel times are the median of CUDA-event timings after a warm-up. On a
 // machine without a CUDA device it says so and exits 0. ./course gpu-check runs it and puts the
 // JSON in its report. --small runs every row at a small size with a small model in the 1.1B shape's
 // place: a run-through for a machine without a GPU (CI runs it over the emulated kernels; its
@@ -31,6 +32,7 @@
 #include "common/weights.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
+#include "lessons/07_cuda_decoder/gemv_variants.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
 
 using namespace infer;
@@ -142,6 +144,43 @@ int main(int argc, char** argv) {
         }
       }
       check_cublas(cublasDestroy(gemm), "cublasDestroy");
+    }
+    {  // The 1.1B shape's matrices through gemv_bf16 v2 and the given unrolled variants
+      // (gemv_variants.hpp), each launch in a stream of 20 (what a step pays while the host keeps
+      // ahead); every variant checked against v2 first (the same sums in the same order: equal
+      // within 1e-5 + 1e-5 |v2|).
+      struct Shape {
+        const char* name;
+        int rows, cols;
+      };
+      std::vector<Shape> shapes = {{"1.1B q, k, v: 2560 x 2048", 2560, 2048}, {"1.1B o: 2048 x 2048", 2048, 2048},
+                                   {"1.1B gate, up: 11264 x 2048", 11264, 2048}, {"1.1B down: 2048 x 5632", 2048, 5632},
+                                   {"1.1B lm_head: 32000 x 2048", 32000, 2048}};
+      if (small) shapes = {{"run-through: 96 x 264", 96, 264}};  // 33 packets a row: a lane with a partial lap
+      const int stream = small ? 1 : 20;
+      size_t most = 0;
+      for (const Shape& s : shapes) most = std::max(most, static_cast<size_t>(s.rows) * s.cols);
+      DeviceArray<uint16_t> w(most);
+      DeviceArray<float> x(8192), y(32000), want(32000);
+      fill_random(w, 21, 0.05f), fill_random(x, 22);
+      for (const Shape& s : shapes) {
+        const std::string shape = cat(s.name, " bf16, in a stream of ", stream);
+        const double bytes = 2.0 * s.rows * s.cols + 4.0 * (s.rows + s.cols);
+        results.push_back({"gemv_bf16 v2", shape, bytes, cuda_time_each_ms([&] {
+                             gpu::gemv_bf16(2, w.get(), x.get(), y.get(), s.rows, s.cols); }, reps, stream)});
+        INFER_CUDA_CHECK(cudaMemcpy(want.get(), y.get(), s.rows * sizeof(float), cudaMemcpyDeviceToDevice));
+        const std::vector<float> v2 = want.download();
+        for (const int u : {2, 4, 8}) {
+          y.fill_bytes(0);
+          gpu::gemv_bf16_unrolled(u, w.get(), x.get(), y.get(), s.rows, s.cols);
+          const std::vector<float> got = y.download();
+          for (int i = 0; i < s.rows; ++i)
+            require(std::fabs(got[i] - v2[i]) <= 1e-5 + 1e-5 * std::fabs(v2[i]), "lesson07_cuda_bench: gemv_bf16_unrolled(",
+                    u, ") disagrees with gemv_bf16 v2 on ", s.name, " at row ", i, ": ", got[i], " against ", v2[i]);
+          results.push_back({cat("gemv_bf16 unrolled x", u, " (given variant)"), shape, bytes, cuda_time_each_ms([&] {
+                               gpu::gemv_bf16_unrolled(u, w.get(), x.get(), y.get(), s.rows, s.cols); }, reps, stream)});
+        }
+      }
     }
     {  // Row kernels over 64 MiB.
       const int rows = small ? 64 : 4096, cols = small ? 256 : 4096;

@@ -1,0 +1,28 @@
+/// @file gemv_variants.hpp
+/// @brief Lesson 07's bench: bf16 GEMVs with more loads in flight per lane, timed beside your
+/// gemv_bf16 version 2 on the 1.1B shape's matrices, their outputs compared with it (given, not
+/// graded).
+///
+/// Why: the course's GPU report timed version 2, alone between two events, at about 0.014 ms on
+/// every projection of the 1.1B shape, from 1 MB (k_proj) to 23 MB (gate_proj), where its
+/// 16,384 x 16,384 matrix streams at the copy rate. Either a launch costs that much whatever the
+/// kernel does (the bench now also times each launch in a stream of 20), or the kernel waits on
+/// memory once per load: version 2's loop has a trip count the compiler does not know, so a lane
+/// may issue a load, wait for it, add, and only then issue the next. At 2,048 columns a lane has 8
+/// loads to make; if each waits a full memory latency, the kernel takes about 8 latencies whatever
+/// the matrix's height. These variants load U 16-byte packets (U = 2, 4 or 8) before adding any:
+/// each lane's columns and the order of its sums are version 2's, so the outputs are equal. The
+/// report's rows say which reading holds; until then it is a hypothesis.
+#pragma once
+
+#include <cstdint>
+
+namespace infer::gpu {
+
+/// y = W x for bf16 W [rows, cols] (cols a multiple of 8, W and x on 16-byte boundaries), a warp
+/// per row as gemv_bf16 version 2, each lane loading `unroll` packets of 8 weights before its
+/// multiply-adds (unroll 2, 4 or 8). Refuses another unroll, a shape below 1, cols not a multiple
+/// of 8, pointers off a 16-byte boundary or null (infer::Error naming the function).
+void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y, int rows, int cols);
+
+}  // namespace infer::gpu
