@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/cuda_buffer.hpp"
@@ -46,8 +49,9 @@ inline std::optional<cudaDeviceProp> cuda_bench_device(const std::string& json, 
   return prop;
 }
 
-/// Median milliseconds of `run` over `reps` timed runs (each bracketed by CUDA events on the
-/// default stream), after two untimed ones.
+/// Median milliseconds of `run` over `reps` timed runs, each bracketed by CUDA events on the
+/// calling thread's default stream (where the course's kernels launch: --default-stream
+/// per-thread), after two untimed ones.
 inline double cuda_time_ms(const std::function<void()>& run, int reps) {
   cudaEvent_t start, stop;
   INFER_CUDA_CHECK(cudaEventCreate(&start));
@@ -56,9 +60,9 @@ inline double cuda_time_ms(const std::function<void()>& run, int reps) {
   run();
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    INFER_CUDA_CHECK(cudaEventRecord(start));
+    INFER_CUDA_CHECK(cudaEventRecord(start, cudaStreamPerThread));
     run();
-    INFER_CUDA_CHECK(cudaEventRecord(stop));
+    INFER_CUDA_CHECK(cudaEventRecord(stop, cudaStreamPerThread));
     INFER_CUDA_CHECK(cudaEventSynchronize(stop));
     float t = 0;
     INFER_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
@@ -70,12 +74,56 @@ inline double cuda_time_ms(const std::function<void()>& run, int reps) {
   return ms[ms.size() / 2];
 }
 
-/// Milliseconds of one `run` when `n` of them are queued back to back between the events (the
-/// median over `reps`, divided by `n`): what it costs the device while the host keeps ahead of it,
-/// as in a decode step's stream of launches or a captured graph. cuda_time_ms() of a single run
-/// also counts the gap between the start event and the launch reaching the device.
-inline double cuda_time_each_ms(const std::function<void()>& run, int reps, int n) {
-  return cuda_time_ms([&] { for (int i = 0; i < n; ++i) run(); }, reps) / n;
+namespace detail {
+/// Set once a hold ran out of time: holding does not work here, and no later timing holds.
+inline std::atomic<bool> hold_failed{false};
+
+/// A host function on a stream that holds it (and the work queued after it) until `*go` is set,
+/// or 2 s have passed (a mistake, such as a synchronous copy queued behind it, then costs one
+/// stall, not one per timing: hold_failed turns holding off).
+inline void CUDART_CB hold_stream(void* go) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!static_cast<std::atomic<bool>*>(go)->load())
+    if (std::chrono::steady_clock::now() >= until) {
+      hold_failed = true;
+      return;
+    } else {
+      std::this_thread::yield();
+    }
+}
+}  // namespace detail
+
+/// Milliseconds of one `run` when `n` of them run back to back on the device (the median over
+/// `reps`, divided by `n`, after two untimed ones): what it costs within a decode step's stream of
+/// launches, or a captured graph. With `hold`, the stream is held while the host queues the n
+/// runs and released after, so that the figure is the device's even where the host could not
+/// queue a launch as fast as the device runs it (`run` must then not wait for the device itself:
+/// no copy to or from the host's pageable memory; if a hold ever runs out of time, holding stops
+/// and the figures that follow are the host's queueing and the device's together, as without it).
+/// cuda_time_ms() of a single run also counts the launch reaching the device.
+inline double cuda_time_each_ms(const std::function<void()>& run, int reps, int n, bool hold = true) {
+  cudaEvent_t start, stop;
+  INFER_CUDA_CHECK(cudaEventCreate(&start));
+  INFER_CUDA_CHECK(cudaEventCreate(&stop));
+  run();
+  run();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    std::atomic<bool> go{false};
+    if (hold && !detail::hold_failed) INFER_CUDA_CHECK(cudaLaunchHostFunc(cudaStreamPerThread, detail::hold_stream, &go));
+    INFER_CUDA_CHECK(cudaEventRecord(start, cudaStreamPerThread));
+    for (int k = 0; k < n; ++k) run();
+    INFER_CUDA_CHECK(cudaEventRecord(stop, cudaStreamPerThread));
+    go = true;
+    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    INFER_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t / n);
+  }
+  INFER_CUDA_CHECK(cudaEventDestroy(start));
+  INFER_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 /// GB/s of a device-to-device copy of `bytes`, counting each byte read and written.

@@ -140,7 +140,11 @@ def main():
                 md += [f"| {p.get('name')} | {p.get('per_step')} | {p.get('ms', 0):.4f} | {p['stream_ms']:.4f} | "
                        f"{p['stream_ms'] * p.get('per_step', 0):.3f} | {p.get('gbps', 0):.0f} |" for p in parts]
                 md += ["", f"The parts: {total:.3f} ms timed alone, {in_stream:.3f} ms in a stream; the step: "
-                           f"{step:.3f} ms; an empty pair of events reads {bench.get('events_ms', 0):.4f} ms."]
+                           f"{step:.3f} ms; an empty pair of events reads {bench.get('events_ms', 0):.4f} ms. "
+                           + ("Each stream was held until its launches were queued: its figures are the device's."
+                              if bench.get("held") else
+                              "The streams were not held (or a hold failed): their figures may be the host's "
+                              "queueing where it is slower than the device.")]
             else:
                 md += ["", "One decode step of the 1.1B shape (bf16, batch 1), each launch timed alone:", "",
                        "| launch | per step | ms each | ms a step | GB/s |", "| --- | --- | --- | --- | --- |"]

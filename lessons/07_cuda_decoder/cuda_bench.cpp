@@ -56,6 +56,24 @@ void check_agree(const std::string& what, const std::vector<float>& want, const 
       throw Error(cat(what, " disagrees with skinny_gemm_bf16 at ", i, ": ", got[i], " against ", want[i]));
 }
 
+/// Launch i's weights: copy i % count of an n-element matrix laid out one after another in a pool,
+/// as many copies as fit (at most 64) up to 3 times the device's L2 cache. A decode step reads each
+/// of its 22 layers' matrices once; a bench that read one matrix over and over would time the
+/// 50 MB L2 of an H200, which holds every projection of the 1.1B shape but its output head.
+struct Rotation {
+  const uint16_t* pool;
+  size_t n;
+  int count, next = 0;
+  Rotation(const DeviceArray<uint16_t>& p, size_t elements, size_t l2_bytes) : pool(p.get()), n(elements) {
+    const size_t fit = p.size() / elements, want = (3 * l2_bytes + 2 * elements - 1) / (2 * elements);
+    count = static_cast<int>(std::clamp<size_t>(std::min(fit, want), 1, 64));
+  }
+  const uint16_t* operator()() { return pool + static_cast<size_t>(next++ % count) * n; }
+};
+
+/// bf16 elements a rotation pool needs to hold `elements` at least once and 3 L2s' worth.
+size_t rotation_pool(size_t elements, size_t l2_bytes) { return std::max(elements, 3 * l2_bytes / 2); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,8 +165,10 @@ int main(int argc, char** argv) {
     }
     {  // The 1.1B shape's matrices through gemv_bf16 v2 and the given unrolled variants
       // (gemv_variants.hpp), each launch in a stream of 20 (what a step pays while the host keeps
-      // ahead); every variant checked against v2 first (the same sums in the same order: equal
-      // within 1e-5 + 1e-5 |v2|).
+      // ahead; the stream held until all 20 are queued), each reading another copy of the matrix
+      // (Rotation: from memory, not from the L2 the last one filled); every variant checked against
+      // v2 first (the same sums in the same order: equal within 1e-5 + 1e-5 |v2|). Unroll 1 is v2
+      // with the variants' streaming loads: the hint apart from the unrolling.
       struct Shape {
         const char* name;
         int rows, cols;
@@ -156,29 +176,35 @@ int main(int argc, char** argv) {
       std::vector<Shape> shapes = {{"1.1B q, k, v: 2560 x 2048", 2560, 2048}, {"1.1B o: 2048 x 2048", 2048, 2048},
                                    {"1.1B gate, up: 11264 x 2048", 11264, 2048}, {"1.1B down: 2048 x 5632", 2048, 5632},
                                    {"1.1B lm_head: 32000 x 2048", 32000, 2048}};
-      if (small) shapes = {{"run-through: 96 x 264", 96, 264}};  // 33 packets a row: a lane with a partial lap
+      // 265 packets a row: every unroll takes a whole lap and a partial one.
+      if (small) shapes = {{"run-through: 96 x 2120", 96, 2120}};
       const int stream = small ? 1 : 20;
+      const size_t l2 = small ? 0 : static_cast<size_t>(prop.l2CacheSize);
       size_t most = 0;
       for (const Shape& s : shapes) most = std::max(most, static_cast<size_t>(s.rows) * s.cols);
-      DeviceArray<uint16_t> w(most);
+      DeviceArray<uint16_t> w(rotation_pool(most, l2));
       DeviceArray<float> x(8192), y(32000), want(32000);
       fill_random(w, 21, 0.05f), fill_random(x, 22);
       for (const Shape& s : shapes) {
-        const std::string shape = cat(s.name, " bf16, in a stream of ", stream);
-        const double bytes = 2.0 * s.rows * s.cols + 4.0 * (s.rows + s.cols);
-        results.push_back({"gemv_bf16 v2", shape, bytes, cuda_time_each_ms([&] {
-                             gpu::gemv_bf16(2, w.get(), x.get(), y.get(), s.rows, s.cols); }, reps, stream)});
+        const size_t n = static_cast<size_t>(s.rows) * s.cols;
+        const std::string shape = cat(s.name, " bf16, in a stream of ", stream, ", ", Rotation(w, n, l2).count, " copies");
+        const double bytes = 2.0 * n + 4.0 * (s.rows + s.cols);
+        gpu::gemv_bf16(2, w.get(), x.get(), y.get(), s.rows, s.cols);
         INFER_CUDA_CHECK(cudaMemcpy(want.get(), y.get(), s.rows * sizeof(float), cudaMemcpyDeviceToDevice));
         const std::vector<float> v2 = want.download();
-        for (const int u : {2, 4, 8}) {
-          y.fill_bytes(0);
+        Rotation r2(w, n, l2);
+        results.push_back({"gemv_bf16 v2", shape, bytes, cuda_time_each_ms([&] {
+                             gpu::gemv_bf16(2, r2(), x.get(), y.get(), s.rows, s.cols); }, reps, stream, !small)});
+        for (const int u : {1, 2, 4, 8}) {
+          y.fill_bytes(0xff);  // NaN: a row the variant leaves unwritten fails the check
           gpu::gemv_bf16_unrolled(u, w.get(), x.get(), y.get(), s.rows, s.cols);
           const std::vector<float> got = y.download();
           for (int i = 0; i < s.rows; ++i)
             require(std::fabs(got[i] - v2[i]) <= 1e-5 + 1e-5 * std::fabs(v2[i]), "lesson07_cuda_bench: gemv_bf16_unrolled(",
                     u, ") disagrees with gemv_bf16 v2 on ", s.name, " at row ", i, ": ", got[i], " against ", v2[i]);
+          Rotation ru(w, n, l2);
           results.push_back({cat("gemv_bf16 unrolled x", u, " (given variant)"), shape, bytes, cuda_time_each_ms([&] {
-                               gpu::gemv_bf16_unrolled(u, w.get(), x.get(), y.get(), s.rows, s.cols); }, reps, stream)});
+                               gpu::gemv_bf16_unrolled(u, ru(), x.get(), y.get(), s.rows, s.cols); }, reps, stream, !small)});
         }
       }
     }
@@ -246,8 +272,12 @@ int main(int argc, char** argv) {
       double ms, stream_ms, bytes;  // one launch's time alone and in a stream, the bytes it must move
     };
     std::vector<Part> parts;
-    const auto part = [&](std::string name, int per_step, const std::function<void()>& run, double bytes) {
-      parts.push_back({std::move(name), per_step, cuda_time_ms(run, reps), cuda_time_each_ms(run, reps, kStream), bytes});
+    // hold: the stream held while a stream's launches are queued (not where a launch waits for
+    // the device itself: the logits' copy to pageable host memory).
+    const auto part = [&](std::string name, int per_step, const std::function<void()>& run, double bytes,
+                          bool hold = true) {
+      parts.push_back({std::move(name), per_step, cuda_time_ms(run, reps),
+                       cuda_time_each_ms(run, reps, kStream, hold && !small), bytes});
     };
     const double events_ms = cuda_time_ms([] {}, reps);
     {
@@ -257,7 +287,8 @@ int main(int argc, char** argv) {
       const size_t widest = std::max<size_t>({static_cast<size_t>(c.vocab_size) * hidden,
                                               static_cast<size_t>(2 * inter) * hidden,
                                               static_cast<size_t>(qd + 2 * kvd) * hidden});
-      DeviceArray<uint16_t> w(widest);
+      const size_t l2 = small ? 0 : static_cast<size_t>(prop.l2CacheSize);
+      DeviceArray<uint16_t> w(rotation_pool(widest, l2));  // each GEMV launch another copy (Rotation)
       DeviceArray<float> table(static_cast<size_t>(c.vocab_size) * hidden), x(std::max(2 * inter, c.vocab_size)),
           y(std::max(2 * inter, c.vocab_size)), g(hidden), k(static_cast<size_t>(context) * kvd), v(k.size()),
           cache_k(k.size() + kvd), cache_v(k.size() + kvd);
@@ -265,8 +296,9 @@ int main(int argc, char** argv) {
       fill_random(k, 16), fill_random(v, 17);
       DeviceArray<int> ids(std::vector<int>{3}), pos(std::vector<int>{context});
       const auto gemv = [&](const char* name, int rows, int cols, int per_step) {
+        Rotation copy(w, static_cast<size_t>(rows) * cols, l2);
         part(cat(name, " GEMV [", rows, " x ", cols, "]"), per_step,
-             [&] { gpu::gemv_bf16(gpu::gemv_bf16_versions(), w.get(), x.get(), y.get(), rows, cols); }, 2.0 * rows * cols);
+             [&] { gpu::gemv_bf16(gpu::gemv_bf16_versions(), copy(), x.get(), y.get(), rows, cols); }, 2.0 * rows * cols);
       };
       const double row = 4.0 * hidden;
       part("embedding", 1, [&] { gpu::embedding(table.get(), ids.get(), y.get(), 1, c.vocab_size, hidden); }, 2 * row);
@@ -292,9 +324,9 @@ int main(int argc, char** argv) {
       part("add (the last layer's)", 1, [&] { gpu::add(x.get(), y.get(), hidden); }, 3 * row);
       gemv("lm_head", c.vocab_size, hidden, 1);
       std::vector<float> logits(c.vocab_size);
-      part("logits to the host (cudaMemcpy)", 1, [&] {
+      part("logits to the host (cudaMemcpy; the host waits for each)", 1, [&] {
              INFER_CUDA_CHECK(cudaMemcpy(logits.data(), y.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
-           }, 4.0 * c.vocab_size);
+           }, 4.0 * c.vocab_size, false);
     }
     // Batched decode (what lesson 03's engine runs on the GPU): B sequences per step, each with
     // its own cache. The weights are read once per step, so tokens/s should grow almost B-fold
@@ -366,8 +398,8 @@ int main(int argc, char** argv) {
                      d.model.c_str(), d.batch, d.tokens_per_s, d.weight_bytes, d.tokens_per_s / roof,
                      i + 1 < decodes.size() ? "," : "");
       }
-      std::fprintf(f, "], \"step_ms\": %.5f, \"events_ms\": %.5f, \"stream\": %d, \"step_parts\": [\n", step_ms,
-                   events_ms, kStream);
+      std::fprintf(f, "], \"step_ms\": %.5f, \"events_ms\": %.5f, \"stream\": %d, \"held\": %s, \"step_parts\": [\n",
+                   step_ms, events_ms, kStream, !small && !detail::hold_failed ? "true" : "false");
       for (size_t i = 0; i < parts.size(); ++i) {
         const Part& p = parts[i];
         std::fprintf(f, "  {\"name\": \"%s\", \"per_step\": %d, \"ms\": %.5f, \"stream_ms\": %.5f, \"gbps\": %.1f}%s\n",

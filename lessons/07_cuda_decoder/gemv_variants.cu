@@ -64,7 +64,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y, int rows, int cols) {
-  require(unroll == 2 || unroll == 4 || unroll == 8, "gemv_bf16_unrolled: unroll must be 2, 4 or 8, got ", unroll);
+  require(unroll == 1 || unroll == 2 || unroll == 4 || unroll == 8,
+          "gemv_bf16_unrolled: unroll must be 1, 2, 4 or 8, got ", unroll);
   require(rows >= 1 && cols >= 1, "gemv_bf16_unrolled: rows and cols must be >= 1, got ", rows, " x ", cols);
   require(cols % 8 == 0, "gemv_bf16_unrolled: cols must be a multiple of 8 (16-byte packets), got ", cols);
   require(w != nullptr && x != nullptr && y != nullptr, "gemv_bf16_unrolled: a device pointer is null");
@@ -72,6 +73,7 @@ void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y,
   const long threads = static_cast<long>(rows) * 32;
   const unsigned blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
   switch (unroll) {
+    case 1: gemv_bf16_unrolled_kernel<1><<<blocks, kThreads>>>(w, x, y, rows, cols); break;
     case 2: gemv_bf16_unrolled_kernel<2><<<blocks, kThreads>>>(w, x, y, rows, cols); break;
     case 4: gemv_bf16_unrolled_kernel<4><<<blocks, kThreads>>>(w, x, y, rows, cols); break;
     default: gemv_bf16_unrolled_kernel<8><<<blocks, kThreads>>>(w, x, y, rows, cols); break;

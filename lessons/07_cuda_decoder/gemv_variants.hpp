@@ -21,7 +21,8 @@ namespace infer::gpu {
 
 /// y = W x for bf16 W [rows, cols] (cols a multiple of 8, W and x on 16-byte boundaries), a warp
 /// per row as gemv_bf16 version 2, each lane loading `unroll` packets of 8 weights before its
-/// multiply-adds (unroll 2, 4 or 8). Refuses another unroll, a shape below 1, cols not a multiple
+/// multiply-adds (unroll 2, 4 or 8; 1 is version 2 with these streaming loads, the cache hint
+/// apart from the unrolling). Refuses another unroll, a shape below 1, cols not a multiple
 /// of 8, pointers off a 16-byte boundary or null (infer::Error naming the function).
 void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y, int rows, int cols);
 

@@ -16,6 +16,9 @@
 // timings of 10 launches back to back, over 10, after a warm-up: what it costs the device within a
 // decode step's stream of launches (one launch alone between two events also reads the launch's
 // own latency, about the whole time of a small projection's GEMV; lesson 07's bench shows both).
+// Each timing reads the same matrix over and over: the 1.1B shape's projections fit in an H200's
+// 50 MB L2, so their rows time the L2 more than memory (lesson 07's bench rotates copies of its
+// matrices for that; these rows do not yet).
 //
 // Then the engine: decode tokens/s through lesson 07's forward (CudaForward, whole-context caches)
 // on each format's weights (bf16; INT8 and INT4 through quantized_device_weights()), at batch 1
@@ -216,7 +219,7 @@ int main(int argc, char** argv) {
             else if (f.name == "bf16") gpu::gemv_batch_bf16(w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
             else if (f.name == "int8") gpu::gemv_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
             else gpu::gemv_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
-          }, reps, stream);
+          }, reps, stream, !small);
           if (f.name == "bf16" && batch == 1) bf16_ms = ms;
           results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms});
           // The given tensor-core GEMM (lesson 07's fused_kernels.hpp), which the forward uses from
@@ -239,7 +242,7 @@ int main(int argc, char** argv) {
                     label, " product disagrees with the GEMV on ", s.name, " at batch ", batch, ", element ", i, ": ",
                     got[i], " against ", want[i]);
           results.push_back({label + " on tensor cores", s.name, s.rows, s.cols, batch, s.per_step,
-                             cuda_time_each_ms(tensor, reps, stream), bytes_of(f, s, batch), bf16_ms});
+                             cuda_time_each_ms(tensor, reps, stream, !small), bytes_of(f, s, batch), bf16_ms});
         }
       }
     }
@@ -276,7 +279,8 @@ int main(int argc, char** argv) {
     if (!json.empty()) {
       std::FILE* f = std::fopen(json.c_str(), "w");
       require(f != nullptr, "lesson11_cuda_bench: cannot write ", json);
-      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"quantized_gemv\": [\n", prop.name, copy_gbps);
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"stream\": %d, \"quantized_gemv\": [\n", prop.name, copy_gbps,
+                   stream);
       for (size_t i = 0; i < results.size(); ++i) {
         const Row& r = results[i];
         const double gbps = r.bytes / (r.ms * 1e6);

@@ -20,7 +20,7 @@ wanted = {  # bench: lines its section must have
     "lesson07_cuda_bench": ["| gemv_bf16 v", "| skinny_gemm_bf16 |", "| tensor_gemm_bf16 v4 |", "| cuBLAS bf16 GEMM |",
                             "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:",
                             "- decode, small model in the 1.1B shape's place, bf16, batch 16, cuBLAS products:",
-                            "| q, k, v GEMV [", "| logits to the host (cudaMemcpy) | 1 |", "| ms in a stream |",
+                            "| q, k, v GEMV [", "| logits to the host (cudaMemcpy; the host waits for each) | 1 |", "| ms in a stream |",
                             "ms in a stream; the step: "],
     "lesson08_cuda_bench": ["| chunk kernel on tensor cores (tiles of 32 rows) |", "| paged, split ",
                             "- decode step, small model in the 1.1B shape's place"],

@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "common/cuda_timing.hpp"
+#include "common/timer.hpp"
 #include "common/testing/models.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
@@ -79,6 +81,24 @@ TEST(Launches, APromptGoesToTheChunkKernelAndDecodesToTheDecodeKernel) {
   EXPECT_EQ(host_device::chunk_kernel_rows() - chunk, 20 * layers);
   EXPECT_EQ(host_device::decode_kernel_rows() - decode, 4 * layers) << "the decode and the short chunk";
   memory.close(std::move(a)), memory.close(std::move(b)), memory.close(std::move(c));
+}
+
+// The benches' held stream (cuda_time_each_ms, hold): where a hold cannot work (here every call
+// runs at once, so the hold waits for a release that comes only after it), it stalls once, for
+// its 2 s, then holding stops and every later timing is taken without it, never hanging a bench.
+TEST(Timing, AHoldThatCannotBeReleasedStallsOnceAndStops) {
+  ASSERT_FALSE(detail::hold_failed.load());
+  int runs = 0;
+  Stopwatch clock;
+  const double first = cuda_time_each_ms([&] { ++runs; }, 1, 4, true);
+  EXPECT_GE(clock.seconds(), 1.9);
+  EXPECT_TRUE(detail::hold_failed.load());
+  Stopwatch again;
+  const double second = cuda_time_each_ms([&] { ++runs; }, 3, 4, true);
+  EXPECT_LT(again.seconds(), 1.0);
+  EXPECT_EQ(runs, 2 + 4 + 2 + 3 * 4);  // two untimed runs, then reps x n, each time
+  EXPECT_GE(first, 0.0);
+  EXPECT_GE(second, 0.0);
 }
 
 }  // namespace
