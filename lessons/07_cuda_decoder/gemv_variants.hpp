@@ -7,10 +7,12 @@
 /// every projection of the 1.1B shape, from 1 MB (k_proj) to 23 MB (gate_proj), where its
 /// 16,384 x 16,384 matrix streams at the copy rate. Either a launch costs that much whatever the
 /// kernel does (the bench now also times each launch in a stream of 20), or the kernel waits on
-/// memory once per load: version 2's loop has a trip count the compiler does not know, so a lane
-/// may issue a load, wait for it, add, and only then issue the next. At 2,048 columns a lane has 8
-/// loads to make; if each waits a full memory latency, the kernel takes about 8 latencies whatever
-/// the matrix's height. These variants load U 16-byte packets (U = 2, 4 or 8) before adding any:
+/// memory more often than it needs to: at 2,048 columns a lane has 8 loads to make, and if they
+/// go out a few at a time, each group waits a full memory latency whatever the matrix's height.
+/// nvcc 13's PTX for version 2 (sm_90, `nvcc -ptx`) already unrolls its loop four times, four
+/// packet loads a lap; whether ptxas then issues the four together only the SASS says
+/// (`cuobjdump -sass`, which a machine with the full toolkit has). These variants load U 16-byte
+/// packets (U = 2, 4 or 8) before adding any, and U = 1 is version 2 with their streaming loads:
 /// each lane's columns and the order of its sums are version 2's, so the outputs are equal. The
 /// report's rows say which reading holds; until then it is a hypothesis.
 #pragma once
