@@ -89,10 +89,18 @@ def record_caught_by(path, case):
         f.writelines(lines)
 
 
+def diff_hash(text):
+    """The SHA-1 of a patch's diff: its text from the first "diff --git" or "--- " line on. The
+    lines above it (the mistake, its Caught-by line) can change without undoing a proof."""
+    lines = text.splitlines(keepends=True)
+    at = next((i for i, l in enumerate(lines) if l.startswith((b"diff --git", b"--- "))), len(lines))
+    return hashlib.sha1(b"".join(lines[at:])).hexdigest()
+
+
 def patch_hash(path):
-    """The SHA-1 of a patch's text: what a proof on a GPU is good for."""
+    """The SHA-1 of a patch's diff (diff_hash): what a proof on a GPU is good for."""
     with open(path, "rb") as f:
-        return hashlib.sha1(f.read()).hexdigest()
+        return diff_hash(f.read())
 
 
 def touches(path):
@@ -154,7 +162,7 @@ def main():
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the patches that change a CUDA kernel (.cu): what ./course gpu-check proves")
     ap.add_argument("--skip-proven", metavar="FILE",
-                    help="skip the entries FILE lists as proven on a GPU with their patch's present text "
+                    help="skip the entries FILE lists as proven on a GPU with their patch's present diff "
                          "(docs/gpu-proven.txt: ./course gpu-check spends a GPU's minutes on what is new)")
     ap.add_argument("--proven-out", metavar="FILE",
                     help="write FILE: the --skip-proven list with every entry caught in this run added")
@@ -332,8 +340,9 @@ def main():
     if args.proven_out:
         with open(args.proven_out, "w") as f:
             f.write("# Catalogue entries that change a CUDA kernel, proven to lose points on a GPU: the patch,\n"
-                    "# the SHA-1 of its text when it was, and the commit. ./course gpu-check skips an entry whose\n"
-                    "# text is unchanged (tools/known_wrong.py --skip-proven); edit the patch and it runs again.\n")
+                    "# the SHA-1 of its diff when it was (the lines from its first 'diff --git' on: the header\n"
+                    "# above may change), and the commit. ./course gpu-check skips an entry whose diff is\n"
+                    "# unchanged (tools/known_wrong.py --skip-proven); edit the diff and it runs again.\n")
             for rel, (digest, commit) in sorted(proven.items()):
                 f.write(f"{rel} {digest} {commit}\n")
     for i, lesson, name, _ in todo:
