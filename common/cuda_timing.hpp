@@ -49,31 +49,6 @@ inline std::optional<cudaDeviceProp> cuda_bench_device(const std::string& json, 
   return prop;
 }
 
-/// Median milliseconds of `run` over `reps` timed runs, each bracketed by CUDA events on the
-/// calling thread's default stream (where the course's kernels launch: --default-stream
-/// per-thread), after two untimed ones.
-inline double cuda_time_ms(const std::function<void()>& run, int reps) {
-  cudaEvent_t start, stop;
-  INFER_CUDA_CHECK(cudaEventCreate(&start));
-  INFER_CUDA_CHECK(cudaEventCreate(&stop));
-  run();
-  run();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    INFER_CUDA_CHECK(cudaEventRecord(start, cudaStreamPerThread));
-    run();
-    INFER_CUDA_CHECK(cudaEventRecord(stop, cudaStreamPerThread));
-    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    INFER_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  INFER_CUDA_CHECK(cudaEventDestroy(start));
-  INFER_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 namespace detail {
 /// Set once a hold ran out of time: holding does not work here, and no later timing holds.
 inline std::atomic<bool> hold_failed{false};
@@ -124,6 +99,13 @@ inline double cuda_time_each_ms(const std::function<void()>& run, int reps, int 
   INFER_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+/// Median milliseconds of `run` over `reps` timed runs, each alone between two CUDA events on the
+/// calling thread's default stream (where the course's kernels launch: --default-stream
+/// per-thread), after two untimed ones: cuda_time_each_ms() of streams of one, not held.
+inline double cuda_time_ms(const std::function<void()>& run, int reps) {
+  return cuda_time_each_ms(run, reps, 1, false);
 }
 
 /// GB/s of a device-to-device copy of `bytes`, counting each byte read and written.

@@ -250,8 +250,8 @@ int main(int argc, char** argv) {
         // Both models on the GPU, each over a paged pool of its own (lesson 08's attention follows
         // a tree's mask; lesson 07's contiguous one does not), a whole context each.
         const int context = model.config.max_position_embeddings;
-        infer::gpu::CudaPagedEngine t = infer::gpu::cuda_paged_engine(model, gpu_weights, infer::blocks_for(context, 16));
-        infer::gpu::CudaPagedEngine d = infer::gpu::cuda_paged_engine(draft, gpu_weights, infer::blocks_for(context, 16));
+        infer::gpu::CudaPagedParts t = infer::gpu::cuda_paged_parts(model, gpu_weights, infer::blocks_for(context, 16));
+        infer::gpu::CudaPagedParts d = infer::gpu::cuda_paged_parts(draft, gpu_weights, infer::blocks_for(context, 16));
         infer::PagedKVManager target_memory(std::move(t.pool)), draft_memory(std::move(d.pool));
         std::unique_ptr<infer::KVStore> cache = target_memory.open(0);
         infer::TargetModel target(*t.forward);
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
       }
 #if COURSE_HAVE_CUDA
       if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-        infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, blocks, block_size);
+        infer::gpu::CudaPagedParts gpu = infer::gpu::cuda_paged_parts(model, gpu_weights, blocks, block_size);
         gpu.forward->use_graphs(opts.has("--cuda-graphs"));
         gpu.forward->use_cublas(opts.has("--cublas"));
         runner = std::move(gpu.forward), pool = std::move(gpu.pool);

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
     const infer::gpu::DeviceWeights gpu_weights =
         device == "cuda" ? infer::gpu::device_weights(weight, model.config) : infer::gpu::DeviceWeights();
     if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-      infer::gpu::CudaPagedEngine gpu = infer::gpu::cuda_paged_engine(model, gpu_weights, num_blocks, block_size);
+      infer::gpu::CudaPagedParts gpu = infer::gpu::cuda_paged_parts(model, gpu_weights, num_blocks, block_size);
       gpu.forward->use_graphs(opts.has("--cuda-graphs"));
       gpu.forward->use_cublas(opts.has("--cublas"));
       forward = std::move(gpu.forward), pool = std::move(gpu.pool);

@@ -407,7 +407,7 @@ struct CudaForward::Impl {
   std::unique_ptr<DeviceAttention> attention;
   Scratch s;
 
-  std::unique_ptr<LibraryGemm> library;               // use_cublas()
+  std::unique_ptr<LibraryGemm> cublas;                // use_cublas()
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
@@ -660,14 +660,14 @@ void CudaForward::use_cublas(bool on) {
   collect(m.lm_head);
   for (const Impl::Layer& l : m.layers)
     for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) collect(*w);
-  if (on && !m.library && !matrices.empty()) {
+  if (on && !m.cublas && !matrices.empty()) {
     size_t max_rows = 0, max_cols = 0;
     for (const DeviceMatrix* d : matrices)
       max_rows = std::max<size_t>(max_rows, d->rows()), max_cols = std::max<size_t>(max_cols, d->cols());
-    m.library = std::make_unique<LibraryGemm>(max_rows, max_cols);
-    m.library->warm_up(matrices.front()->bf16().get(), matrices.front()->rows(), matrices.front()->cols());
+    m.cublas = std::make_unique<LibraryGemm>(max_rows, max_cols);
+    m.cublas->warm_up(matrices.front()->bf16().get(), matrices.front()->rows(), matrices.front()->cols());
   }
-  for (DeviceMatrix* d : matrices) d->use_library(on ? m.library.get() : nullptr);
+  for (DeviceMatrix* d : matrices) d->use_library(on ? m.cublas.get() : nullptr);
   // Graphs captured before hold the other products' launches.
   for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);
   m.execs.clear();

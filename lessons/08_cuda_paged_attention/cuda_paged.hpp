@@ -119,8 +119,8 @@ StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk
 /// planning). The pool must outlive it.
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0);
 
-/// What a program needs to run the engine on a GPU over paged memory (cuda_paged_engine()).
-struct CudaPagedEngine {
+/// What a program needs to run the engine on a GPU over paged memory (cuda_paged_parts()).
+struct CudaPagedParts {
   std::unique_ptr<CudaForward> forward;   ///< the ModelRunner
   std::unique_ptr<CudaPagedKVPool> pool;  ///< the KV rows on the device
 };
@@ -130,7 +130,7 @@ struct CudaPagedEngine {
 /// a PagedKVManager (or lesson 05's PrefixKVManager) and both to the Engine; the forward refers
 /// to the pool, so keep them in the same engine. Throws infer::Error as their constructors do (no
 /// device, bad sizes).
-CudaPagedEngine cuda_paged_engine(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,
+CudaPagedParts cuda_paged_parts(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,
                                   int block_size = 16);
 
 }  // namespace infer::gpu

@@ -242,9 +242,9 @@ std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, i
   return std::make_unique<PagedAttention>(pool, num_splits);
 }
 
-CudaPagedEngine cuda_paged_engine(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,
+CudaPagedParts cuda_paged_parts(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,
                                   int block_size) {
-  CudaPagedEngine parts;
+  CudaPagedParts parts;
   parts.pool = std::make_unique<CudaPagedKVPool>(model.config, num_blocks, block_size);
   parts.forward = std::make_unique<CudaForward>(model, weights, device_paged_attention(*parts.pool));
   return parts;

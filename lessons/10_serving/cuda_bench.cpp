@@ -167,7 +167,7 @@ SpecRun run_engine(const ModelWeights* weights, gpu::CudaForward* shared, const 
   std::unique_ptr<gpu::CudaPagedKVPool> pool;
   const int blocks = 2 * blocks_for(c.max_position_embeddings, 16);
   if (weights) {
-    gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(*weights, gpu::WeightType::F32, blocks, 16);
+    gpu::CudaPagedParts parts = gpu::cuda_paged_parts(*weights, gpu::WeightType::F32, blocks, 16);
     runner = std::move(parts.forward), pool = std::move(parts.pool);
   } else {
     runner = std::make_unique<Borrowed>(*shared);  // the 1.1B shape's, reused, over slots
@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
       auto big_paged = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16,
                                                               gpu::device_paged_attention(*big_pool));
       PagedKVManager big_memory(std::move(big_pool));
-      gpu::CudaPagedEngine small = gpu::cuda_paged_engine(target, gpu::WeightType::F32, blocks, 16);
+      gpu::CudaPagedParts small = gpu::cuda_paged_parts(target, gpu::WeightType::F32, blocks, 16);
       PagedKVManager small_memory(std::move(small.pool));
       for (const bool big_model : {false, true}) {
         double graphed_1 = 0;  // batch 1's rate from graphs
@@ -462,7 +462,7 @@ int main(int argc, char** argv) {
                                       cat(std::round(10 * mc / mw) / 10, "x")});
       };
       for (const int budget : {64, 512}) {
-        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(target, gpu::WeightType::F32, 128, 16);
+        gpu::CudaPagedParts parts = gpu::cuda_paged_parts(target, gpu::WeightType::F32, 128, 16);
         auto engine = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)),
                                      {.max_running = 4, .token_budget = budget, .keep_log = false});
         measure(*engine, "tiny-fortunes (f32)", budget);

@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
         runner = std::move(tp_runner);
       } else if (device == "cuda") {
 #if COURSE_HAVE_CUDA
-        gpu::CudaPagedEngine parts = gpu::cuda_paged_engine(model, gpu_weights, blocks, block);
+        gpu::CudaPagedParts parts = gpu::cuda_paged_parts(model, gpu_weights, blocks, block);
         parts.forward->use_graphs(opts.has("--cuda-graphs"));
         parts.forward->use_cublas(opts.has("--cublas"));
         pool = std::move(parts.pool);

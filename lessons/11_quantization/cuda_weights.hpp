@@ -11,7 +11,7 @@ namespace infer::gpu {
 
 /// The engine's GPU forward on INT8 or INT4 weights (given, lessons/11_quantization/given_cuda.cpp,
 /// built where CUDA is): a DeviceWeights for lesson 07's CudaForward (and so for lesson 08's
-/// cuda_paged_engine()) whose upload quantizes each host matrix with your quantize_int8() or
+/// cuda_paged_parts()) whose upload quantizes each host matrix with your quantize_int8() or
 /// quantize_int4(`group`), copies its QuantizedMatrix to the device as it is, and whose product
 /// is your gemv_int8() or gemv_int4() at every batch (a prompt chunk of N rows reads W once per
 /// 8 rows: the kernels are decode kernels). Its name is "int8", or "int4 g<group>". The GPU then

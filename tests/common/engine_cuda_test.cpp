@@ -81,7 +81,7 @@ void expect_same_results(const std::vector<GenerationResult>& got, const std::ve
 /// The serving engine on the GPU over a device pool of `blocks` blocks of `block_size`.
 std::unique_ptr<Engine> gpu_engine(const ModelWeights& m, const DeviceWeights& weights, int blocks, int block_size,
                                    bool prefix, ServingOptions options, std::unique_ptr<Speculator> speculator = nullptr) {
-  CudaPagedEngine parts = cuda_paged_engine(m, weights, blocks, block_size);
+  CudaPagedParts parts = cuda_paged_parts(m, weights, blocks, block_size);
   std::unique_ptr<KVManager> memory;
   if (prefix) memory = std::make_unique<PrefixKVManager>(std::move(parts.pool));
   else memory = std::make_unique<PagedKVManager>(std::move(parts.pool));
@@ -218,7 +218,7 @@ TEST(Lesson10OnTheGpu, CudaGraphsReplayTheEagerDecodeSteps) {
   // of split count as the contexts grow past 128 positions, with a graph per batch size and split.
   REQUIRE_DEVICE();
   const ModelWeights& m = testing::bundled_model();
-  CudaPagedEngine graphed = cuda_paged_engine(m, WeightType::F32, 64, 8), eager = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  CudaPagedParts graphed = cuda_paged_parts(m, WeightType::F32, 64, 8), eager = cuda_paged_parts(m, WeightType::F32, 64, 8);
   graphed.forward->use_graphs(true);
   PagedKVManager gm(std::move(graphed.pool)), em(std::move(eager.pool));
   std::vector<std::unique_ptr<KVStore>> gs, es;
@@ -276,7 +276,7 @@ TEST(Lesson10OnTheGpu, TheEngineWithCudaGraphsGivesTheCpuEnginesTokens) {
   const ModelWeights& m = testing::bundled_model();
   const ServingOptions o{.max_running = 4, .token_budget = 16};
   auto cpu = cpu_engine(m, 24, 8, false, o);
-  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 24, 8);
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, 24, 8);
   parts.forward->use_graphs(true);
   CudaForward& forward = *parts.forward;
   auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PagedKVManager>(std::move(parts.pool)), o);
@@ -352,14 +352,14 @@ TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeig
   const ServingOptions o{.max_running = 4, .token_budget = 16};
   const ModelWeights rounded = rounded_to_bf16(m);  // (the CPU engine keeps a reference)
   auto cpu = cpu_engine(rounded, 96, 8, true, o);
-  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::BF16, 96, 8);
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::BF16, 96, 8);
   parts.forward->use_cublas(true);
   parts.forward->use_graphs(true);
   auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)), o);
   const auto rs = requests();
   expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
 
-  CudaPagedEngine a = cuda_paged_engine(m, WeightType::BF16, 32, 8), b = cuda_paged_engine(m, WeightType::BF16, 32, 8);
+  CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 32, 8), b = cuda_paged_parts(m, WeightType::BF16, 32, 8);
   b.forward->use_cublas(true);
   PagedKVManager am(std::move(a.pool)), bm(std::move(b.pool));
   std::vector<std::unique_ptr<KVStore>> as, bs;

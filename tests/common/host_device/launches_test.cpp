@@ -40,7 +40,7 @@ long launches_per_step(CudaForward& forward, KVManager& memory, int batch) {
 TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
   const ModelWeights& m = testing::bundled_model();
   const int layers = m.config.num_hidden_layers;
-  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, 64, 8);
   PagedKVManager memory(std::move(parts.pool));
   const long one = launches_per_step(*parts.forward, memory, 1), four = launches_per_step(*parts.forward, memory, 4);
   std::printf("[launches per decode step, %d layers: %ld at batch 1, %ld at batch 4]\n", layers, one, four);
@@ -62,7 +62,7 @@ TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
 TEST(Launches, APromptGoesToTheChunkKernelAndDecodesToTheDecodeKernel) {
   const ModelWeights& m = testing::bundled_model();
   const long layers = m.config.num_hidden_layers;
-  CudaPagedEngine parts = cuda_paged_engine(m, WeightType::F32, 64, 8);
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, 64, 8);
   PagedKVManager memory(std::move(parts.pool));
   auto a = memory.open(0), b = memory.open(0), c = memory.open(0);
   std::vector<int> prompt(40);
