@@ -89,11 +89,11 @@ inline constexpr int kTensorGemmChunk = 64;
 /// 0.038 ms; 16,384 x 16,384: 0.311 against 0.328 ms); at 2 rows it wins on the small shape only.
 inline constexpr int kTensorGemmMinBatch = 4;
 /// Lesson 11's quantized products of this many rows or more go to tensor_gemm_int8/int4 (where
-/// they run), fewer to its GEMVs. A guess between the GPU report's two batches (commit e864848, an
-/// H200): at 8 rows the GEMVs were faster for every format and shape but one, at 64 the tensor-core
-/// GEMM over the 1.1B step's projections (int8 13.3 against 33.3 ms, int4 g128 27.8 against 30.2);
-/// lesson 11's bench now times 16 and 32 rows too, to place it.
-inline constexpr int kQuantTensorGemmMinBatch = 16;
+/// they run), fewer to its GEMVs. The GPU report's pick (commit e215520, an H200), over the 1.1B
+/// step's projections: from 32 rows the tensor-core GEMM wins for every format (int4 groups of 128:
+/// 13.2 against 14.7 ms at 32 rows; at 16 rows the GEMVs still won, 7.3 against 7.7 ms), though
+/// INT8 and INT4 groups of 32 already win at 16 (int8 6.3 against 8.2 ms).
+inline constexpr int kQuantTensorGemmMinBatch = 32;
 /// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
 /// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
 /// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM

@@ -365,6 +365,29 @@ int main(int argc, char** argv) {
       report["tables"].push_back(graphs);
     }
 
+    // 1c. The split of batch 1's attention over a short context. choose_splits() splits no range
+    // below 64 positions, so a sequence of 100 is read in one pass by a block per K/V head (4 for
+    // the 1.1B shape), where lesson 07's contiguous forward spreads it wider: fixed split counts
+    // against the chosen one, from graphs, say what that rule costs a decode step.
+    {
+      json splits = table(cat("Batch 1 decode by the attention's split count (1.1B shape, bf16, paged memory, from graphs; tokens/s)"),
+                          {"positions cached", "chosen (choose_splits)", "1", "2", "4", "8", "16"});
+      const int steps = small_run ? 2 : quick ? 16 : 64;
+      for (const int positions : small_run ? std::vector<int>{cached} : std::vector<int>{cached, 4 * cached}) {
+        std::vector<std::string> row{cat(positions)};
+        for (const int n : {0, 1, 2, 4, 8, 16}) {
+          auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, blocks_for(positions + steps + 1, 16), 16);
+          auto f = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool, n));
+          PagedKVManager memory(std::move(pool));
+          row.push_back(cat(std::round(decode_rate(*f, memory, 1, steps, true, positions))));
+        }
+        splits["rows"].push_back(row);
+      }
+      splits["notes"].push_back("Each count fixed by device_paged_attention(pool, count); 'chosen' is the engine's default. "
+                                "A count above positions / 16 leaves some splits a block or less.");
+      report["tables"].push_back(splits);
+    }
+
     // 2. Speculation, bundled pair, greedy, one request at a time.
     {
       const char* texts[] = {"Q: What is the best way to", "The secret of a happy life is", "A duck walks into a bar and",

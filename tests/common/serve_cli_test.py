@@ -164,10 +164,19 @@ with tempfile.TemporaryDirectory() as bin_dir:
         if line.startswith(("SigCgt:", "SigIgn:")):
             masks[line.split(":")[0]] = int(line.split()[1], 16)
     usr1 = 1 << (signal.SIGUSR1 - 1)
-    if not mpirun or masks.get("SigCgt", 0) & usr1 or not masks.get("SigIgn", 0) & usr1:
+    if not mpirun:
         kill_all(ranks, port)
-        sys.exit(f"the fake mpirun was meant to ignore SIGUSR1 and catch it not: {mpirun}, {masks}")
+        sys.exit(f"the server on 2 ranks under the fake mpirun: no mpirun process found")
+    # Open MPI 4.1 (Debian 12's) leaves an ignored SIGUSR1 ignored when told to forward no signal.
+    # Some builds install their own handler whatever they are told (one H200 machine's did); there
+    # the premise cannot be built, and the case still checks that the stop reaches every rank.
+    premise = not masks.get("SigCgt", 0) & usr1 and masks.get("SigIgn", 0) & usr1
+    if not premise:
+        version = subprocess.run([real, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        print(f"premise not built on this machine: its mpirun ({version[0] if version else real}) catches "
+              f"SIGUSR1 even when told to forward no signal ({masks}); stopping it anyway")
     stop(ranks, "the server on 2 ranks under an mpirun that forwards no signal", port)
     all_gone(port)
 print(f"serve --tensor-parallel-size 2: {len(PROMPTS)} concurrent greedy requests answered as by one process; "
-      "SIGTERM stopped every rank, exit 0, also under an mpirun that forwards no signal")
+      "SIGTERM stopped every rank, exit 0, also under an mpirun " +
+      ("that forwards no signal" if premise else "told to forward no signal (premise not built, above)"))
