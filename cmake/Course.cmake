@@ -41,10 +41,16 @@ function(course_lesson nn topic)
   if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
     list(APPEND given "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_cuda.cpp")
   endif()
-  # given_kernels.cu: kernels the given code launches besides yours (lesson 07's fused ones).
-  if(COURSE_HAVE_CUDA AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
-    course_cuda_source(given_kernels "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu")
-    list(APPEND given "${given_kernels}")
+  # given_kernels.cu: kernels the given code launches besides yours (lesson 07's fused ones);
+  # *_variants.cu: given second designs of your kernels, which the benches time beside yours and
+  # the given code may call where asked to (lesson 08's tiled attention).
+  if(COURSE_HAVE_CUDA)
+    file(GLOB given_cu CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_kernels.cu"
+         "${CMAKE_SOURCE_DIR}/lessons/${dir}/*_variants.cu")
+    foreach(cu IN LISTS given_cu)
+      course_cuda_source(given_kernels "${cu}")
+      list(APPEND given "${given_kernels}")
+    endforeach()
   endif()
   # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server).
   set(lesson_http OFF)

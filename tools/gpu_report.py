@@ -176,7 +176,9 @@ def main():
             md += ["| format | shape | batch | ms | GB/s | of copy bandwidth | bf16 batch 1 time / this |",
                    "| --- | --- | --- | --- | --- | --- | --- |"]
             for g in gemv:
-                md += [f"| {g.get('format')} | {g.get('shape', '')} | {g.get('batch')} | {g.get('ms', 0):.4f} | "
+                # (older reports' rows read one matrix over and over: no "copies")
+                shape = g.get("shape", "") + (f", {g['copies']} copies" if g.get("copies", 1) > 1 else "")
+                md += [f"| {g.get('format')} | {shape} | {g.get('batch')} | {g.get('ms', 0):.4f} | "
                        f"{g.get('gbps', 0):.0f} | {100 * g.get('fraction_of_copy', 0):.0f}% | "
                        f"{g.get('bf16_batch1_over_this', 0):.2f}x |"]
         step = bench.get("quantized_step", [])

@@ -116,8 +116,13 @@ StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk
 /// many positions as max_length (an upper bound of the lengths, which the kernels read from the
 /// device), so that one graph per batch size and split count replays every step. The caches it is given must be PagedKVCaches over `pool` (KVStore::paged()); it
 /// reserves each one's next position (a no-op under the engine, which reserved it while
-/// planning). The pool must outlive it.
-std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0);
+/// planning). The pool must outlive it. `tiled_warps` 4, 8 or 16 sends the decode rows to the given
+/// second design instead of your kernels (attention_variants.hpp: 32 positions a warp, that many
+/// warps a block; the same contract, the same splits and your merge): the bench's rows say whether
+/// the engine should use it; 0, the default, is yours. Throws infer::Error for num_splits below 0,
+/// another tiled_warps, or a model the design refuses (head_dim not a multiple of 4 or above its
+/// limit for that warp count).
+std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0, int tiled_warps = 0);
 
 /// What a program needs to run the engine on a GPU over paged memory (cuda_paged_parts()).
 struct CudaPagedParts {

@@ -9,6 +9,7 @@
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
+#include "lessons/08_cuda_paged_attention/attention_variants.hpp"
 #include "lessons/08_cuda_paged_attention/flash_decoding.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 
@@ -114,7 +115,8 @@ namespace {
 /// row goes through the decode kernel.
 class PagedAttention final : public DeviceAttention {
  public:
-  PagedAttention(CudaPagedKVPool& pool, int num_splits) : c_(pool.config()), pool_(pool), fixed_splits_(num_splits) {
+  PagedAttention(CudaPagedKVPool& pool, int num_splits, int tiled_warps)
+      : c_(pool.config()), pool_(pool), fixed_splits_(num_splits), tiled_warps_(tiled_warps) {
     int device = 0;
     INFER_CUDA_CHECK(cudaGetDevice(&device));
     INFER_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
@@ -200,11 +202,16 @@ class PagedAttention final : public DeviceAttention {
       PagedBatch run = a;
       run.q = a.q + first * q_dim, run.out = a.out + first * q_dim, run.lengths = a.lengths + first;
       run.block_tables = a.block_tables + first * a.max_blocks, run.batch = plan_.run_rows[i];
-      if (splits_ > 1)
-        paged_decode_attention_split(run, splits_, partial_out_.get() + first * a.heads * splits_ * a.head_dim,
-                                     partial_lse_.get() + first * a.heads * splits_);
-      else
+      if (splits_ > 1) {
+        float* partial_out = partial_out_.get() + first * a.heads * splits_ * a.head_dim;
+        float* partial_lse = partial_lse_.get() + first * a.heads * splits_;
+        if (tiled_warps_ > 0) paged_decode_attention_tiled_split(run, splits_, partial_out, partial_lse, tiled_warps_);
+        else paged_decode_attention_split(run, splits_, partial_out, partial_lse);
+      } else if (tiled_warps_ > 0) {  // the given second design (attention_variants.hpp)
+        paged_decode_attention_tiled(run, tiled_warps_);
+      } else {
         paged_decode_attention(run);
+      }
     }
   }
 
@@ -221,7 +228,7 @@ class PagedAttention final : public DeviceAttention {
 
   ModelConfig c_;
   CudaPagedKVPool& pool_;
-  int fixed_splits_, multiprocessors_ = 1;
+  int fixed_splits_, tiled_warps_, multiprocessors_ = 1;
   bool chunk_tensor_ = false;  // the chunk kernel on tensor cores (chunk_attention.hpp)
   std::vector<PagedKVCache*> seqs_;
   std::vector<int> rows_;  // each chunk's tokens
@@ -237,9 +244,19 @@ class PagedAttention final : public DeviceAttention {
 
 }  // namespace
 
-std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits) {
+std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits, int tiled_warps) {
   require(num_splits >= 0, "device_paged_attention: num_splits must be >= 0 (0 chooses), got ", num_splits);
-  return std::make_unique<PagedAttention>(pool, num_splits);
+  const ModelConfig& c = pool.config();
+  const bool groups_of_four = c.num_attention_heads / c.num_key_value_heads <= 4;
+  require(tiled_warps == 0 || tiled_warps == 4 || tiled_warps == 8 || tiled_warps == 16,
+          "device_paged_attention: tiled_warps must be 0 (your kernels), 4, 8 or 16, got ", tiled_warps);
+  // The second design's limits (attention_variants.hpp), checked here rather than at the first step.
+  require(tiled_warps == 0 || (c.head_dim % 4 == 0 && c.head_dim <= 256 &&
+                               (tiled_warps == 4 || (c.head_dim <= 128 && (tiled_warps == 8 || groups_of_four)))),
+          "device_paged_attention: the tiled design with ", tiled_warps, " warps a block cannot read head_dim ",
+          c.head_dim, " with ", c.num_attention_heads / c.num_key_value_heads,
+          " query heads a K/V head (a multiple of 4 up to 256 for 4 warps; up to 128 for 8; and groups of up to 4 for 16)");
+  return std::make_unique<PagedAttention>(pool, num_splits, tiled_warps);
 }
 
 CudaPagedParts cuda_paged_parts(const ModelWeights& model, const DeviceWeights& weights, int num_blocks,

@@ -16,9 +16,10 @@
 // timings of 10 launches back to back, over 10, after a warm-up: what it costs the device within a
 // decode step's stream of launches (one launch alone between two events also reads the launch's
 // own latency, about the whole time of a small projection's GEMV; lesson 07's bench shows both).
-// Each timing reads the same matrix over and over: the 1.1B shape's projections fit in an H200's
-// 50 MB L2, so their rows time the L2 more than memory (lesson 07's bench rotates copies of its
-// matrices for that; these rows do not yet).
+// Each launch of a timing reads another copy of the weights and their scales, as many copies as
+// reach 3 times the device's L2 (at most 64): the 1.1B shape's projections (1 to 23 MB in bf16)
+// fit in an H200's 50 MB L2, and a timing that read one matrix over and over would time the L2,
+// where a decode step reads each layer's matrices once (lesson 07's bench does the same).
 //
 // Then the engine: decode tokens/s through lesson 07's forward (CudaForward, whole-context caches)
 // on each format's weights (bf16; INT8 and INT4 through quantized_device_weights()), at batch 1
@@ -35,6 +36,7 @@
 // the JSON in its report.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -75,7 +77,23 @@ struct Row {
   std::string format, shape;
   int rows = 0, cols = 0, batch = 0, per_step = 0;
   double ms = 0, bytes = 0, bf16_ms = 0;  // bf16_ms: lesson 07's bf16 GEMV of the shape at batch 1
+  int copies = 1;                         // of the weights, one launch after another
 };
+
+/// Copies of a matrix of `bytes` (weights and scales) a timing rotates through: enough to pass 3
+/// times an L2 of `l2_bytes` (0: none, one copy), at most 64.
+int rotation_copies(double bytes, size_t l2_bytes) {
+  return static_cast<int>(std::clamp(std::ceil(3.0 * static_cast<double>(l2_bytes) / bytes), 1.0, 64.0));
+}
+
+/// `copies` copies of `one`, one after another, on the device.
+template <typename T>
+DeviceArray<T> replicated(const std::vector<T>& one, int copies) {
+  std::vector<T> all;
+  all.reserve(one.size() * copies);
+  for (int c = 0; c < copies; ++c) all.insert(all.end(), one.begin(), one.end());
+  return DeviceArray<T>(all);
+}
 
 /// n random bytes (the weights' bits: their values do not change what a GEMV reads).
 std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
@@ -185,43 +203,52 @@ int main(int argc, char** argv) {
 
     std::vector<Row> results;
     if (small) shapes = {{"96 x 256 (a run-through)", 96, 256, 0}};  // the stand-in: one small shape
+    // --small: 2 copies, so that the run-through takes the rotation's every path.
+    const size_t l2 = small ? 0 : static_cast<size_t>(prop.l2CacheSize);
     for (const Shape& s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
       const std::vector<uint8_t> bits = random_bytes(2 * n, 7 + s.rows + s.cols);
       DeviceArray<float> x(random_floats(64ull * s.cols, 11, -1.0, 1.0)), y(64ull * s.rows);
       double bf16_ms = 0;  // bf16 runs first: the other formats are measured against its batch 1
       for (const Format& f : formats) {
-        // The weights on the device, and the call that multiplies by them.
+        // The weights on the device, `copies` times over, and the call that multiplies by them.
+        const int copies = small ? 2 : rotation_copies(bytes_of(f, s, 0), l2);
         DeviceArray<uint16_t> w16;
         DeviceArray<int8_t> w8;
         DeviceArray<uint8_t> w4;
         DeviceArray<float> scales;
+        size_t w_stride = n, s_stride = 0;  // elements a copy of the weights and of the scales takes
         std::string label;
         if (f.name == "bf16") {
           // Finite weights of a trained model's size: sign and mantissa random, exponent 2^-7.
           std::vector<uint16_t> w(n);
           for (size_t i = 0; i < n; ++i)
             w[i] = static_cast<uint16_t>(((bits[2 * i] | bits[2 * i + 1] << 8) & 0x807F) | 0x3C00);
-          w16 = DeviceArray<uint16_t>(w);
+          w16 = replicated(w, copies);
           label = "bf16 (lesson 07)";
         } else if (f.name == "int8") {
-          w8 = DeviceArray<int8_t>(std::vector<int8_t>(bits.begin(), bits.begin() + n));
-          scales = DeviceArray<float>(random_floats(s.rows, 13, 0.5e-3, 2e-3));
+          w8 = replicated(std::vector<int8_t>(bits.begin(), bits.begin() + n), copies);
+          s_stride = s.rows;
+          scales = replicated(random_floats(s_stride, 13, 0.5e-3, 2e-3), copies);
           label = "int8";
         } else {
-          w4 = DeviceArray<uint8_t>(std::vector<uint8_t>(bits.begin(), bits.begin() + n / 2));
-          scales = DeviceArray<float>(random_floats(n / f.group, 17, 1e-3, 4e-3));
+          w_stride = n / 2, s_stride = n / f.group;
+          w4 = replicated(std::vector<uint8_t>(bits.begin(), bits.begin() + w_stride), copies);
+          scales = replicated(random_floats(s_stride, 17, 1e-3, 4e-3), copies);
           label = cat("int4, groups of ", f.group);
         }
         for (const int batch : batches) {
+          int next = 0;  // the copy the next launch reads
           const double ms = cuda_time_each_ms([&] {
-            if (f.name == "bf16" && batch == 1) gpu::gemv_bf16(2, w16.get(), x.get(), y.get(), s.rows, s.cols);
-            else if (f.name == "bf16") gpu::gemv_batch_bf16(w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
-            else if (f.name == "int8") gpu::gemv_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
-            else gpu::gemv_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
+            const size_t c = static_cast<size_t>(next++ % copies);
+            const float* sc = scales.size() > 0 ? scales.get() + c * s_stride : nullptr;
+            if (f.name == "bf16" && batch == 1) gpu::gemv_bf16(2, w16.get() + c * w_stride, x.get(), y.get(), s.rows, s.cols);
+            else if (f.name == "bf16") gpu::gemv_batch_bf16(w16.get() + c * w_stride, x.get(), y.get(), s.rows, s.cols, batch);
+            else if (f.name == "int8") gpu::gemv_int8(w8.get() + c * w_stride, sc, x.get(), y.get(), s.rows, s.cols, batch);
+            else gpu::gemv_int4(w4.get() + c * w_stride, sc, x.get(), y.get(), s.rows, s.cols, f.group, batch);
           }, reps, stream, !small);
           if (f.name == "bf16" && batch == 1) bf16_ms = ms;
-          results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms});
+          results.push_back({label, s.name, s.rows, s.cols, batch, s.per_step, ms, bytes_of(f, s, batch), bf16_ms, copies});
           // The given tensor-core GEMM (lesson 07's fused_kernels.hpp), which the forward uses from
           // kTensorGemmMinBatch (bf16) or kQuantTensorGemmMinBatch rows: from 8 rows, checked against
           // the GEMV's y first, then timed, so that the report places both thresholds.
@@ -229,12 +256,16 @@ int main(int argc, char** argv) {
                           : f.name == "int8" ? gpu::tensor_gemm_int8_runs(s.rows, s.cols)
                                              : gpu::tensor_gemm_int4_runs(s.rows, s.cols, f.group);
           if (batch < 8 || !tc) continue;
+          int copy = 0;  // the copy the next launch reads
           const auto tensor = [&] {
-            if (f.name == "bf16") gpu::tensor_gemm_bf16(gpu::kTensorGemmVariant, w16.get(), x.get(), y.get(), s.rows, s.cols, batch);
-            else if (f.name == "int8") gpu::tensor_gemm_int8(w8.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, batch);
-            else gpu::tensor_gemm_int4(w4.get(), scales.get(), x.get(), y.get(), s.rows, s.cols, f.group, batch);
+            const size_t c = static_cast<size_t>(copy++ % copies);
+            const float* sc = scales.size() > 0 ? scales.get() + c * s_stride : nullptr;
+            if (f.name == "bf16")
+              gpu::tensor_gemm_bf16(gpu::kTensorGemmVariant, w16.get() + c * w_stride, x.get(), y.get(), s.rows, s.cols, batch);
+            else if (f.name == "int8") gpu::tensor_gemm_int8(w8.get() + c * w_stride, sc, x.get(), y.get(), s.rows, s.cols, batch);
+            else gpu::tensor_gemm_int4(w4.get() + c * w_stride, sc, x.get(), y.get(), s.rows, s.cols, f.group, batch);
           };
-          const std::vector<float> want = y.download();
+          const std::vector<float> want = y.download();  // the GEMV's (every copy holds the same values)
           tensor();
           const std::vector<float> got = y.download();
           for (size_t i = 0; i < static_cast<size_t>(batch) * s.rows; ++i)
@@ -242,18 +273,18 @@ int main(int argc, char** argv) {
                     label, " product disagrees with the GEMV on ", s.name, " at batch ", batch, ", element ", i, ": ",
                     got[i], " against ", want[i]);
           results.push_back({label + " on tensor cores", s.name, s.rows, s.cols, batch, s.per_step,
-                             cuda_time_each_ms(tensor, reps, stream, !small), bytes_of(f, s, batch), bf16_ms});
+                             cuda_time_each_ms(tensor, reps, stream, !small), bytes_of(f, s, batch), bf16_ms, copies});
         }
       }
     }
 
     if (!results.empty())
-      std::printf("%-36s %-26s %5s %10s %8s %8s %10s\n", "format", "shape", "batch", "ms", "GB/s", "of copy",
-                  "bf16/this");
+      std::printf("%-36s %-26s %6s %5s %10s %8s %8s %10s\n", "format", "shape", "copies", "batch", "ms", "GB/s",
+                  "of copy", "bf16/this");
     for (const Row& r : results) {
       const double gbps = r.bytes / (r.ms * 1e6);
-      std::printf("%-36s %-26s %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.batch, r.ms,
-                  gbps, 100 * gbps / copy_gbps, r.bf16_ms / r.ms);
+      std::printf("%-36s %-26s %6d %5d %10.4f %8.0f %7.0f%% %9.2fx\n", r.format.c_str(), r.shape.c_str(), r.copies,
+                  r.batch, r.ms, gbps, 100 * gbps / copy_gbps, r.bf16_ms / r.ms);
     }
     // One decode step's projections of the 1.1B model, each shape times how often a step runs it.
     struct Step {
@@ -287,9 +318,9 @@ int main(int argc, char** argv) {
         std::fprintf(f,
                      "  {\"format\": \"%s\", \"shape\": \"%s\", \"rows\": %d, \"cols\": %d, \"batch\": %d, "
                      "\"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, \"fraction_of_copy\": %.4f, "
-                     "\"bf16_batch1_ms\": %.5f, \"bf16_batch1_over_this\": %.3f}%s\n",
+                     "\"bf16_batch1_ms\": %.5f, \"bf16_batch1_over_this\": %.3f, \"copies\": %d}%s\n",
                      r.format.c_str(), r.shape.c_str(), r.rows, r.cols, r.batch, r.ms, r.bytes, gbps, gbps / copy_gbps,
-                     r.bf16_ms, r.bf16_ms / r.ms, i + 1 < results.size() ? "," : "");
+                     r.bf16_ms, r.bf16_ms / r.ms, r.copies, i + 1 < results.size() ? "," : "");
       }
       std::fprintf(f, "], \"quantized_step\": [\n");
       for (size_t i = 0; i < steps.size(); ++i) {

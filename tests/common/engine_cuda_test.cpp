@@ -167,15 +167,31 @@ TEST(Lesson10OnTheGpu, AMixedStepOverContiguousCachesEqualsTheCpuStep) {
 TEST(Lesson10OnTheGpu, AMixedStepOverPagedCachesEqualsTheCpuStep) {
   REQUIRE_DEVICE();
   const ModelWeights& m = testing::bundled_model();
-  for (int splits : {0, 1, 4}) {  // chosen, one pass, split four ways
-    SCOPED_TRACE(cat(splits, " splits (0: chosen)"));
-    auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
-    CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits));
-    PagedKVManager kv(std::move(pool));
-    std::vector<std::unique_ptr<KVStore>> stores;
-    for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
-    check_mixed_step(gpu, stores);
-  }
+  // Your kernels, then the given tiled design (attention_variants.hpp) at two block sizes.
+  for (int warps : {0, 4, 8})
+    for (int splits : {0, 1, 4}) {  // chosen, one pass, split four ways
+      SCOPED_TRACE(cat(splits, " splits (0: chosen), tiled warps ", warps, " (0: your kernels)"));
+      auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
+      CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits, warps));
+      PagedKVManager kv(std::move(pool));
+      std::vector<std::unique_ptr<KVStore>> stores;
+      for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
+      check_mixed_step(gpu, stores);
+    }
+}
+
+TEST(Lesson10OnTheGpu, PagedAttentionRefusesSettingsItCannotRun) {
+  REQUIRE_DEVICE();
+  CudaPagedKVPool pool(testing::bundled_model().config, 8, 8);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { device_paged_attention(pool, -1); }, "num_splits must be >= 0"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { device_paged_attention(pool, 0, 3); },
+                                               "tiled_warps must be 0 (your kernels), 4, 8 or 16, got 3"));
+  ModelConfig wide = testing::bundled_model().config;  // head_dim 132: 4 warps a block read it, 8 do not
+  wide.head_dim = 132;
+  CudaPagedKVPool wide_pool(wide, 8, 8);
+  EXPECT_NO_THROW(device_paged_attention(wide_pool, 0, 4));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { device_paged_attention(wide_pool, 0, 8); },
+                                               "with 8 warps a block cannot read head_dim 132"));
 }
 
 TEST(Lesson10OnTheGpu, ATreeOfGuessesOverPagedCachesEqualsTheCpuStep) {

@@ -14,6 +14,7 @@
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/kernels.hpp"
+#include "lessons/08_cuda_paged_attention/attention_variants.hpp"
 #include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 #include "lessons/08_cuda_paged_attention/paged_kernels.hpp"
 #include "lessons/11_quantization/kernels.hpp"
@@ -267,6 +268,18 @@ void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* pa
   require(num_splits >= 1, "paged_decode_attention_split: num_splits must be >= 1, got ", num_splits);
   require_device_pointers("paged_decode_attention_split", {partial_out, partial_lse});
   paged_decode_attention(a);  // the merged result, which is all the engine reads
+}
+
+// Lesson 08's second design (attention_variants.hpp): the same contract, so the same host loop.
+void paged_decode_attention_tiled(const PagedBatch& a, int warps) {
+  require(warps == 4 || warps == 8 || warps == 16, "paged_decode_attention_tiled: warps must be 4, 8 or 16, got ", warps);
+  paged_decode_attention(a);
+}
+void paged_decode_attention_tiled_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse,
+                                        int warps) {
+  require(warps == 4 || warps == 8 || warps == 16, "paged_decode_attention_tiled_split: warps must be 4, 8 or 16, got ",
+          warps);
+  paged_decode_attention_split(a, num_splits, partial_out, partial_lse);
 }
 
 void merge_attention_partials(const float*, const float*, float*, int, int, int) {
