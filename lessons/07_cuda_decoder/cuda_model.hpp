@@ -224,6 +224,20 @@ class CudaForward final : public ModelRunner {
   /// arrays last grew, which drops them all).
   int graphs_captured() const;
 
+  /// One part of a profiled step: the launches of one kind and the device's time over them.
+  struct StepPart {
+    std::string name;  ///< what ran ("q, k, v products", "attention", ...)
+    int launches = 0;  ///< how many times the step ran it (once a layer, most)
+    double ms = 0;     ///< summed over them: each from the event before it to the event after it
+  };
+  /// forward(step), launched kernel by kernel (no graph) with an event recorded after each part of
+  /// the step, and the time between events summed by part, in the order the parts first ran: where
+  /// a step of this shape spends the device's time (each interval holds a launch and the gap
+  /// before it; the host queues ahead of the device, but for the step's uploads, which come
+  /// first, and the logits' download, last, which are not in it). Like forward(), it writes the
+  /// step's rows to the caches. For the benches: the events cost a little of their own.
+  std::vector<StepPart> profile(const StepInput& step);
+
  private:
   struct Impl;
   explicit CudaForward(std::unique_ptr<Impl> impl);

@@ -411,6 +411,18 @@ struct CudaForward::Impl {
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
+  // profile(): an event after each part of the step, with the part's name ("" for the start).
+  std::vector<std::pair<std::string, cudaEvent_t>>* marks = nullptr;
+
+  /// Under profile(), the end of a part of the step (or, with "", its start): an event on the
+  /// stream the kernels launch on. Nothing otherwise.
+  void mark(const char* part) {
+    if (!marks) return;
+    cudaEvent_t e = nullptr;
+    INFER_CUDA_CHECK(cudaEventCreate(&e));
+    marks->emplace_back(part, e);
+    INFER_CUDA_CHECK(cudaEventRecord(e, cudaStreamPerThread));
+  }
 
   ~Impl() {
     for (auto& [key, exec] : execs) cudaGraphExecDestroy(exec);
@@ -420,11 +432,14 @@ struct CudaForward::Impl {
   /// device work only (launch(); its bookkeeping is commit()ed after the graph ran).
   void layers_of(int N, bool captured) {
     const int hidden = c.hidden_size, hd = c.head_dim;
+    mark("");
     embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
+    mark("embedding");
     // Each residual add and the norm after it are one launch (add_rms_norm, given): the first
     // layer's input norm runs alone, and the last add too (the final norm runs over the wanted
     // rows only, in head_of).
     rms_norm(s.x.get(), layers[0].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+    mark("rms_norm");
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
       const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd, inter = c.intermediate_size;
@@ -433,19 +448,25 @@ struct CudaForward::Impl {
         // One product into [q | k | v], and one RoPE over q's and k's heads, side by side there.
         q = s.qkv1.get(), k = q + qd, v = k + kvd;
         l.qkv->product(s.h.get(), q, 1);
+        mark("q, k, v products");
         rope(q, s.positions.get(), 1, c.num_attention_heads + c.num_key_value_heads, hd, c.rope_theta);
       } else {
         // N rows: each product's rows must be an array of their own (the attention reads them so).
         l.qkv->product(s.h.get(), q, N, 0, qd);
         l.qkv->product(s.h.get(), k, N, qd, kvd);
         l.qkv->product(s.h.get(), v, N, qd + kvd, kvd);
+        mark("q, k, v products");
         rope(q, s.positions.get(), N, c.num_attention_heads, hd, c.rope_theta);
         rope(k, s.positions.get(), N, c.num_key_value_heads, hd, c.rope_theta);
       }
+      mark("rope");
       if (captured) attention->launch(li, q, k, v, s.attn.get());
       else attention->append_and_attend(li, q, k, v, s.attn.get());
+      mark("attention (its cache writes too)");
       l.o->product(s.attn.get(), s.tmp.get(), N);
+      mark("o product");
       add_rms_norm(s.x.get(), s.tmp.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      mark("add_rms_norm");
       float *gate = s.gate.get(), *up = s.up.get();
       if (N == 1) {
         gate = s.gate_up1.get(), up = gate + inter;
@@ -454,19 +475,27 @@ struct CudaForward::Impl {
         l.gate_up->product(s.h.get(), gate, N, 0, inter);
         l.gate_up->product(s.h.get(), up, N, inter, inter);
       }
+      mark("gate, up products");
       swiglu(gate, up, gate, static_cast<long>(N) * inter);
+      mark("swiglu");
       l.down->product(gate, s.tmp.get(), N);
-      if (li + 1 < c.num_hidden_layers)
+      mark("down product");
+      if (li + 1 < c.num_hidden_layers) {
         add_rms_norm(s.x.get(), s.tmp.get(), layers[li + 1].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-      else
+        mark("add_rms_norm");
+      } else {
         add(s.x.get(), s.tmp.get(), static_cast<long>(N) * hidden);
+        mark("add");
+      }
     }
   }
 
   /// The final norm and the output head over `wanted` rows of `from` into s.logits.
   void head_of(const float* from, int wanted) {
     rms_norm(from, final_norm.get(), s.h.get(), wanted, c.hidden_size, c.rms_norm_eps);
+    mark("rms_norm");
     lm_head->product(s.h.get(), s.logits.get(), wanted);
+    mark("lm_head product");
   }
 
   /// A decode step from its graph (captured first if it is new). Returns false, running
@@ -543,6 +572,7 @@ struct CudaForward::Impl {
                                            cudaMemcpyDeviceToDevice, cudaStreamPerThread));
           into += ch.logits;
         }
+        mark("the wanted rows gathered (copies)");
         from = s.tmp.get();
       }
       head_of(from, wanted);
@@ -674,6 +704,35 @@ void CudaForward::use_cublas(bool on) {
 }
 
 int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.size()); }
+
+std::vector<CudaForward::StepPart> CudaForward::profile(const StepInput& step) {
+  Impl& m = *impl_;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  const bool graphs = m.graphs;
+  m.graphs = false;  // kernel by kernel: a graph's launches have no events between them
+  m.marks = &marks;
+  const auto done = [&] {
+    m.marks = nullptr, m.graphs = graphs;
+    for (auto& [name, e] : marks) cudaEventDestroy(e);
+  };
+  std::vector<StepPart> parts;
+  try {
+    forward(step);  // its logits' download waits for the step, every event included
+    for (size_t i = 1; i < marks.size(); ++i) {
+      if (marks[i].first.empty()) continue;  // a start: nothing ended there
+      float ms = 0;
+      INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+      auto it = std::find_if(parts.begin(), parts.end(), [&](const StepPart& p) { return p.name == marks[i].first; });
+      if (it == parts.end()) it = parts.insert(parts.end(), StepPart{marks[i].first});
+      it->launches += 1, it->ms += ms;
+    }
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
+  return parts;
+}
 
 double CudaForward::weight_bytes_per_step() const {
   double bytes = impl_->lm_head->bytes();

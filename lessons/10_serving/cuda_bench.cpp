@@ -129,6 +129,12 @@ double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes
   return median(s);
 }
 
+/// One part of a profiled step: its launches and their device time (CudaForward::StepPart's figures).
+struct CudaForwardPart {
+  int launches = 0;
+  double ms = 0;
+};
+
 /// Decode tokens/s of `batch` sequences (`cached` positions each) over `steps` steps, launched
 /// kernel by kernel or replayed from CUDA graphs (the first step captures, untimed).
 double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int steps, bool graphs, int cached) {
@@ -396,6 +402,80 @@ int main(int argc, char** argv) {
       splits["notes"].push_back("Each count fixed by device_paged_attention(pool, count); 'chosen' is the engine's default. "
                                 "A count above positions / 16 leaves some splits a block or less.");
       report["tables"].push_back(splits);
+    }
+
+    // 1d. Where a step's time goes, part by part (CudaForward::profile: an event after each part),
+    // for the engine's shapes: a decode at batch 1, a verification of 5 tokens (lesson 06's k = 4),
+    // decodes at batch 8 and 64; against the step's host clock. What the targets above are short of.
+    {
+      struct Shape {
+        std::string name;
+        int sequences, tokens;  // tokens a sequence feeds (each row's logits wanted)
+      };
+      const std::vector<Shape> shapes = small_run ? std::vector<Shape>{{"decode, batch 1", 1, 1}, {"verify 5, one sequence", 1, 5},
+                                                                       {"decode, batch 4", 4, 1}}
+                                                  : std::vector<Shape>{{"decode, batch 1", 1, 1}, {"verify 5, one sequence", 1, 5},
+                                                                       {"decode, batch 8", 8, 1}, {"decode, batch 64", 64, 1}};
+      const int most = shapes.back().sequences;
+      auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, most * blocks_for(cached + 8, 16), 16);
+      auto f = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
+      PagedKVManager memory(std::move(pool));
+      std::vector<std::unique_ptr<KVStore>> stores;
+      for (int i = 0; i < most; ++i) {
+        stores.push_back(memory.open(0));
+        f->prefill(some_tokens(cached, big.vocab_size, 40 + i), *stores.back());
+      }
+      std::vector<std::string> columns{"part"}, names;  // names: the parts, in the order they first ran
+      std::map<std::string, std::map<std::string, CudaForwardPart>> cells;  // part: shape: its figures
+      std::vector<double> host_ms, sums;
+      for (const Shape& shape : shapes) {
+        columns.push_back(shape.name);
+        const std::vector<int> fed = some_tokens(shape.tokens, big.vocab_size, 5);
+        StepInput step;
+        for (int i = 0; i < shape.sequences; ++i)
+          step.chunks.push_back({.tokens = fed, .cache = stores[i].get(), .logits = shape.tokens});
+        const auto rewind = [&] {
+          for (int i = 0; i < shape.sequences; ++i) stores[i]->truncate(cached);
+        };
+        std::vector<double> clock_ms;
+        for (int r = 0; r < reps + 1; ++r) {  // the first a warm-up
+          Stopwatch clock;
+          f->forward(step);
+          if (r > 0) clock_ms.push_back(1e3 * clock.seconds());
+          rewind();
+        }
+        host_ms.push_back(median(clock_ms));
+        double sum = 0;
+        for (const gpu::CudaForward::StepPart& part : f->profile(step)) {
+          if (std::find(names.begin(), names.end(), part.name) == names.end()) names.push_back(part.name);
+          cells[part.name][shape.name] = {part.launches, part.ms};
+          sum += part.ms;
+        }
+        rewind();
+        sums.push_back(sum);
+      }
+      json where = table(cat("Where a step's time goes (1.1B shape, bf16, paged memory, ", cached,
+                             " positions cached; device ms between events, launches in brackets)"), columns);
+      for (const std::string& name : names) {
+        std::vector<std::string> row{name};
+        for (const Shape& shape : shapes) {
+          const auto it = cells[name].find(shape.name);
+          row.push_back(it == cells[name].end() ? "" : cat(std::round(it->second.ms * 1e3) / 1e3, " (", it->second.launches, ")"));
+        }
+        where["rows"].push_back(row);
+      }
+      std::vector<std::string> total{"the parts, summed"}, clock{"the step, host clock (median)"};
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        total.push_back(cat(std::round(sums[i] * 1e3) / 1e3));
+        clock.push_back(cat(std::round(host_ms[i] * 1e3) / 1e3));
+      }
+      where["rows"].push_back(total);
+      where["rows"].push_back(clock);
+      where["notes"].push_back("CudaForward::profile(): the step launched kernel by kernel with an event after each part; each "
+                               "interval holds its launches and the gaps before them. The host clock adds the step's "
+                               "uploads and the logits' download; the events cost a little of their own.");
+      report["tables"].push_back(where);
+      for (auto& st : stores) memory.close(std::move(st));
     }
 
     // 2. Speculation, bundled pair, greedy, one request at a time.

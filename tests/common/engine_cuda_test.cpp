@@ -10,6 +10,7 @@
 // ids equal. bf16 weights are compared with the CPU engine over the same weights rounded to bf16,
 // and lesson 11's INT8 and INT4 weights with the CPU engine over the same quantized projections,
 // so that only the order of the sums differs.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -178,6 +179,41 @@ TEST(Lesson10OnTheGpu, AMixedStepOverPagedCachesEqualsTheCpuStep) {
       for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
       check_mixed_step(gpu, stores);
     }
+}
+
+TEST(Lesson10OnTheGpu, AProfiledStepNamesEveryLaunchAndRunsTheStep) {
+  // CudaForward::profile(): the step runs (its caches advance as forward()'s do, and the next
+  // step's logits equal those of a forward that ran it plainly), and each part is counted as the
+  // forward launches it: per layer one of each, add_rms_norm twice but in the last layer.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const int L = m.config.num_hidden_layers;
+  CudaForward profiled(m, WeightType::F32), plain(m, WeightType::F32);
+  CudaKVStore a(m.config, 64), b(m.config, 64);
+  const std::vector<int> prompt = ByteTokenizer::encode("You will meet"), next = {65};
+  profiled.prefill(prompt, a);
+  plain.prefill(prompt, b);
+  for (const auto& [tokens, wanted] : {std::pair{next, 1}, std::pair{ByteTokenizer::encode(" a tall"), 3}}) {
+    const int before = a.length();
+    const std::vector<CudaForward::StepPart> parts =
+        profiled.profile(StepInput{{Chunk{.tokens = tokens, .cache = &a, .logits = wanted}}});
+    plain.forward(StepInput{{Chunk{.tokens = tokens, .cache = &b, .logits = wanted}}});
+    EXPECT_EQ(a.length(), before + static_cast<int>(tokens.size()));
+    std::map<std::string, int> launches;
+    for (const CudaForward::StepPart& p : parts) {
+      launches[p.name] = p.launches;
+      EXPECT_GE(p.ms, 0.0) << p.name;
+    }
+    std::map<std::string, int> want = {{"embedding", 1}, {"rms_norm", 2}, {"q, k, v products", L}, {"rope", L},
+                                       {"attention (its cache writes too)", L}, {"o product", L},
+                                       {"add_rms_norm", 2 * L - 1}, {"gate, up products", L}, {"swiglu", L},
+                                       {"down product", L}, {"add", 1}, {"lm_head product", 1}};
+    if (wanted < static_cast<int>(tokens.size())) want["the wanted rows gathered (copies)"] = 1;
+    EXPECT_EQ(launches, want) << tokens.size() << " tokens, " << wanted << " wanted";
+  }
+  const Matrix after_profiled = profiled.forward(StepInput{{Chunk{.tokens = next, .cache = &a}}});
+  const Matrix after_plain = plain.forward(StepInput{{Chunk{.tokens = next, .cache = &b}}});
+  EXPECT_TRUE(testing::all_close(after_plain, after_profiled, 1e-6, 1e-6, "the step after the profiled ones"));
 }
 
 TEST(Lesson10OnTheGpu, PagedAttentionRefusesSettingsItCannotRun) {
