@@ -6,7 +6,8 @@
 Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
 lesson texts quote them) is printed with the report's figure and met / not met; each tuning
 constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
-kChunkTensorCores, kChunkKernelMinTokens: guesses until a report) with the value in the source and the value the
+kChunkTensorCores, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses until a report)
+with the value in the source and the value the
 report's rows pick, and the rows that pick it. A figure the report does not have is said so,
 never guessed. Nothing is changed: the picks are for a person to commit, with the report.
 """
@@ -276,6 +277,47 @@ def summary(report):
     pick("kChunkKernelMinTokens", "lessons/08_cuda_paged_attention/cuda_paged.hpp", first,
          "the chunk kernel / your decode kernel over a chunk's rows: "
          + ", ".join(f"{n}: {d[design]:.4f} / {d[decode_name]:.4f} ms" for n, d in rows_))
+
+    # The serving engine's decode kernel: lesson 10's graphs table, the 1.1B shape with your attention
+    # and with the tiled design, from graphs, at every batch the table has.
+    yours = engines.get("1.1B shape (bf16)", {})
+    tiled = {name: rows for name, rows in engines.items() if "tiled attention" in name}
+    warps_pick, warps_why = None, "lesson 10's graphs table (its tiled rows)"
+    for name, rows in tiled.items():
+        common = sorted(b for b in rows if b in yours and yours[b][1] > 0 and rows[b][1] > 0)
+        if not common:
+            continue
+        w = int(re.search(r"\((\d+) warps\)", name).group(1))
+        ratio = math.exp(sum(math.log(rows[b][1] / yours[b][1]) for b in common) / len(common))
+        warps_pick = w if ratio > 1 else 0
+        warps_why = (f"tokens/s from graphs, tiled ({w} warps) / yours: "
+                     + ", ".join(f"batch {b} {rows[b][1]:.0f} / {yours[b][1]:.0f}" for b in common)
+                     + f"; geometric mean {ratio:.2f}x")
+    pick("kEngineTiledWarps", "lessons/08_cuda_paged_attention/cuda_paged.hpp", warps_pick, warps_why)
+
+    # choose_splits()'s shortest split: lesson 10's batch-1 table by split count. The best fixed
+    # count at each context length implies a shortest split of about length / count.
+    split_pick, split_notes = None, []
+    for t in b10.get("tables", []):
+        if not t.get("title", "").startswith("Batch 1 decode by the attention's split count"):
+            continue
+        cols = t.get("columns", [])
+        counts = [(i, int(c)) for i, c in enumerate(cols) if c.isdigit()]
+        chosen = cols.index("chosen (choose_splits)") if "chosen (choose_splits)" in cols else None
+        for r in t.get("rows", []):
+            length = int(r[0])
+            best_i, best_n = max(counts, key=lambda ic: float(r[ic[0]]))
+            split_notes.append(f"{length} positions: best {best_n} ways, {float(r[best_i]):.0f} tokens/s"
+                               + (f" (chosen: {float(r[chosen]):.0f})" if chosen is not None else ""))
+            # Within 3% of the chosen count's rate is a tie (the rows' noise): the present value stands.
+            present = int(constant("lessons/08_cuda_paged_attention/flash_decoding.hpp", "kMinSplitPositions") or 64)
+            tie = chosen is not None and float(r[best_i]) <= 1.03 * float(r[chosen])
+            implied = present if tie else max(1, length // best_n)
+            split_pick = implied if split_pick is None else min(split_pick, implied)
+    pick("kMinSplitPositions", "lessons/08_cuda_paged_attention/flash_decoding.hpp", split_pick,
+         "the shortest split the best fixed count implies (length / count, the least over the rows; "
+         "the present value where the best is within 3% of the chosen count): "
+         + "; ".join(split_notes) if split_notes else "lesson 10's batch-1 table by split count")
 
     return (["| target | this report | |", "| --- | --- | --- |"] + targets + ["",
             "| tuning constant | in the source | this report picks | from |", "| --- | --- | --- | --- |"] + picks)

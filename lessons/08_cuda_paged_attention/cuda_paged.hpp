@@ -124,6 +124,13 @@ StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk
 /// limit for that warp count).
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits = 0, int tiled_warps = 0);
 
+/// The decode kernel cuda_paged_parts() gives the serving engine: 0 for your paged attention; 4, 8
+/// or 16 for the given tiled design with that many warps a block (device_paged_attention()'s
+/// tiled_warps; for a model the design cannot read, yours). Lesson 08's graded cases run yours
+/// whatever this says. The GPU report picks it from lesson 10's bench, which times the 1.1B
+/// shape's decode with each; 0 until a report has those rows.
+inline constexpr int kEngineTiledWarps = 0;
+
 /// What a program needs to run the engine on a GPU over paged memory (cuda_paged_parts()).
 struct CudaPagedParts {
   std::unique_ptr<CudaForward> forward;   ///< the ModelRunner
@@ -131,7 +138,8 @@ struct CudaPagedParts {
 };
 
 /// A CudaPagedKVPool of `num_blocks` blocks of `block_size` positions, and lesson 07's forward
-/// over `model` (matrices as `weights` says: float32, bf16 or lesson 11's formats) reading it through device_paged_attention(). Give the pool to
+/// over `model` (matrices as `weights` says: float32, bf16 or lesson 11's formats) reading it through
+/// device_paged_attention() (its decode rows as kEngineTiledWarps says). Give the pool to
 /// a PagedKVManager (or lesson 05's PrefixKVManager) and both to the Engine; the forward refers
 /// to the pool, so keep them in the same engine. Throws infer::Error as their constructors do (no
 /// device, bad sizes).

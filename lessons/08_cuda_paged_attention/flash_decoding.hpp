@@ -75,10 +75,15 @@ AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatri
 ///         the second).
 AttentionPartial merge_partials(std::span<const AttentionPartial> parts);
 
+/// The shortest range choose_splits() gives a split: below it, the merge would cost about what the
+/// split saves (a guess until a GPU report's rows: lesson 10's bench times batch 1's decode by
+/// split count at 100 and 400 positions, and the report picks it from them).
+inline constexpr int kMinSplitPositions = 64;
+
 /// The number of splits the paged engine uses for a step (given): enough (batch x K/V heads x
 /// splits) thread blocks to give each of the device's `multiprocessors` about two, but no split
-/// shorter than 64 positions, and 1 when the batch alone fills the device. Throws for values
-/// below 1.
+/// shorter than kMinSplitPositions positions, and 1 when the batch alone fills the device. Throws
+/// for values below 1.
 int choose_splits(int batch, int kv_heads, int max_length, int multiprocessors);
 
 }  // namespace infer::gpu

@@ -15,7 +15,7 @@ int choose_splits(int batch, int kv_heads, int max_length, int multiprocessors) 
   const long blocks = static_cast<long>(batch) * kv_heads, want = 2L * multiprocessors;
   if (blocks >= want) return 1;
   const long by_device = (want + blocks - 1) / blocks;  // splits that give each multiprocessor about two blocks
-  const long by_length = std::max(1, max_length / 64);  // no split shorter than 64 positions
+  const long by_length = std::max(1, max_length / kMinSplitPositions);  // no split shorter than that
   return static_cast<int>(std::min(by_device, by_length));
 }
 

@@ -244,15 +244,26 @@ class PagedAttention final : public DeviceAttention {
 
 }  // namespace
 
+namespace {
+
+/// Whether the tiled design (attention_variants.hpp) with `warps` warps a block reads a model of
+/// shape `c`: head_dim a multiple of 4 up to 256 for 4 warps; up to 128 for 8; and groups of up to
+/// 4 query heads a K/V head for 16.
+bool tiled_design_reads(const ModelConfig& c, int warps) {
+  const bool groups_of_four = c.num_attention_heads / c.num_key_value_heads <= 4;
+  return c.head_dim % 4 == 0 && c.head_dim <= 256 &&
+         (warps == 4 || (c.head_dim <= 128 && (warps == 8 || (warps == 16 && groups_of_four))));
+}
+
+}  // namespace
+
 std::unique_ptr<DeviceAttention> device_paged_attention(CudaPagedKVPool& pool, int num_splits, int tiled_warps) {
   require(num_splits >= 0, "device_paged_attention: num_splits must be >= 0 (0 chooses), got ", num_splits);
   const ModelConfig& c = pool.config();
-  const bool groups_of_four = c.num_attention_heads / c.num_key_value_heads <= 4;
   require(tiled_warps == 0 || tiled_warps == 4 || tiled_warps == 8 || tiled_warps == 16,
           "device_paged_attention: tiled_warps must be 0 (your kernels), 4, 8 or 16, got ", tiled_warps);
-  // The second design's limits (attention_variants.hpp), checked here rather than at the first step.
-  require(tiled_warps == 0 || (c.head_dim % 4 == 0 && c.head_dim <= 256 &&
-                               (tiled_warps == 4 || (c.head_dim <= 128 && (tiled_warps == 8 || groups_of_four)))),
+  // The second design's limits, checked here rather than at the first step.
+  require(tiled_warps == 0 || tiled_design_reads(c, tiled_warps),
           "device_paged_attention: the tiled design with ", tiled_warps, " warps a block cannot read head_dim ",
           c.head_dim, " with ", c.num_attention_heads / c.num_key_value_heads,
           " query heads a K/V head (a multiple of 4 up to 256 for 4 warps; up to 128 for 8; and groups of up to 4 for 16)");
@@ -263,7 +274,8 @@ CudaPagedParts cuda_paged_parts(const ModelWeights& model, const DeviceWeights& 
                                   int block_size) {
   CudaPagedParts parts;
   parts.pool = std::make_unique<CudaPagedKVPool>(model.config, num_blocks, block_size);
-  parts.forward = std::make_unique<CudaForward>(model, weights, device_paged_attention(*parts.pool));
+  const int warps = kEngineTiledWarps > 0 && tiled_design_reads(model.config, kEngineTiledWarps) ? kEngineTiledWarps : 0;
+  parts.forward = std::make_unique<CudaForward>(model, weights, device_paged_attention(*parts.pool, 0, warps));
   return parts;
 }
 

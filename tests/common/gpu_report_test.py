@@ -68,6 +68,22 @@ with tempfile.TemporaryDirectory() as out:
     if "3.5x (lesson 07's contiguous caches)" not in row or "16.0x launched, 14.0x from graphs" not in row \
             or not row.endswith("| met |"):
         sys.exit(f"the batch-64 target misreads the two engines' rows: {row}")
+    # The engine's decode kernel and choose_splits()'s shortest split, from lesson 10's tables: the
+    # tiled rows win by a geometric mean of 1.2x; at 100 positions 4 ways beat the chosen 1 by far
+    # (a shortest split of 25), at 400 positions the best is within 3% of the chosen (a tie).
+    tiled = {"title": graphs["title"], "columns": graphs["columns"],
+             "rows": graphs["rows"] + [["1.1B shape (bf16), tiled attention (8 warps)", "1", "130", "140"],
+                                       ["1.1B shape (bf16), tiled attention (8 warps)", "64", "1700", "1750"]]}
+    splits = {"title": "Batch 1 decode by the attention's split count (1.1B shape, bf16, paged memory, from graphs; tokens/s)",
+              "columns": ["positions cached", "chosen (choose_splits)", "1", "2", "4", "8"],
+              "rows": [["100", "300", "300", "380", "420", "410"], ["400", "400", "300", "350", "390", "408"]]}
+    lines = gpu_targets.summary({"benches": {"lesson10_cuda_bench": {"tables": [tiled, splits]}}})
+    warps = next(line for line in lines if line.startswith("| `kEngineTiledWarps`"))
+    shortest = next(line for line in lines if line.startswith("| `kMinSplitPositions`"))
+    if "| 8 | tokens/s from graphs, tiled (8 warps) / yours: batch 1 140 / 110, batch 64 1750 / 1540" not in warps:
+        sys.exit(f"the engine's decode kernel is misread from the graphs table: {warps}")
+    if "| 25 | " not in shortest or "400 positions: best 8 ways, 408 tokens/s (chosen: 400)" not in shortest:
+        sys.exit(f"choose_splits()'s shortest split is misread from the split table: {shortest}")
     if "OUTSIDE" in md or " within" not in md:
         sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
     # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)
