@@ -224,18 +224,19 @@ class CudaForward final : public ModelRunner {
   /// arrays last grew, which drops them all).
   int graphs_captured() const;
 
-  /// One part of a profiled step: the launches of one kind and the device's time over them.
+  /// One part of a profiled step: what one kind of work cost the device over the step.
   struct StepPart {
-    std::string name;  ///< what ran ("q, k, v products", "attention", ...)
-    int launches = 0;  ///< how many times the step ran it (once a layer, most)
+    std::string name;  ///< what ran ("q, k, v products", "attention (its cache writes too)", ...)
+    int times = 0;     ///< how many times the step ran it (once a layer, most; a part may be several launches)
     double ms = 0;     ///< summed over them: each from the event before it to the event after it
   };
-  /// forward(step), launched kernel by kernel (no graph) with an event recorded after each part of
-  /// the step, and the time between events summed by part, in the order the parts first ran: where
-  /// a step of this shape spends the device's time (each interval holds a launch and the gap
-  /// before it; the host queues ahead of the device, but for the step's uploads, which come
-  /// first, and the logits' download, last, which are not in it). Like forward(), it writes the
-  /// step's rows to the caches. For the benches: the events cost a little of their own.
+  /// forward(step), launched kernel by kernel (no graph; the attention's tables as an eager step's)
+  /// with an event recorded after each part of the step, and the time between events summed by
+  /// part, in the order the parts first ran: where a step of this shape spends the device's time
+  /// (each interval holds its launches and the gaps before them). The stream is held while the
+  /// host queues the step, so the intervals are the device's, not the host's queueing; the step's
+  /// uploads, first, and the logits' download, last, are outside them. Like forward(), it writes
+  /// the step's rows to the caches. For the benches: the events cost a little of their own.
   std::vector<StepPart> profile(const StepInput& step);
 
  private:

@@ -3,6 +3,7 @@
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -13,6 +14,7 @@
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
+#include "common/cuda_timing.hpp"
 #include "common/errors.hpp"
 #include "lessons/07_cuda_decoder/cuda_decoder.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
@@ -411,15 +413,22 @@ struct CudaForward::Impl {
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
-  // profile(): an event after each part of the step, with the part's name ("" for the start).
+  // profile(): an event after each part of the step, with the part's name ("" for the start),
+  // from a pool made before the step (creating one costs the host more than a small kernel runs).
   std::vector<std::pair<std::string, cudaEvent_t>>* marks = nullptr;
+  std::vector<cudaEvent_t>* event_pool = nullptr;
+  std::atomic<bool> release{true};  // profile(): the stream held until the step's launches are queued
 
   /// Under profile(), the end of a part of the step (or, with "", its start): an event on the
   /// stream the kernels launch on. Nothing otherwise.
   void mark(const char* part) {
     if (!marks) return;
-    cudaEvent_t e = nullptr;
-    INFER_CUDA_CHECK(cudaEventCreate(&e));
+    if (marks->size() == event_pool->size()) {
+      cudaEvent_t e = nullptr;
+      INFER_CUDA_CHECK(cudaEventCreate(&e));
+      event_pool->push_back(e);
+    }
+    cudaEvent_t e = (*event_pool)[marks->size()];
     marks->emplace_back(part, e);
     INFER_CUDA_CHECK(cudaEventRecord(e, cudaStreamPerThread));
   }
@@ -556,6 +565,13 @@ struct CudaForward::Impl {
     s.ensure(c, N, wanted);
     s.tokens.upload(tokens.data(), N);
     s.positions.upload(positions.data(), N);
+    // Under profile(): the stream held while the host queues the step (as cuda_time_each_ms holds
+    // it), so that the events time the device, not the host's queueing; released before the
+    // logits' download, which waits for the device.
+    if (marks && !detail::hold_failed) {
+      release = false;
+      INFER_CUDA_CHECK(cudaLaunchHostFunc(cudaStreamPerThread, detail::hold_stream, &release));
+    }
 
     if (!(graphs && decode && replayed(N))) {
       layers_of(N, false);
@@ -577,6 +593,7 @@ struct CudaForward::Impl {
       }
       head_of(from, wanted);
     }
+    release = true;
     Matrix out(wanted, c.vocab_size);  // row-major, as the device holds them; the copy waits for the step
     INFER_CUDA_CHECK(cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
@@ -708,15 +725,22 @@ int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.
 std::vector<CudaForward::StepPart> CudaForward::profile(const StepInput& step) {
   Impl& m = *impl_;
   std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  std::vector<cudaEvent_t> pool;
   const bool graphs = m.graphs;
-  m.graphs = false;  // kernel by kernel: a graph's launches have no events between them
-  m.marks = &marks;
+  // Kernel by kernel (a graph's launches have no events between them), the attention's tables as
+  // an eager step's (with graphs on they are a whole context wide).
+  use_graphs(false);
+  m.marks = &marks, m.event_pool = &pool;
   const auto done = [&] {
-    m.marks = nullptr, m.graphs = graphs;
-    for (auto& [name, e] : marks) cudaEventDestroy(e);
+    m.marks = nullptr, m.event_pool = nullptr, m.release = true;
+    use_graphs(graphs);
+    for (cudaEvent_t e : pool) cudaEventDestroy(e);
   };
   std::vector<StepPart> parts;
   try {
+    const int layers = m.c.num_hidden_layers;
+    pool.resize(static_cast<size_t>(12) * layers + 8);  // the marks of a step, about
+    for (cudaEvent_t& e : pool) INFER_CUDA_CHECK(cudaEventCreate(&e));
     forward(step);  // its logits' download waits for the step, every event included
     for (size_t i = 1; i < marks.size(); ++i) {
       if (marks[i].first.empty()) continue;  // a start: nothing ended there
@@ -724,7 +748,7 @@ std::vector<CudaForward::StepPart> CudaForward::profile(const StepInput& step) {
       INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
       auto it = std::find_if(parts.begin(), parts.end(), [&](const StepPart& p) { return p.name == marks[i].first; });
       if (it == parts.end()) it = parts.insert(parts.end(), StepPart{marks[i].first});
-      it->launches += 1, it->ms += ms;
+      it->times += 1, it->ms += ms;
     }
   } catch (...) {
     done();

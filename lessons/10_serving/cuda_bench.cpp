@@ -129,14 +129,17 @@ double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes
   return median(s);
 }
 
-/// One part of a profiled step: its launches and their device time (CudaForward::StepPart's figures).
+/// One part of a profiled step: how often the step ran it and the device's time over them
+/// (CudaForward::StepPart's figures).
 struct CudaForwardPart {
-  int launches = 0;
+  int times = 0;
   double ms = 0;
 };
 
 /// Decode tokens/s of `batch` sequences (`cached` positions each) over `steps` steps, launched
-/// kernel by kernel or replayed from CUDA graphs (the first step captures, untimed).
+/// kernel by kernel or replayed from CUDA graphs. The same steps run once untimed first and the
+/// caches are cut back: every graph the timed steps replay is captured then (a step's graph is
+/// keyed by its split count, which grows with the context: at 128 positions, say).
 double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int steps, bool graphs, int cached) {
   forward.use_graphs(graphs);
   const ModelConfig& c = forward.config();
@@ -148,7 +151,8 @@ double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int 
     forward.prefill(some_tokens(cached, c.vocab_size, 20 + b), *stores.back());
   }
   std::vector<int> tokens(batch, 7);
-  forward.decode(tokens, caches);  // warm-up (and the capture)
+  for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);  // warm-up (and the captures)
+  for (KVStore* s : caches) s->truncate(cached);
   Stopwatch clock;
   for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
   const double rate = batch * steps / clock.seconds();
@@ -346,9 +350,9 @@ int main(int argc, char** argv) {
       const int blocks = batches.back() * blocks_for(cached + steps + 1, 16);
       gpu::CudaPagedParts small = gpu::cuda_paged_parts(target, gpu::WeightType::F32, blocks, 16);
       PagedKVManager small_memory(std::move(small.pool));
-      // The 1.1B shape with your attention, then with the given tiled design (8 warps a block: the
-      // report's best at batch 32 x 2,048), one forward at a time (each holds its 2.2 GB of weights).
-      for (const int tiled : {-1, 0, 8}) {  // -1: tiny-fortunes
+      // The 1.1B shape with your attention, then with the given tiled design (4 and 8 warps a block:
+      // each the best of lesson 08's rows somewhere), one forward at a time (each holds its 2.2 GB).
+      for (const int tiled : {-1, 0, 4, 8}) {  // -1: tiny-fortunes
         std::unique_ptr<gpu::CudaForward> big_paged;
         std::unique_ptr<PagedKVManager> big_memory;
         if (tiled >= 0) {
@@ -387,7 +391,9 @@ int main(int argc, char** argv) {
       json splits = table(cat("Batch 1 decode by the attention's split count (1.1B shape, bf16, paged memory, from graphs; tokens/s)"),
                           {"positions cached", "chosen (choose_splits)", "1", "2", "4", "8", "16",
                            "chosen, tiled attention (8 warps)"});
-      const int steps = small_run ? 2 : quick ? 16 : 64;
+      // 16 steps: from 100 and from 400 positions choose_splits() keeps one count all the way
+      // (1 and 6 on an H200's 132 multiprocessors: its count changes at multiples of 64).
+      const int steps = small_run ? 2 : 16;
       for (const int positions : small_run ? std::vector<int>{cached} : std::vector<int>{cached, 4 * cached}) {
         std::vector<std::string> row{cat(positions)};
         for (const int n : {0, 1, 2, 4, 8, 16, -8}) {  // -8: chosen, the tiled design with 8 warps
@@ -448,19 +454,19 @@ int main(int argc, char** argv) {
         double sum = 0;
         for (const gpu::CudaForward::StepPart& part : f->profile(step)) {
           if (std::find(names.begin(), names.end(), part.name) == names.end()) names.push_back(part.name);
-          cells[part.name][shape.name] = {part.launches, part.ms};
+          cells[part.name][shape.name] = {part.times, part.ms};
           sum += part.ms;
         }
         rewind();
         sums.push_back(sum);
       }
       json where = table(cat("Where a step's time goes (1.1B shape, bf16, paged memory, ", cached,
-                             " positions cached; device ms between events, launches in brackets)"), columns);
+                             " positions cached; device ms between events, times a step ran the part in brackets)"), columns);
       for (const std::string& name : names) {
         std::vector<std::string> row{name};
         for (const Shape& shape : shapes) {
           const auto it = cells[name].find(shape.name);
-          row.push_back(it == cells[name].end() ? "" : cat(std::round(it->second.ms * 1e3) / 1e3, " (", it->second.launches, ")"));
+          row.push_back(it == cells[name].end() ? "" : cat(std::round(it->second.ms * 1e3) / 1e3, " (", it->second.times, ")"));
         }
         where["rows"].push_back(row);
       }

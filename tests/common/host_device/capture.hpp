@@ -17,5 +17,8 @@ long launches();
 /// (paged_decode_attention and its split), and through the chunk kernel (paged_chunk_attention).
 long decode_kernel_rows();
 long chunk_kernel_rows();
+/// Rows lesson 08's given tiled design (attention_variants.hpp) has read so far (also counted by
+/// decode_kernel_rows(): the stand-in reads them with the same loop).
+long tiled_kernel_rows();
 
 }  // namespace infer::host_device

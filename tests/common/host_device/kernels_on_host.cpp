@@ -222,7 +222,7 @@ void decode_attention(const float* q, const float* k, const float* v, float* out
 }
 
 namespace {
-long decode_rows = 0, chunk_rows = 0;  // rows each paged attention kernel has read (host_device::)
+long decode_rows = 0, chunk_rows = 0, tiled_rows = 0;  // rows each paged attention kernel has read (host_device::)
 
 /// Row i of `a`, reading the block table of row `table_row`, as lesson 04's paged attention.
 void paged_row(const PagedBatch& a, int i, int table_row, const char* who) {
@@ -270,16 +270,21 @@ void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* pa
   paged_decode_attention(a);  // the merged result, which is all the engine reads
 }
 
-// Lesson 08's second design (attention_variants.hpp): the same contract, so the same host loop.
-void paged_decode_attention_tiled(const PagedBatch& a, int warps) {
+// Lesson 08's second design (attention_variants.hpp): the same contract, so the same host loop,
+// its rows counted apart as well (a test can tell which kernel the engine called).
+void paged_decode_attention_tiled(const PagedBatch& batch, int warps) {
   require(warps == 4 || warps == 8 || warps == 16, "paged_decode_attention_tiled: warps must be 4, 8 or 16, got ", warps);
-  paged_decode_attention(a);
+  check_paged_batch(batch, "paged_decode_attention_tiled");
+  host_device::launch([a = batch] {
+    for (int i = 0; i < a.batch; ++i) paged_row(a, i, i, "paged_decode_attention_tiled");
+    decode_rows += a.batch, tiled_rows += a.batch;
+  });
 }
 void paged_decode_attention_tiled_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse,
                                         int warps) {
-  require(warps == 4 || warps == 8 || warps == 16, "paged_decode_attention_tiled_split: warps must be 4, 8 or 16, got ",
-          warps);
-  paged_decode_attention_split(a, num_splits, partial_out, partial_lse);
+  require(num_splits >= 1, "paged_decode_attention_tiled_split: num_splits must be >= 1, got ", num_splits);
+  require_device_pointers("paged_decode_attention_tiled_split", {partial_out, partial_lse});
+  paged_decode_attention_tiled(a, warps);  // the merged result, which is all the engine reads
 }
 
 void merge_attention_partials(const float*, const float*, float*, int, int, int) {
@@ -343,4 +348,5 @@ void gemv_int4(const uint8_t* packed, const float* scales, const float* x, float
 namespace infer::host_device {
 long decode_kernel_rows() { return gpu::decode_rows; }
 long chunk_kernel_rows() { return gpu::chunk_rows; }
+long tiled_kernel_rows() { return gpu::tiled_rows; }
 }  // namespace infer::host_device

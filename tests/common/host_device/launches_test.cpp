@@ -56,6 +56,40 @@ TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
   EXPECT_EQ(launches_per_step(*parts.forward, memory, 1), 1) << "a replayed step is one graph launch";
 }
 
+// device_paged_attention(pool, splits, tiled_warps): the decode rows go to the tiled design where
+// asked (every decode row of every layer, split or not), to your kernel otherwise; and the serving
+// engine's parts follow kEngineTiledWarps.
+TEST(Launches, TheTiledDesignReadsTheDecodeRowsWhereAskedTo) {
+  const ModelWeights& m = testing::bundled_model();
+  const long layers = m.config.num_hidden_layers;
+  // Rows the tiled design reads in a prompt of 5 (below kChunkKernelMinTokens: the decode kernel's)
+  // and a decode step, for 2 sequences.
+  const auto tiled_rows = [&](CudaForward& forward, KVManager& memory) {
+    auto a = memory.open(0), b = memory.open(0);
+    const std::vector<int> prompt = {3, 4, 5, 6, 7}, next = {9, 9};
+    const long before = host_device::tiled_kernel_rows();
+    forward.prefill(prompt, *a);
+    forward.prefill(prompt, *b);
+    KVStore* caches[] = {a.get(), b.get()};
+    forward.decode(next, caches);
+    const long n = host_device::tiled_kernel_rows() - before;
+    memory.close(std::move(a)), memory.close(std::move(b));
+    return n;
+  };
+  for (const int warps : {0, 4})
+    for (const int splits : {1, 3}) {
+      SCOPED_TRACE(cat(warps, " warps (0: yours), ", splits, " splits"));
+      auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
+      CudaForward forward(m, WeightType::F32, device_paged_attention(*pool, splits, warps));
+      PagedKVManager memory(std::move(pool));
+      EXPECT_EQ(tiled_rows(forward, memory), warps > 0 ? (5 + 5 + 2) * layers : 0);
+    }
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, 64, 8);
+  PagedKVManager memory(std::move(parts.pool));
+  EXPECT_EQ(tiled_rows(*parts.forward, memory), kEngineTiledWarps > 0 ? (5 + 5 + 2) * layers : 0)
+      << "the serving engine's parts follow kEngineTiledWarps";
+}
+
 // The lesson's point for a prompt on the GPU: its rows go to the chunk kernel in tiles, each tile
 // of K/V read once for 32 query rows, not row by row through the decode kernel (each row reading
 // its whole context again). In a mixed step the decodes still go to the decode kernel.
