@@ -115,9 +115,11 @@ def check_roster(work):
             subprocess.run(git + ["commit", "-qm", "mine"], check=True)
         else:
             prepare(folder, how, ())
+    # --build-timeout 20: heidi's build never ends; a lesson's build takes a few seconds alone, but
+    # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run.
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE,
-                           "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "10", "--workers", "2",
+                           "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2",
                            "--sandbox", "require"], capture_output=True, text=True)
     seconds = time.monotonic() - t0
     print(proc.stdout[-4000:])
