@@ -413,24 +413,25 @@ struct CudaForward::Impl {
   bool graphs = false;                                 // use_graphs()
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
-  // profile(): an event after each part of the step, with the part's name ("" for the start),
-  // from a pool made before the step (creating one costs the host more than a small kernel runs).
-  std::vector<std::pair<std::string, cudaEvent_t>>* marks = nullptr;
-  std::vector<cudaEvent_t>* event_pool = nullptr;
+  /// profile()'s record of a step: parts[i] ended at events[i] ("" for a start). The events are
+  /// made before the step (creating one costs the host more than a small kernel runs).
+  struct Profile {
+    std::vector<std::string> parts;
+    std::vector<cudaEvent_t> events;
+  };
+  Profile* profiling = nullptr;
   std::atomic<bool> release{true};  // profile(): the stream held until the step's launches are queued
 
   /// Under profile(), the end of a part of the step (or, with "", its start): an event on the
   /// stream the kernels launch on. Nothing otherwise.
   void mark(const char* part) {
-    if (!marks) return;
-    if (marks->size() == event_pool->size()) {
-      cudaEvent_t e = nullptr;
-      INFER_CUDA_CHECK(cudaEventCreate(&e));
-      event_pool->push_back(e);
+    if (!profiling) return;
+    Profile& p = *profiling;
+    if (p.parts.size() == p.events.size()) {  // more parts than profile() made events for
+      INFER_CUDA_CHECK(cudaEventCreate(&p.events.emplace_back()));
     }
-    cudaEvent_t e = (*event_pool)[marks->size()];
-    marks->emplace_back(part, e);
-    INFER_CUDA_CHECK(cudaEventRecord(e, cudaStreamPerThread));
+    INFER_CUDA_CHECK(cudaEventRecord(p.events[p.parts.size()], cudaStreamPerThread));
+    p.parts.emplace_back(part);
   }
 
   ~Impl() {
@@ -568,7 +569,7 @@ struct CudaForward::Impl {
     // Under profile(): the stream held while the host queues the step (as cuda_time_each_ms holds
     // it), so that the events time the device, not the host's queueing; released before the
     // logits' download, which waits for the device.
-    if (marks && !detail::hold_failed) {
+    if (profiling && !detail::hold_failed) {
       release = false;
       INFER_CUDA_CHECK(cudaLaunchHostFunc(cudaStreamPerThread, detail::hold_stream, &release));
     }
@@ -724,30 +725,29 @@ int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.
 
 std::vector<CudaForward::StepPart> CudaForward::profile(const StepInput& step) {
   Impl& m = *impl_;
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  std::vector<cudaEvent_t> pool;
+  Impl::Profile record;
   const bool graphs = m.graphs;
   // Kernel by kernel (a graph's launches have no events between them), the attention's tables as
   // an eager step's (with graphs on they are a whole context wide).
   use_graphs(false);
-  m.marks = &marks, m.event_pool = &pool;
+  m.profiling = &record;
   const auto done = [&] {
-    m.marks = nullptr, m.event_pool = nullptr, m.release = true;
+    m.profiling = nullptr, m.release = true;
     use_graphs(graphs);
-    for (cudaEvent_t e : pool) cudaEventDestroy(e);
+    for (cudaEvent_t e : record.events) cudaEventDestroy(e);
   };
   std::vector<StepPart> parts;
   try {
-    const int layers = m.c.num_hidden_layers;
-    pool.resize(static_cast<size_t>(12) * layers + 8);  // the marks of a step, about
-    for (cudaEvent_t& e : pool) INFER_CUDA_CHECK(cudaEventCreate(&e));
+    // The marks of a step, about: 10 a layer and a few besides (mark() makes more if needed).
+    for (int i = 0; i < 12 * m.c.num_hidden_layers + 8; ++i) INFER_CUDA_CHECK(cudaEventCreate(&record.events.emplace_back()));
     forward(step);  // its logits' download waits for the step, every event included
-    for (size_t i = 1; i < marks.size(); ++i) {
-      if (marks[i].first.empty()) continue;  // a start: nothing ended there
+    for (size_t i = 1; i < record.parts.size(); ++i) {
+      const std::string& name = record.parts[i];
+      if (name.empty()) continue;  // a start: nothing ended there
       float ms = 0;
-      INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
-      auto it = std::find_if(parts.begin(), parts.end(), [&](const StepPart& p) { return p.name == marks[i].first; });
-      if (it == parts.end()) it = parts.insert(parts.end(), StepPart{marks[i].first});
+      INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, record.events[i - 1], record.events[i]));
+      auto it = std::find_if(parts.begin(), parts.end(), [&](const StepPart& p) { return p.name == name; });
+      if (it == parts.end()) it = parts.insert(parts.end(), StepPart{name});
       it->times += 1, it->ms += ms;
     }
   } catch (...) {

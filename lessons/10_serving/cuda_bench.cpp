@@ -129,13 +129,6 @@ double mixed_step_seconds(ModelRunner& runner, const ModelConfig& c, int decodes
   return median(s);
 }
 
-/// One part of a profiled step: how often the step ran it and the device's time over them
-/// (CudaForward::StepPart's figures).
-struct CudaForwardPart {
-  int times = 0;
-  double ms = 0;
-};
-
 /// Decode tokens/s of `batch` sequences (`cached` positions each) over `steps` steps, launched
 /// kernel by kernel or replayed from CUDA graphs. The same steps run once untimed first and the
 /// caches are cut back: every graph the timed steps replay is captured then (a step's graph is
@@ -432,7 +425,7 @@ int main(int argc, char** argv) {
         f->prefill(some_tokens(cached, big.vocab_size, 40 + i), *stores.back());
       }
       std::vector<std::string> columns{"part"}, names;  // names: the parts, in the order they first ran
-      std::map<std::string, std::map<std::string, CudaForwardPart>> cells;  // part: shape: its figures
+      std::map<std::string, std::map<std::string, gpu::CudaForward::StepPart>> cells;  // part: shape: its figures
       std::vector<double> host_ms, sums;
       for (const Shape& shape : shapes) {
         columns.push_back(shape.name);
@@ -454,7 +447,7 @@ int main(int argc, char** argv) {
         double sum = 0;
         for (const gpu::CudaForward::StepPart& part : f->profile(step)) {
           if (std::find(names.begin(), names.end(), part.name) == names.end()) names.push_back(part.name);
-          cells[part.name][shape.name] = {part.times, part.ms};
+          cells[part.name][shape.name] = part;
           sum += part.ms;
         }
         rewind();

@@ -156,6 +156,18 @@ void check_mixed_step(CudaForward& gpu, std::vector<std::unique_ptr<KVStore>>& s
   EXPECT_TRUE(testing::all_close(forward_step(m, cd), gpu.forward(gd), 1e-3, 1e-3, "the decode step after it"));
 }
 
+/// check_mixed_step() over paged caches: the bundled model's forward reading a pool of 64 blocks of
+/// 8 through device_paged_attention(pool, splits, tiled_warps).
+void check_mixed_step_over_paged_caches(int splits, int tiled_warps) {
+  const ModelWeights& m = testing::bundled_model();
+  auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
+  CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits, tiled_warps));
+  PagedKVManager kv(std::move(pool));
+  std::vector<std::unique_ptr<KVStore>> stores;
+  for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
+  check_mixed_step(gpu, stores);
+}
+
 TEST(Lesson10OnTheGpu, AMixedStepOverContiguousCachesEqualsTheCpuStep) {
   REQUIRE_DEVICE();
   const ModelWeights& m = testing::bundled_model();
@@ -167,15 +179,9 @@ TEST(Lesson10OnTheGpu, AMixedStepOverContiguousCachesEqualsTheCpuStep) {
 
 TEST(Lesson10OnTheGpu, AMixedStepOverPagedCachesEqualsTheCpuStep) {
   REQUIRE_DEVICE();
-  const ModelWeights& m = testing::bundled_model();
   for (int splits : {0, 1, 4}) {  // chosen, one pass, split four ways
     SCOPED_TRACE(cat(splits, " splits (0: chosen)"));
-    auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
-    CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits));
-    PagedKVManager kv(std::move(pool));
-    std::vector<std::unique_ptr<KVStore>> stores;
-    for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
-    check_mixed_step(gpu, stores);
+    check_mixed_step_over_paged_caches(splits, 0);
   }
 }
 
@@ -184,15 +190,9 @@ TEST(Lesson10OnTheGpu, AMixedStepThroughTheTiledAttentionEqualsTheCpuStep) {
   // (attention_variants.hpp): 4 warps a block split four ways, 8 in one pass (two of the four
   // pairs: over the emulated kernels each takes about 25 s on two cores).
   REQUIRE_DEVICE();
-  const ModelWeights& m = testing::bundled_model();
   for (const auto& [warps, splits] : {std::pair{4, 4}, std::pair{8, 1}}) {
     SCOPED_TRACE(cat(splits, " splits, ", warps, " warps a block"));
-    auto pool = std::make_unique<CudaPagedKVPool>(m.config, 64, 8);
-    CudaForward gpu(m, WeightType::F32, device_paged_attention(*pool, splits, warps));
-    PagedKVManager kv(std::move(pool));
-    std::vector<std::unique_ptr<KVStore>> stores;
-    for (int i = 0; i < 4; ++i) stores.push_back(kv.open(0));
-    check_mixed_step(gpu, stores);
+    check_mixed_step_over_paged_caches(splits, warps);
   }
 }
 

@@ -176,8 +176,11 @@ def main():
 
     if failures:
         print("\n\n".join(failures))
-        print(f"\n{len(failures)} classroom checks failed")
+        print(f"\n{len(failures)} classroom checks failed (the student's repository is kept in {repo})")
         return 1
+    # Passed: the copy of the course goes (34 MB, and a second lessons/ tree in the build folder
+    # that a search of the course's code would find beside the real one).
+    shutil.rmtree(repo, ignore_errors=True)
     print(f"classroom files: GitHub's {len(runners)} runners and GitLab's JUnit report checked; their commands ran "
           f"(lesson 00: 0/{points00} for the starters), and the example hidden test passes on the reference")
     return 0
