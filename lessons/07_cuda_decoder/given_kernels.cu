@@ -303,6 +303,128 @@ void launch_tensor_gemm(int variant, F f, const float* x, float* y, int rows, in
   }
 }
 
+// ------------------------------------- tensor-core GEMM from registers (variants 5 to 7) --
+// The WMMA kernel above loads W's 16 x 16 tiles with load_matrix_sync: 32 bytes of each of 16
+// rows a load, whatever order the GPU keeps a fragment in (WMMA's is undocumented). PTX's own
+// instruction, mma.sync.m16n8k16, has a documented layout, so a lane can fill A's registers from
+// its own 16-byte loads, the widest a lane makes, and the order of the columns within a tile is
+// ours to choose: a dot product does not care in which order its terms come, so long as A and B
+// agree. Lane (g = lane / 4, t = lane % 4) loads 8 consecutive columns c .. c + 7 (c = 32 k + 8 t
+// in the warp's 32-column chunk k) of rows g and g + 8 of its 16-row tile; the first product of
+// the chunk takes columns c .. c + 3 as its k = 2t, 2t + 1, 2t + 8, 2t + 9, the second c + 4 ..
+// c + 7. B holds x's rows 8 at a time (n = g: the lane's batch row), the same columns, split in
+// two bf16 halves as above (hi and lo: two products each). W comes from memory once, 64
+// contiguous bytes of a row for each 4 lanes; x from the L1/L2, which every block shares.
+
+/// d += A B on the tensor cores for one 16 x 8 x 16 tile, bf16 operands, float sums (PTX's
+/// documented fragments: a[0] A's (g, 2t..2t+1), a[1] rows g + 8, a[2] and a[3] columns + 8;
+/// b[0] B's (2t..2t+1, g), b[1] rows + 8; d[0..1] D's (g, 2t..2t+1), d[2..3] row g + 8; the lower
+/// column or row in a register's low 16 bits). The emulated device runs its own (emulated_cuda.hpp).
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(COURSE_EMULATED_CUDA_ARCH)
+  emu::mma_m16n8k16_bf16(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/// x's values a and b (a the earlier column) as one register of two bf16 (a in the low half),
+/// rounded to nearest, and what the rounding lost, as another.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat16 ha = __float2bfloat16(a), hb = __float2bfloat16(b);
+  const __nv_bfloat16 la = __float2bfloat16(a - __bfloat162float(ha)), lb = __float2bfloat16(b - __bfloat162float(hb));
+  hi = static_cast<uint32_t>(__bfloat16_as_ushort(ha)) | static_cast<uint32_t>(__bfloat16_as_ushort(hb)) << 16;
+  lo = static_cast<uint32_t>(__bfloat16_as_ushort(la)) | static_cast<uint32_t>(__bfloat16_as_ushort(lb)) << 16;
+}
+
+/// A block owns kM 16-row tiles of W (kRows rows; the last block's moved back to end at `rows`,
+/// as above) and up to 8 kNT batch rows; its kWarps warps take W's 32-column chunks round robin,
+/// each lane with kUnroll chunks' loads in flight before it multiplies. The warps' sums meet in
+/// shared memory and are added in warp order (the same result every run).
+template <int kM, int kNT, int kWarps, int kUnroll>
+__global__ void __launch_bounds__(32 * kWarps)
+    mma_gemm_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int rows,
+                    int cols, int batch) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kRows = 16 * kM, kBatch = 8 * kNT;
+  __shared__ float part[kWarps][kRows][kBatch + 1];  // + 1: the sums below read down a column
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int first = blockIdx.x * kRows, r0 = min(first, rows - kRows);
+  float acc[kM][kNT][4] = {};
+  const int chunks = (cols + 31) / 32;
+  for (int k0 = warp; k0 < chunks; k0 += kWarps * kUnroll) {
+    uint4 wv[kUnroll][kM][2];  // [chunk][tile][row g, row g + 8]
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = (k0 + u * kWarps) * 32 + 8 * t;  // past the last chunk (or a 16-column tail): zeros
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wv[u][m][h] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(
+                                       w + static_cast<long>(r0 + 16 * m + g + 8 * h) * cols + c))
+                                 : uint4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = (k0 + u * kWarps) * 32 + 8 * t;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        const int b = 8 * n + g;
+        float4 xa = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xb = xa;
+        if (b < batch && c < cols) {
+          const float4* at = reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + c);
+          xa = __ldg(at), xb = __ldg(at + 1);
+        }
+        uint32_t hi[4], lo[4];
+        split_pair(xa.x, xa.y, hi[0], lo[0]), split_pair(xa.z, xa.w, hi[1], lo[1]);
+        split_pair(xb.x, xb.y, hi[2], lo[2]), split_pair(xb.z, xb.w, hi[3], lo[3]);
+        const uint32_t b_hi[2][2] = {{hi[0], hi[1]}, {hi[2], hi[3]}}, b_lo[2][2] = {{lo[0], lo[1]}, {lo[2], lo[3]}};
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          const uint4 p = wv[u][m][0], q = wv[u][m][1];
+          const uint32_t a[2][4] = {{p.x, q.x, p.y, q.y}, {p.z, q.z, p.w, q.w}};
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            mma_16x8x16(acc[m][n], a[s], b_hi[s]);
+            mma_16x8x16(acc[m][n], a[s], b_lo[s]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][16 * m + g + 8 * (i / 2)][8 * n + 2 * t + i % 2] = acc[m][n][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRows * kBatch; e += blockDim.x) {
+    const int b = e / kRows, r = e % kRows;  // consecutive threads, consecutive rows of y
+    if (b >= batch || r0 + r < first) continue;  // rows before `first`: the block before wrote them
+    float sum = 0.0f;
+    for (int v = 0; v < kWarps; ++v) sum += part[v][r][b];
+    y[static_cast<long>(b) * rows + r0 + r] = sum;
+  }
+#endif
+}
+
+/// Variants 5 to 7 over up to kTensorGemmChunk batch rows: the kernel for the fewest 8-row tiles
+/// that hold them.
+template <int kM, int kWarps, int kUnroll>
+void launch_mma_gemm(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  const unsigned blocks = static_cast<unsigned>((rows + 16 * kM - 1) / (16 * kM));
+  if (batch <= 8) mma_gemm_kernel<kM, 1, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
+  else if (batch <= 16) mma_gemm_kernel<kM, 2, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
+  else if (batch <= 32) mma_gemm_kernel<kM, 4, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
+  else mma_gemm_kernel<kM, 8, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
+}
+
 /// Every chunk of up to 16 * F::kMaxN batch rows (kTensorGemmChunk, 32 for INT4), one launch each.
 template <typename F>
 void tensor_gemm(const char* name, int variant, F f, const float* x, float* y, int rows, int cols, int batch) {
@@ -355,8 +477,22 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
           "and cols a multiple of 16; got ", rows, " x ", cols, " (tensor_gemm_runs says which)");
   require(reinterpret_cast<uintptr_t>(w) % 32 == 0,
           "tensor_gemm_bf16: w must be on a 32-byte boundary and x on a 16-byte one (as cudaMalloc returns them)");
-  tensor_gemm("tensor_gemm_bf16", variant, Bf16Weights{reinterpret_cast<const __nv_bfloat16*>(w)}, x, y, rows, cols,
-              batch);
+  if (variant <= 4) {
+    tensor_gemm("tensor_gemm_bf16", variant, Bf16Weights{reinterpret_cast<const __nv_bfloat16*>(w)}, x, y, rows,
+                cols, batch);
+    return;
+  }
+  for (int b0 = 0; b0 < batch; b0 += kTensorGemmChunk) {
+    const int n = std::min(kTensorGemmChunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float* yb = y + static_cast<long>(b0) * rows;
+    switch (variant) {
+      case 5: launch_mma_gemm<1, 8, 4>(w, xb, yb, rows, cols, n); break;
+      case 6: launch_mma_gemm<2, 4, 2>(w, xb, yb, rows, cols, n); break;
+      default: launch_mma_gemm<1, 4, 4>(w, xb, yb, rows, cols, n); break;
+    }
+    cuda_check_launch("tensor_gemm_bf16");
+  }
 }
 
 bool tensor_gemm_int8_runs(int rows, int cols) { return tensor_gemm_runs(rows, cols); }

@@ -228,7 +228,8 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
   using testing::throws_error_mentioning;
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 31, 64, 1); }, "rows >= 32"));
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 32, 24, 1); }, "16"));
-  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(5, w.get(), x.get(), y.get(), 32, 32, 1); }, "variant"));
+  EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(kTensorGemmVariants + 1, w.get(), x.get(), y.get(), 32, 32, 1); },
+                                      "variant"));
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 32, 32, 0); }, "batch"));
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get() + 1, x.get(), y.get(), 32, 32, 1); }, "32-byte"));
 }

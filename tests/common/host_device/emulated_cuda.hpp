@@ -445,6 +445,42 @@ void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M,
 }
 }  // namespace nvcuda::wmma
 
+namespace emu {
+/// PTX's `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (a .cu file calls it where it
+/// would write that instruction): d += A B for A 16 x 16 and B 16 x 8 in bf16, d in float. Unlike
+/// WMMA's, this instruction's fragment layout is documented (PTX ISA, "Matrix Fragments for
+/// mma.m16n8k16"), so a kernel may fill the registers itself, and the emulator holds it to that
+/// layout: with g = lane / 4 and t = lane % 4, a[0] holds A's (g, 2t) and (g, 2t + 1) (the first
+/// in the low 16 bits), a[1] the same columns of row g + 8, a[2] and a[3] those of columns
+/// 2t + 8 and 2t + 9; b[0] holds B's (2t, g) and (2t + 1, g), b[1] (2t + 8, g) and (2t + 9, g);
+/// d[0], d[1] are D's (g, 2t) and (g, 2t + 1), d[2], d[3] those of row g + 8. Every lane must
+/// call it (their A and B are exchanged); each lane's sums in float, k in order.
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  uint64_t lo[32], hi[32], bb[32];
+  const unsigned took_part = exchange(static_cast<uint64_t>(a[0]) | static_cast<uint64_t>(a[1]) << 32, lo) &
+                             exchange(static_cast<uint64_t>(a[2]) | static_cast<uint64_t>(a[3]) << 32, hi) &
+                             exchange(static_cast<uint64_t>(b[0]) | static_cast<uint64_t>(b[1]) << 32, bb);
+  require_whole_warp(took_part);
+  const auto value = [](uint64_t word, int half) {  // the bf16 in 16 bits `half` of `word`, as float
+    return std::bit_cast<float>(static_cast<uint32_t>((word >> (16 * half)) & 0xFFFFu) << 16);
+  };
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int j = 0; j < 2; ++j) {
+      A[g][2 * t + j] = value(lo[l], j), A[g + 8][2 * t + j] = value(lo[l], 2 + j);
+      A[g][2 * t + 8 + j] = value(hi[l], j), A[g + 8][2 * t + 8 + j] = value(hi[l], 2 + j);
+      B[2 * t + j][g] = value(bb[l], j), B[2 * t + 8 + j][g] = value(bb[l], 2 + j);
+    }
+  }
+  const int g = lane() / 4, t = lane() % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    for (int k = 0; k < 16; ++k) d[i] += A[r][k] * B[k][c];
+  }
+}
+}  // namespace emu
+
 // The runtime's templated helpers (cuda_runtime.h declares them only for nvcc), over host
 // function pointers: the dynamic shared memory a kernel may take, and the architecture compiled for.
 template <typename T>
