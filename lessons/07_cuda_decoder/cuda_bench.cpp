@@ -173,19 +173,31 @@ int main(int argc, char** argv) {
         const char* name;
         int rows, cols;
       };
-      std::vector<Shape> shapes = {{"1.1B q, k, v: 2560 x 2048", 2560, 2048}, {"1.1B o: 2048 x 2048", 2048, 2048},
-                                   {"1.1B gate, up: 11264 x 2048", 11264, 2048}, {"1.1B down: 2048 x 5632", 2048, 5632},
-                                   {"1.1B lm_head: 32000 x 2048", 32000, 2048}};
+      // And the fused GEMV (fused_kernels.hpp) as the forward's fused one-row step calls it on
+      // each: the launches it replaces are in the step's table below (rms_norm, add_rms_norm, swiglu, add).
+      struct Fused {
+        const char* what;
+        bool norm;
+        gpu::GemvOut out;
+      };
+      const Fused store_normed{"the norm in it", true, gpu::GemvOut::Store},
+          add{"the residual add in it", false, gpu::GemvOut::Accumulate},
+          swiglu{"the norm and swiglu in it", true, gpu::GemvOut::SwiGlu};
+      std::vector<std::pair<Shape, Fused>> shapes = {{{"1.1B q, k, v: 2560 x 2048", 2560, 2048}, store_normed},
+                                                     {{"1.1B o: 2048 x 2048", 2048, 2048}, add},
+                                                     {{"1.1B gate, up: 11264 x 2048", 11264, 2048}, swiglu},
+                                                     {{"1.1B down: 2048 x 5632", 2048, 5632}, add},
+                                                     {{"1.1B lm_head: 32000 x 2048", 32000, 2048}, store_normed}};
       // 265 packets a row: every unroll takes a whole lap and a partial one.
-      if (small) shapes = {{"run-through: 96 x 2120", 96, 2120}};
+      if (small) shapes = {{{"run-through: 96 x 2120", 96, 2120}, swiglu}};
       const int stream = small ? 1 : 20;
       const size_t l2 = small ? 0 : static_cast<size_t>(prop.l2CacheSize);
       size_t most = 0;
-      for (const Shape& s : shapes) most = std::max(most, static_cast<size_t>(s.rows) * s.cols);
+      for (const auto& [s, f] : shapes) most = std::max(most, static_cast<size_t>(s.rows) * s.cols);
       DeviceArray<uint16_t> w(rotation_pool(most, l2));
-      DeviceArray<float> x(8192), y(32000), want(32000);
-      fill_random(w, 21, 0.05f), fill_random(x, 22);
-      for (const Shape& s : shapes) {
+      DeviceArray<float> x(8192), y(32000), want(32000), norm(8192);
+      fill_random(w, 21, 0.05f), fill_random(x, 22), fill_random(norm, 23);
+      for (const auto& [s, fused] : shapes) {
         const size_t n = static_cast<size_t>(s.rows) * s.cols;
         const std::string shape = cat(s.name, " bf16, in a stream of ", stream, ", ", Rotation(w, n, l2).count, " copies");
         const double bytes = 2.0 * n + 4.0 * (s.rows + s.cols);
@@ -206,6 +218,19 @@ int main(int argc, char** argv) {
           results.push_back({cat("gemv_bf16 unrolled x", u, " (given variant)"), shape, bytes, cuda_time_each_ms([&] {
                                gpu::gemv_bf16_unrolled(u, ru(), x.get(), y.get(), s.rows, s.cols); }, reps, stream, !small)});
         }
+        // The fused GEMV: with no norm and storing, v2's sums in v2's order (checked as the
+        // variants are); then timed as the step calls it.
+        y.fill_bytes(0xff);
+        gpu::gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), s.rows, s.cols, gpu::GemvOut::Store);
+        const std::vector<float> got = y.download();
+        for (int i = 0; i < s.rows; ++i)
+          require(std::fabs(got[i] - v2[i]) <= 1e-5 + 1e-5 * std::fabs(v2[i]), "lesson07_cuda_bench: gemv_bf16_fused "
+                  "disagrees with gemv_bf16 v2 on ", s.name, " at row ", i, ": ", got[i], " against ", v2[i]);
+        Rotation rf(w, n, l2);
+        const float* g = fused.norm ? norm.get() : nullptr;
+        results.push_back({cat("gemv_bf16_fused, ", fused.what, " (given)"), shape, bytes + (fused.norm ? 4.0 * s.cols : 0.0),
+                           cuda_time_each_ms([&] { gpu::gemv_bf16_fused(rf(), x.get(), g, 1e-5f, y.get(), s.rows, s.cols,
+                                                                        fused.out); }, reps, stream, !small)});
       }
     }
     {  // Row kernels over 64 MiB.
@@ -255,8 +280,13 @@ int main(int argc, char** argv) {
     const ModelConfig big = bench_shape_1b(small);
     const std::string big_name = bench_shape_name(small);
     const auto big_model = gpu::CudaModel::with_pattern_weights(big, gpu::WeightType::BF16, 256);
+    big_model->forward().fuse_one_row(false);
     time_decode(*big_model, big_name + ", bf16");
     const double step_ms = 1e3 / decodes.back().tokens_per_s;
+    // The same with the fused one-row step (CudaForward::fuse_one_row: 7 launches a layer over
+    // paged attention, 8 here where the contiguous cache's append is two copies, instead of 11).
+    if (big_model->forward().fuse_one_row(true)) time_decode(*big_model, big_name + ", bf16, fused one-row step");
+    big_model->forward().fuse_one_row(gpu::kFuseOneRowStep);
     // Where that step's time goes: each of its launches at the 1.1B shape timed alone (the
     // forward's batch-1 path: stacked q, k, v and gate, up; lesson 07's contiguous cache, 64
     // positions, as the decode above reaches), times how often a step runs it; the rest of the

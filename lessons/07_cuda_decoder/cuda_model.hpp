@@ -12,7 +12,8 @@
 /// Q, K and V are one stacked matrix, gate and up another: at B = 1 each is one launch, and q and
 /// k take one RoPE launch; and each residual add runs with the norm after it (add_rms_norm,
 /// given: fused_kernels.hpp). 10 launches a layer at B = 1 over lesson 08's paged attention, 14
-/// above, one more where the attention splits a long context (its merge) (tests/common/host_device/launches_test.cpp counts them; 16 before these fusions). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
+/// above, one more where the attention splits a long context (its merge) (tests/common/host_device/launches_test.cpp counts them; 16 before these fusions;
+/// 7 at B = 1 with fuse_one_row(), which folds the norms, adds and SwiGLU into the products). At B = 1 the GEMVs are your fastest gemv_f32 / gemv_bf16 versions; above, skinny_gemm_*,
 /// which read each weight once for up to 16 rows (bf16 weights from kTensorGemmMinBatch rows on:
 /// the given tensor_gemm_bf16, on tensor cores, once for up to 64; fused_kernels.hpp). A prompt (or a piece of one) is a chunk of several
 /// rows in the same step: its rows go through the weights with everyone else's, and each of its
@@ -32,6 +33,7 @@
 #include "common/weights.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/03_batching/engine.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 
 namespace infer::gpu {
 
@@ -59,6 +61,12 @@ class DeviceProjection {
   void product(const float* x, float* y, int batch) const { product(x, y, batch, 0, rows()); }
   /// Bytes of W on the device, scales included: what a decode step reads for this product.
   virtual double bytes() const = 0;
+  /// Whether fused_product() runs for this matrix: lesson 07's bf16 with cols a multiple of 8;
+  /// no other format (their one-row steps run their norms, adds and SwiGLU apart).
+  virtual bool fuses() const { return false; }
+  /// One row's product over every row of W with its step's norm, residual add or SwiGLU folded in
+  /// (gemv_bf16_fused's contract: fused_kernels.hpp). Only where fuses() says so: throws infer::Error otherwise.
+  virtual void fused_product(const float* x, const float* norm, float eps, float* y, GemvOut out) const;
 };
 
 /// How CudaForward stores its weight matrices: lesson 07's float32 or bf16 (a WeightType converts),
@@ -220,6 +228,15 @@ class CudaForward final : public ModelRunner {
   /// keep their products); one row stays with your GEMV. Off by default: the engine then runs
   /// your kernels alone. Drops the graphs captured so far.
   void use_cublas(bool on);
+  /// Folds a one-row step's norms, residual adds and SwiGLU into its products (gemv_bf16_fused,
+  /// fused_kernels.hpp): the layer's input norm into the Q/K/V product, the residual add into
+  /// the O and down products, the second norm and SwiGLU into the gate/up product, the final norm
+  /// into the head's (in any step that wants one row of logits); 7 launches a layer over lesson
+  /// 08's paged attention instead of 10. Only where every matrix fuses() (bf16); the layers of
+  /// steps of more rows run as before. The logits are within
+  /// gemv_bf16's tolerance of the unfused step's (the tests compare). kFuseOneRowStep until
+  /// called. Returns whether one-row steps are now fused. Drops the graphs captured so far.
+  bool fuse_one_row(bool on);
   /// Graphs held now (one per batch size and attention layout met since the step's scratch
   /// arrays last grew, which drops them all).
   int graphs_captured() const;

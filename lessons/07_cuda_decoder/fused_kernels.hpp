@@ -12,6 +12,30 @@
 
 namespace infer::gpu {
 
+/// What gemv_bf16_fused does with each row's sum.
+enum class GemvOut {
+  Store,       ///< y[r] = the sum
+  Accumulate,  ///< y[r] += the sum: the residual add after a block's last product, in its launch
+  SwiGlu,      ///< W is [gate; up] stacked (rows even): y[i] = silu(gate_i) * up_i, i < rows / 2
+};
+
+/// One row's product y = W x' for bf16 W [rows, cols] and float32 x [cols], with what surrounds
+/// it in a decode step folded into the same launch: x' = rms_norm(x) * norm (lesson 00's norm,
+/// epsilon eps) when `norm` is not null, x itself otherwise; y as `out` says. At one row a step
+/// is a string of small launches (lesson 07's report: a couple of microseconds each, whatever
+/// they do), and three of them a layer are not products: the residual add with the next norm
+/// (add_rms_norm, twice) and swiglu. Here the norm is a scale on the finished sum (W (x * s *
+/// norm) = s W (x * norm), s = 1 / sqrt(mean(x^2) + eps)), and each warp, whose lanes between
+/// them read all of x for their rows anyway, sums x's squares on the way: no barrier, no second
+/// pass. A warp takes two rows (r and r + 1, or gate_i and up_i), each lane one 16-byte packet of
+/// each in flight, and reads x (and the norm) once for both. Within gemv_bf16's tolerance of the
+/// launches it replaces, run in turn. Needs cols a multiple of 8, W, x and norm on 16-byte
+/// boundaries (cudaMalloc's are); y must not overlap x. Throws infer::Error (naming
+/// gemv_bf16_fused) otherwise, for rows or cols below 1, an odd rows with SwiGlu, or a null
+/// pointer (but norm).
+void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
+                     GemvOut out);
+
 /// For each row r of x [rows, cols]: x[r] += y[r], then h[r] = rms_norm(x[r]) * weight, as add()
 /// then rms_norm() compute them (the squares summed in float, in another order). x is updated in
 /// place; h may not alias x or y. Throws infer::Error (naming add_rms_norm) for rows or cols below
@@ -99,6 +123,11 @@ inline constexpr int kTensorGemmMinBatch = 4;
 /// 13.2 against 14.7 ms at 32 rows; at 16 rows the GEMVs still won, 7.3 against 7.7 ms), though
 /// INT8 and INT4 groups of 32 already win at 16 (int8 6.3 against 8.2 ms).
 inline constexpr int kQuantTensorGemmMinBatch = 32;
+/// Whether CudaForward's one-row steps fold their norms, residual adds and SwiGLU into the
+/// products (gemv_bf16_fused; CudaForward::fuse_one_row), where every matrix is bf16: 7 launches a
+/// layer over lesson 08's paged attention instead of 10. Off until a GPU report times the two
+/// (lesson 07's bench: decode of the 1.1B shape at batch 1, with and without; tools/gpu_targets.py).
+inline constexpr bool kFuseOneRowStep = false;
 /// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
 /// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
 /// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM

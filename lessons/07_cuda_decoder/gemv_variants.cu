@@ -1,11 +1,13 @@
-// Lesson 07's bench: bf16 GEMVs with U loads in flight per lane (given, not graded; see
-// gemv_variants.hpp for why they exist and what they change).
+// Lesson 07's given bf16 GEMVs beside yours (not graded): for its bench, versions with U loads in
+// flight per lane (gemv_variants.hpp says why they exist); for the forward's one-row step, the
+// fused one (gemv_bf16_fused, fused_kernels.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/07_cuda_decoder/gemv_variants.hpp"
 
 namespace infer::gpu {
@@ -59,9 +61,92 @@ __global__ void gemv_bf16_unrolled_kernel(const uint16_t* __restrict__ w, const 
   if (lane == 0) y[r] = sum;
 }
 
+/// gemv_bf16_fused: a warp per pair of rows (r0, r1): 2r and 2r + 1, or gate_r and up_r for
+/// SwiGlu; where rows is odd the last warp's r1 is r0 again, its second sum unused. Lane l takes
+/// packets l, l + 32, ... of both rows, as version 2 does of one; with the norm, it also sums the
+/// squares of the x it reads (the warp's lanes between them read all of x) and multiplies x by the
+/// norm's weights before the products, the scale s applied to the finished sums.
+template <GemvOut kOut, bool kNorm>
+__global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x,
+                                       const float* __restrict__ norm, float eps, float* __restrict__ y, int rows,
+                                       int cols) {
+  const long pair = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  long r0 = 0, r1 = 0;
+  if constexpr (kOut == GemvOut::SwiGlu) {
+    if (pair >= rows / 2) return;
+    r0 = pair, r1 = pair + rows / 2;
+  } else {
+    r0 = 2 * pair;
+    if (r0 >= rows) return;
+    r1 = r0 + 1 < rows ? r0 + 1 : r0;
+  }
+  const uint4* row0 = reinterpret_cast<const uint4*>(w + r0 * cols);
+  const uint4* row1 = reinterpret_cast<const uint4*>(w + r1 * cols);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* n4 = reinterpret_cast<const float4*>(norm);
+  const int packets = cols / 8;
+  float sum0 = 0.0f, sum1 = 0.0f, squares = 0.0f;
+  for (int c = lane; c < packets; c += 32) {
+    const uint4 p0 = __ldcs(row0 + c), p1 = __ldcs(row1 + c);
+    float4 xa = x4[2 * c], xb = x4[2 * c + 1];
+    if constexpr (kNorm) {
+      squares += xa.x * xa.x + xa.y * xa.y + xa.z * xa.z + xa.w * xa.w;
+      squares += xb.x * xb.x + xb.y * xb.y + xb.z * xb.z + xb.w * xb.w;
+      const float4 na = n4[2 * c], nb = n4[2 * c + 1];
+      xa = make_float4(xa.x * na.x, xa.y * na.y, xa.z * na.z, xa.w * na.w);
+      xb = make_float4(xb.x * nb.x, xb.y * nb.y, xb.z * nb.z, xb.w * nb.w);
+    }
+    sum0 = packet_dot(sum0, p0, xa, xb), sum1 = packet_dot(sum1, p1, xa, xb);
+  }
+  sum0 = warp_sum(sum0), sum1 = warp_sum(sum1);
+  if constexpr (kNorm) {
+    const float s = rsqrtf(warp_sum(squares) / cols + eps);
+    sum0 *= s, sum1 *= s;
+  }
+  if (lane != 0) return;
+  if constexpr (kOut == GemvOut::Store) {
+    y[r0] = sum0;
+    if (r1 != r0) y[r1] = sum1;
+  } else if constexpr (kOut == GemvOut::Accumulate) {
+    y[r0] += sum0;
+    if (r1 != r0) y[r1] += sum1;
+  } else {
+    y[r0] = sum0 / (1.0f + expf(-sum0)) * sum1;
+  }
+}
+
+template <GemvOut kOut>
+void launch_fused(unsigned blocks, const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows,
+                  int cols) {
+  if (norm) gemv_bf16_fused_kernel<kOut, true><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols);
+  else gemv_bf16_fused_kernel<kOut, false><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
+
+void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
+                     GemvOut out) {
+  require(rows >= 1 && cols >= 1, "gemv_bf16_fused: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require(cols % 8 == 0, "gemv_bf16_fused: cols must be a multiple of 8 (16-byte packets), got ", cols);
+  require(out != GemvOut::SwiGlu || rows % 2 == 0,
+          "gemv_bf16_fused: SwiGlu takes [gate; up] stacked, so rows must be even; got ", rows);
+  require_device_pointers("gemv_bf16_fused", {w, x, y});
+  require(aligned16(w) && aligned16(x) && (norm == nullptr || aligned16(norm)),
+          "gemv_bf16_fused: W, x and the norm must start on a 16-byte boundary");
+  const long written = out == GemvOut::SwiGlu ? rows / 2 : rows;
+  require(y + written <= x || x + cols <= y, "gemv_bf16_fused: y must not overlap x");
+  const long warps = out == GemvOut::SwiGlu ? rows / 2 : (rows + 1) / 2;
+  const unsigned blocks = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
+  switch (out) {
+    case GemvOut::Store: launch_fused<GemvOut::Store>(blocks, w, x, norm, eps, y, rows, cols); break;
+    case GemvOut::Accumulate: launch_fused<GemvOut::Accumulate>(blocks, w, x, norm, eps, y, rows, cols); break;
+    case GemvOut::SwiGlu: launch_fused<GemvOut::SwiGlu>(blocks, w, x, norm, eps, y, rows, cols); break;
+  }
+  cuda_check_launch("gemv_bf16_fused");
+}
 
 void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y, int rows, int cols) {
   require(unroll == 1 || unroll == 2 || unroll == 4 || unroll == 8,

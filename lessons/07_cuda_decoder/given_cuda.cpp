@@ -116,6 +116,11 @@ class DeviceMatrix final : public DeviceProjection {
     }
   }
   double bytes() const override { return f32_.size() > 0 ? 4.0 * f32_.size() : 2.0 * bf16_.size(); }
+  bool fuses() const override { return bf16_.size() > 0 && cols_ % 8 == 0; }
+  void fused_product(const float* x, const float* norm, float eps, float* y, GemvOut out) const override {
+    if (!fuses()) DeviceProjection::fused_product(x, norm, eps, y, out);  // throws
+    gemv_bf16_fused(bf16_.get(), x, norm, eps, y, rows_, cols_, out);
+  }
 
   DeviceArray<float>& f32() { return f32_; }
   DeviceArray<uint16_t>& bf16() { return bf16_; }
@@ -214,6 +219,10 @@ struct Scratch {
 };
 
 }  // namespace
+
+void DeviceProjection::fused_product(const float*, const float*, float, float*, GemvOut) const {
+  throw Error("DeviceProjection::fused_product: this matrix has no fused product (fuses() says which do)");
+}
 
 DeviceWeights::DeviceWeights(WeightType t) : name(t == WeightType::F32 ? "f32" : "bf16"), type(t) {}
 
@@ -411,6 +420,7 @@ struct CudaForward::Impl {
 
   std::unique_ptr<LibraryGemm> cublas;                // use_cublas()
   bool graphs = false;                                 // use_graphs()
+  bool fuse = false;                                   // fuse_one_row(): set by the constructors
   std::map<std::vector<long>, cudaGraphExec_t> execs;  // the decode steps captured, by their launches
   long graphs_generation = 0;                          // the scratch arrays those graphs hold
   /// profile()'s record of a step: parts[i] ended at events[i] ("" for a start). The events are
@@ -442,14 +452,18 @@ struct CudaForward::Impl {
   /// device work only (launch(); its bookkeeping is commit()ed after the graph ran).
   void layers_of(int N, bool captured) {
     const int hidden = c.hidden_size, hd = c.head_dim;
+    const bool fused = fuse && N == 1;
     mark("");
     embedding(embed.get(), s.tokens.get(), s.x.get(), N, c.vocab_size, hidden);
     mark("embedding");
     // Each residual add and the norm after it are one launch (add_rms_norm, given): the first
     // layer's input norm runs alone, and the last add too (the final norm runs over the wanted
-    // rows only, in head_of).
-    rms_norm(s.x.get(), layers[0].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
-    mark("rms_norm");
+    // rows only, in head_of). A fused one-row step (fuse_one_row) has no such launch: each norm
+    // is in the product after it, each add in the product before, SwiGLU in the gate/up product.
+    if (!fused) {
+      rms_norm(s.x.get(), layers[0].input_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
+      mark("rms_norm");
+    }
     for (int li = 0; li < c.num_hidden_layers; ++li) {
       Layer& l = layers[li];
       const int qd = c.num_attention_heads * hd, kvd = c.num_key_value_heads * hd, inter = c.intermediate_size;
@@ -457,8 +471,13 @@ struct CudaForward::Impl {
       if (N == 1) {
         // One product into [q | k | v], and one RoPE over q's and k's heads, side by side there.
         q = s.qkv1.get(), k = q + qd, v = k + kvd;
-        l.qkv->product(s.h.get(), q, 1);
-        mark("q, k, v products");
+        if (fused) {
+          l.qkv->fused_product(s.x.get(), l.input_norm.get(), c.rms_norm_eps, q, GemvOut::Store);
+          mark("q, k, v products (the norm in them)");
+        } else {
+          l.qkv->product(s.h.get(), q, 1);
+          mark("q, k, v products");
+        }
         rope(q, s.positions.get(), 1, c.num_attention_heads + c.num_key_value_heads, hd, c.rope_theta);
       } else {
         // N rows: each product's rows must be an array of their own (the attention reads them so).
@@ -473,6 +492,15 @@ struct CudaForward::Impl {
       if (captured) attention->launch(li, q, k, v, s.attn.get());
       else attention->append_and_attend(li, q, k, v, s.attn.get());
       mark("attention (its cache writes too)");
+      if (fused) {  // x += o attn; x += down swiglu(gate_up norm(x))
+        l.o->fused_product(s.attn.get(), nullptr, 0.0f, s.x.get(), GemvOut::Accumulate);
+        mark("o product (the residual add in it)");
+        l.gate_up->fused_product(s.x.get(), l.post_norm.get(), c.rms_norm_eps, s.gate_up1.get(), GemvOut::SwiGlu);
+        mark("gate, up products (the norm and swiglu in them)");
+        l.down->fused_product(s.gate_up1.get(), nullptr, 0.0f, s.x.get(), GemvOut::Accumulate);
+        mark("down product (the residual add in it)");
+        continue;
+      }
       l.o->product(s.attn.get(), s.tmp.get(), N);
       mark("o product");
       add_rms_norm(s.x.get(), s.tmp.get(), l.post_norm.get(), s.h.get(), N, hidden, c.rms_norm_eps);
@@ -500,8 +528,14 @@ struct CudaForward::Impl {
     }
   }
 
-  /// The final norm and the output head over `wanted` rows of `from` into s.logits.
+  /// The final norm and the output head over `wanted` rows of `from` into s.logits (one launch
+  /// in a fused one-row step).
   void head_of(const float* from, int wanted) {
+    if (fuse && wanted == 1) {
+      lm_head->fused_product(from, final_norm.get(), c.rms_norm_eps, s.logits.get(), GemvOut::Store);
+      mark("lm_head product (the norm in it)");
+      return;
+    }
     rms_norm(from, final_norm.get(), s.h.get(), wanted, c.hidden_size, c.rms_norm_eps);
     mark("rms_norm");
     lm_head->product(s.h.get(), s.logits.get(), wanted);
@@ -601,7 +635,7 @@ struct CudaForward::Impl {
   }
 };
 
-CudaForward::CudaForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaForward::CudaForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { fuse_one_row(kFuseOneRowStep); }
 
 CudaForward::CudaForward(const ModelWeights& model, const DeviceWeights& weights,
                          std::unique_ptr<DeviceAttention> attention)
@@ -623,6 +657,7 @@ CudaForward::CudaForward(const ModelWeights& model, const DeviceWeights& weights
     l.down = upload(w.down_proj, weights);
     m.layers.push_back(std::move(l));
   }
+  fuse_one_row(kFuseOneRowStep);
 }
 
 std::unique_ptr<CudaForward> CudaForward::with_pattern_weights(const ModelConfig& c, const DeviceWeights& weights,
@@ -719,6 +754,17 @@ void CudaForward::use_cublas(bool on) {
   // Graphs captured before hold the other products' launches.
   for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);
   m.execs.clear();
+}
+
+bool CudaForward::fuse_one_row(bool on) {
+  Impl& m = *impl_;
+  bool all = m.lm_head->fuses();
+  for (const Impl::Layer& l : m.layers)
+    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) all = all && (*w)->fuses();
+  m.fuse = on && all;
+  for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);  // they hold the other launches
+  m.execs.clear();
+  return m.fuse;
 }
 
 int CudaForward::graphs_captured() const { return static_cast<int>(impl_->execs.size()); }

@@ -410,11 +410,13 @@ int main(int argc, char** argv) {
       struct Shape {
         std::string name;
         int sequences, tokens;  // tokens a sequence feeds (each row's logits wanted)
+        bool fused = false;     // CudaForward::fuse_one_row
       };
-      const std::vector<Shape> shapes = small_run ? std::vector<Shape>{{"decode, batch 1", 1, 1}, {"verify 5, one sequence", 1, 5},
-                                                                       {"decode, batch 4", 4, 1}}
-                                                  : std::vector<Shape>{{"decode, batch 1", 1, 1}, {"verify 5, one sequence", 1, 5},
-                                                                       {"decode, batch 8", 8, 1}, {"decode, batch 64", 64, 1}};
+      const Shape one{"decode, batch 1", 1, 1}, fused{"decode, batch 1, fused one-row step", 1, 1, true},
+          verify{"verify 5, one sequence", 1, 5};
+      const std::vector<Shape> shapes = small_run ? std::vector<Shape>{one, fused, verify, {"decode, batch 4", 4, 1}}
+                                                  : std::vector<Shape>{one, fused, verify, {"decode, batch 8", 8, 1},
+                                                                       {"decode, batch 64", 64, 1}};
       const int most = shapes.back().sequences;
       auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, most * blocks_for(cached + 8, 16), 16);
       auto f = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
@@ -429,6 +431,7 @@ int main(int argc, char** argv) {
       std::vector<double> host_ms, sums;
       for (const Shape& shape : shapes) {
         columns.push_back(shape.name);
+        f->fuse_one_row(shape.fused);
         const std::vector<int> fed = some_tokens(shape.tokens, big.vocab_size, 5);
         StepInput step;
         for (int i = 0; i < shape.sequences; ++i)
@@ -453,6 +456,7 @@ int main(int argc, char** argv) {
         rewind();
         sums.push_back(sum);
       }
+      f->fuse_one_row(gpu::kFuseOneRowStep);
       json where = table(cat("Where a step's time goes (1.1B shape, bf16, paged memory, ", cached,
                              " positions cached; device ms between events, times a step ran the part in brackets)"), columns);
       for (const std::string& name : names) {

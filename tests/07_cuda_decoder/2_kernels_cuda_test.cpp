@@ -234,6 +234,53 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get() + 1, x.get(), y.get(), 32, 32, 1); }, "32-byte"));
 }
 
+// gemv_bf16_fused against the launches it replaces, run in turn on the CPU: lesson 00's rms_norm
+// (where a norm is given), the bf16 GEMV's reference, then the store, the add into y's old values,
+// or SwiGLU over [gate; up]. Odd rows (a warp's second row missing), packets that no warp's lanes
+// divide, one row; within the bf16 GEMV's tolerance (the norm's scale is applied to the finished
+// sums, and the squares are summed in another order: float32 rounding apart).
+TEST(GivenFusedGemv, EveryOutputEqualsTheLaunchesItReplaces) {
+  REQUIRE_DEVICE();
+  const Shape shapes[] = {{1, 8}, {2, 16}, {7, 40}, {64, 264}, {130, 1040}};
+  for (const Shape s : shapes)
+    for (const bool with_norm : {false, true})
+      for (const GemvOut out : {GemvOut::Store, GemvOut::Accumulate, GemvOut::SwiGlu}) {
+        if (out == GemvOut::SwiGlu && s.rows % 2 != 0) continue;
+        const std::string what = cat("gemv_bf16_fused on ", s.rows, " x ", s.cols, with_norm ? ", normed" : "",
+                                     ", out ", static_cast<int>(out));
+        const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 400 + s.cols);
+        const auto x = random_values(s.cols, 410, 3.0), norm = random_values(s.cols, 420);
+        const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
+        Vector in = as_matrix(x, s.cols, 1).col(0);
+        if (with_norm) in = ::infer::rms_norm(in.transpose(), as_matrix(norm, s.cols, 1).col(0), 1e-5f).transpose();
+        const Vector sums = gemv_bf16_reference(wb, s.rows, s.cols, in);
+        const int written = out == GemvOut::SwiGlu ? s.rows / 2 : s.rows;
+        const auto before = random_values(written, 430);
+        Vector want(written);
+        for (int i = 0; i < written; ++i) {
+          if (out == GemvOut::Store) want[i] = sums[i];
+          else if (out == GemvOut::Accumulate) want[i] = before[i] + sums[i];
+          else want[i] = sums[i] / (1.0f + std::exp(-sums[i])) * sums[i + written];
+        }
+        DeviceArray<uint16_t> dw(wb);
+        DeviceArray<float> dx(x), dn(norm), dy = out == GemvOut::Accumulate ? DeviceArray<float>(before) : poisoned(written);
+        gemv_bf16_fused(dw.get(), dx.get(), with_norm ? dn.get() : nullptr, 1e-5f, dy.get(), s.rows, s.cols, out);
+        const auto got = dy.download();
+        ASSERT_TRUE(testing::all_close(want.transpose(), Eigen::Map<const Vector>(got.data(), written).transpose(),
+                                       1e-5 * std::sqrt(s.cols), 1e-4, what));
+      }
+  DeviceArray<uint16_t> w(16 * 16);
+  DeviceArray<float> x(32), y(32);
+  using testing::throws_error_mentioning;
+  const auto refuses = [&](auto call, const char* why) { EXPECT_TRUE(throws_error_mentioning(call, why)) << why; };
+  refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), 4, 12, GemvOut::Store); }, "multiple of 8");
+  refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), 3, 8, GemvOut::SwiGlu); }, "even");
+  refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, x.get() + 4, 4, 8, GemvOut::Store); }, "overlap");
+  refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), 0, 8, GemvOut::Store); }, ">= 1");
+  refuses([&] { gemv_bf16_fused(w.get(), nullptr, nullptr, 1e-5f, y.get(), 4, 8, GemvOut::Store); }, "null");
+  refuses([&] { gemv_bf16_fused(w.get(), x.get() + 1, nullptr, 1e-5f, y.get(), 4, 8, GemvOut::Store); }, "16-byte");
+}
+
 TEST(GivenCublasHelpers, SplitBf16KeepsXToAbout16BitsAndAddHalvesJoinsTheProducts) {
   // split_bf16: hi = float_to_bf16(x) exactly, lo = bf16(x - hi), so hi + lo is within 2^-16 |x|
   // (lo's own rounding: 8 bits of what hi lost, itself under 2^-8 |x|); add_halves: the two

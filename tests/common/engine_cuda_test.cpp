@@ -444,6 +444,47 @@ TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeig
                                  "a decode step of 5"));
 }
 
+TEST(Lesson10OnTheGpu, AFusedOneRowStepGivesTheTokensOfTheCpuOverTheSameRoundedWeights) {
+  // CudaForward::fuse_one_row: a one-row step's norms, residual adds and SwiGLU inside its
+  // products (gemv_bf16_fused), decode steps from graphs too, under the serving engine with the
+  // prefix cache and chunked prefill, one request running at a time (every decode step one row)
+  // and four: the CPU engine's tokens over the same rounded weights. And one-row steps' logits (a
+  // prompt wanting its last row's, decodes) against the unfused forward's, within 1e-4 + 1e-4
+  // |ref| (the order of the sums apart). float32 matrices have no fused product: it says so.
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const ModelWeights rounded = rounded_to_bf16(m);  // (the CPU engine keeps a reference)
+  const auto rs = requests();
+  for (const int running : {1, 4}) {
+    SCOPED_TRACE(cat(running, " running"));
+    const ServingOptions o{.max_running = running, .token_budget = 16};
+    auto cpu = cpu_engine(rounded, 96, 8, true, o);
+    CudaPagedParts parts = cuda_paged_parts(m, WeightType::BF16, 96, 8);
+    ASSERT_TRUE(parts.forward->fuse_one_row(true));
+    parts.forward->use_graphs(true);
+    auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)), o);
+    expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+  }
+
+  CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 32, 8), b = cuda_paged_parts(m, WeightType::BF16, 32, 8);
+  a.forward->fuse_one_row(false);
+  ASSERT_TRUE(b.forward->fuse_one_row(true));
+  PagedKVManager am(std::move(a.pool)), bm(std::move(b.pool));
+  auto ac = am.open(0), bc = bm.open(0);
+  const std::vector<int> prompt = ByteTokenizer::encode("Q: What is a duck? A:");
+  ASSERT_TRUE(testing::all_close(a.forward->prefill(prompt, *ac).transpose(), b.forward->prefill(prompt, *bc).transpose(),
+                                 1e-4, 1e-4, "a prompt's last row"));
+  for (const int token : {65, 66, 67}) {
+    KVStore* ap[] = {ac.get()};
+    KVStore* bp[] = {bc.get()};
+    const std::vector<int> next = {token};
+    ASSERT_TRUE(testing::all_close(a.forward->decode(next, ap), b.forward->decode(next, bp), 1e-4, 1e-4,
+                                   cat("a decode of ", token)));
+  }
+  am.close(std::move(ac)), bm.close(std::move(bc));
+  EXPECT_FALSE(cuda_paged_parts(m, WeightType::F32, 32, 8).forward->fuse_one_row(true));
+}
+
 TEST(Lesson10OnTheGpu, QuantizedWeightsGiveTheTokensOfTheCpuOverTheSameFormat) {
   // Lesson 11's INT8 and INT4 (groups of 32: the wide kernels; of 8: the plain ones) through
   // lesson 07's forward, prefix cache and chunked prefill included, against the CPU engine over

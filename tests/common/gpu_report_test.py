@@ -47,7 +47,8 @@ with tempfile.TemporaryDirectory() as out:
         if missing:
             sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
     # tools/gpu_targets.py's section: every tuning constant picked from the benches' rows.
-    for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kChunkTensorCores", "kChunkKernelMinTokens"):
+    for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kFuseOneRowStep", "kChunkTensorCores",
+                 "kChunkKernelMinTokens"):
         row = next((line for line in md.splitlines() if line.startswith(f"| `{name}`")), "")
         if not row or "not in this report" in row:
             sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")
@@ -68,6 +69,15 @@ with tempfile.TemporaryDirectory() as out:
     if "3.5x (lesson 07's contiguous caches)" not in row or "16.0x launched, 14.0x from graphs" not in row \
             or not row.endswith("| met |"):
         sys.exit(f"the batch-64 target misreads the two engines' rows: {row}")
+    # The fused one-row step beside the plain one at batch 1: both shown, the faster picked.
+    decode = [{"model": "1.1B shape, bf16", "batch": 1, "tokens_per_s": 100, "fraction_of_roofline": 0.2},
+              {"model": "1.1B shape, bf16, fused one-row step", "batch": 1, "tokens_per_s": 120,
+               "fraction_of_roofline": 0.24}]
+    lines = gpu_targets.summary({"benches": {"lesson07_cuda_bench": {"decode": decode}}})
+    one = next(line for line in lines if line.startswith("| decode of the 1.1B shape at batch 1"))
+    fuse = next(line for line in lines if line.startswith("| `kFuseOneRowStep`"))
+    if "| 20% (the fused one-row step: 24%) |" not in one or "| true | decode of the 1.1B shape at batch 1, fused / not: 120 / 100" not in fuse:
+        sys.exit(f"the fused one-row step's decode is misread: {one} / {fuse}")
     # The engine's decode kernel and choose_splits()'s shortest split, from lesson 10's tables: the
     # tiled rows win by a geometric mean of 1.2x; at 100 positions 4 ways beat the chosen 1 by far
     # (a shortest split of 25), at 400 positions the best is within 3% of the chosen (a tie).

@@ -187,6 +187,32 @@ void swiglu(const float* gate, const float* up, float* out, long n) {
   });
 }
 
+void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
+                     GemvOut out) {
+  require(rows >= 1 && cols >= 1, "gemv_bf16_fused: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require(cols % 8 == 0, "gemv_bf16_fused: cols must be a multiple of 8 (16-byte packets), got ", cols);
+  require(out != GemvOut::SwiGlu || rows % 2 == 0,
+          "gemv_bf16_fused: SwiGlu takes [gate; up] stacked, so rows must be even; got ", rows);
+  require_device_pointers("gemv_bf16_fused", {w, x, y});
+  const long written = out == GemvOut::SwiGlu ? rows / 2 : rows;
+  require(y + written <= x || x + cols <= y, "gemv_bf16_fused: y must not overlap x");
+  host_device::launch([=] {  // the launches it replaces, in turn: rms_norm, the product, then add or swiglu
+    Vector in = Eigen::Map<const Vector>(x, cols);
+    if (norm) in = ::infer::rms_norm(in.transpose(), Eigen::Map<const Vector>(norm, cols), eps).transpose();
+    Vector sums(rows);
+    for (int r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int c = 0; c < cols; ++c) sum += bf16_to_float(w[static_cast<long>(r) * cols + c]) * in[c];
+      sums[r] = sum;
+    }
+    for (long i = 0; i < written; ++i) {
+      if (out == GemvOut::Store) y[i] = sums[i];
+      else if (out == GemvOut::Accumulate) y[i] += sums[i];
+      else y[i] = sums[i] / (1.0f + std::exp(-sums[i])) * sums[i + written];
+    }
+  });
+}
+
 void softmax_rows(float* x, int rows, int cols) {
   require(rows >= 1 && cols >= 1, "softmax_rows: rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers("softmax_rows", {x});

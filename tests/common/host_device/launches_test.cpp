@@ -54,6 +54,16 @@ TEST(Launches, ADecodeStepLaunchesAFixedNumberOfKernelsPerLayer) {
   EXPECT_EQ(four, 14L * layers + 4);
   parts.forward->use_graphs(true);
   EXPECT_EQ(launches_per_step(*parts.forward, memory, 1), 1) << "a replayed step is one graph launch";
+
+  // A fused one-row step (fuse_one_row, bf16 matrices): the Q/K/V product with the input norm in
+  // it, RoPE, the slot write and the attention, the O product with the residual add, the gate/up
+  // product with the norm and SwiGLU, the down product with the add (7 a layer); besides them the
+  // embedding and the head with the final norm. Steps of more rows as before.
+  CudaPagedParts fused = cuda_paged_parts(m, WeightType::BF16, 64, 8);
+  ASSERT_TRUE(fused.forward->fuse_one_row(true));
+  PagedKVManager fused_memory(std::move(fused.pool));
+  EXPECT_EQ(launches_per_step(*fused.forward, fused_memory, 1), 7L * layers + 2);
+  EXPECT_EQ(launches_per_step(*fused.forward, fused_memory, 4), 14L * layers + 4);
 }
 
 // device_paged_attention(pool, splits, tiled_warps): the decode rows go to the tiled design where
