@@ -235,7 +235,7 @@ class CudaForward final : public ModelRunner {
   /// 08's paged attention instead of 10. Only where every matrix fuses() (bf16); the layers of
   /// steps of more rows run as before. The logits are within
   /// gemv_bf16's tolerance of the unfused step's (the tests compare). kFuseOneRowStep until
-  /// called. Returns whether one-row steps are now fused. Drops the graphs captured so far.
+  /// called. Returns whether one-row steps are now fused. A change drops the graphs captured so far.
   bool fuse_one_row(bool on);
   /// Graphs held now (one per batch size and attention layout met since the step's scratch
   /// arrays last grew, which drops them all).

@@ -56,12 +56,13 @@ void add_rms_norm(float* x, const float* y, const float* weight, float* h, int r
 /// kTensorGemmChunk; larger batches take several launches); the block's 4 or 8 warps split the
 /// columns 16 at a time and add their partial sums in a fixed order (the same result every run).
 /// Variants 1 to 4 (WMMA, W's tiles loaded by load_matrix_sync, x through shared memory): 1 = (16
-/// rows a warp, 4 warps), 2 = (16, 8), 3 = (32, 4), 4 = (32, 8). Variants 5 to 7 (PTX's
+/// rows a warp, 4 warps), 2 = (16, 8), 3 = (32, 4), 4 = (32, 8). Variants 5 to 8 (PTX's
 /// mma.sync.m16n8k16, whose fragment layout is documented: each lane fills A from its own 16-byte
 /// loads of W, 8 consecutive columns of two rows, and B from x's same columns read from the cache,
 /// batch rows 8 to a tile; the block's warps split the columns in chunks of 32, each lane with
 /// several chunks' loads in flight): 5 = (16 rows a block, 8 warps, 4 chunks in flight), 6 = (32,
-/// 4, 2), 7 = (16, 4, 4). The forward uses kTensorGemmVariant. Needs tensor_gemm_runs(rows, cols), w on a 32-byte and x on a 16-byte
+/// 4, 2), 7 = (16, 4, 4), 8 = 5 with the next 4 chunks' loads sent before this 4's products (in
+/// flight while it multiplies). The forward uses kTensorGemmVariant. Needs tensor_gemm_runs(rows, cols), w on a 32-byte and x on a 16-byte
 /// boundary (cudaMalloc's are). Throws infer::Error (naming tensor_gemm_bf16) otherwise, for a
 /// variant outside 1..kTensorGemmVariants, batch, rows or cols below 1, or a null pointer.
 void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
@@ -106,7 +107,7 @@ void split_bf16(const float* x, uint16_t* hi_lo, long n);
 void add_halves(const float* halves, float* y, long n);
 
 /// tensor_gemm_bf16's variants, 1 to this.
-inline constexpr int kTensorGemmVariants = 7;
+inline constexpr int kTensorGemmVariants = 8;
 /// The variant the forward uses: the GPU report's pick (commit e864848, an H200: geometric mean
 /// over its rows of batch 8 and more, v1 0.217, v2 0.199, v3 0.186, v4 0.155 ms; docs/gpu-report.md).
 inline constexpr int kTensorGemmVariant = 4;

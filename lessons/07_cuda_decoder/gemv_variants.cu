@@ -63,7 +63,8 @@ __global__ void gemv_bf16_unrolled_kernel(const uint16_t* __restrict__ w, const 
 
 /// gemv_bf16_fused: a warp per pair of rows (r0, r1): 2r and 2r + 1, or gate_r and up_r for
 /// SwiGlu; where rows is odd the last warp's r1 is r0 again, its second sum unused. Lane l takes
-/// packets l, l + 32, ... of both rows, as version 2 does of one; with the norm, it also sums the
+/// packets l, l + 32, ... of both rows, as version 2 does of one (in its order: the same sums),
+/// two of each loaded before any is added; with the norm, it also sums the
 /// squares of the x it reads (the warp's lanes between them read all of x) and multiplies x by the
 /// norm's weights before the products, the scale s applied to the finished sums.
 template <GemvOut kOut, bool kNorm>
@@ -87,17 +88,29 @@ __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const flo
   const float4* n4 = reinterpret_cast<const float4*>(norm);
   const int packets = cols / 8;
   float sum0 = 0.0f, sum1 = 0.0f, squares = 0.0f;
-  for (int c = lane; c < packets; c += 32) {
-    const uint4 p0 = __ldcs(row0 + c), p1 = __ldcs(row1 + c);
-    float4 xa = x4[2 * c], xb = x4[2 * c + 1];
-    if constexpr (kNorm) {
-      squares += xa.x * xa.x + xa.y * xa.y + xa.z * xa.z + xa.w * xa.w;
-      squares += xb.x * xb.x + xb.y * xb.y + xb.z * xb.z + xb.w * xb.w;
-      const float4 na = n4[2 * c], nb = n4[2 * c + 1];
-      xa = make_float4(xa.x * na.x, xa.y * na.y, xa.z * na.z, xa.w * na.w);
-      xb = make_float4(xb.x * nb.x, xb.y * nb.y, xb.z * nb.z, xb.w * nb.w);
+  constexpr int kU = 2;  // packets of each row loaded before any is added: 4 loads in flight a lane
+  for (int c0 = lane; c0 < packets; c0 += 32 * kU) {
+    uint4 p0[kU], p1[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + 32 * u;
+      p0[u] = c < packets ? __ldcs(row0 + c) : uint4{0u, 0u, 0u, 0u};
+      p1[u] = c < packets ? __ldcs(row1 + c) : uint4{0u, 0u, 0u, 0u};
     }
-    sum0 = packet_dot(sum0, p0, xa, xb), sum1 = packet_dot(sum1, p1, xa, xb);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= packets) break;
+      float4 xa = x4[2 * c], xb = x4[2 * c + 1];
+      if constexpr (kNorm) {
+        squares += xa.x * xa.x + xa.y * xa.y + xa.z * xa.z + xa.w * xa.w;
+        squares += xb.x * xb.x + xb.y * xb.y + xb.z * xb.z + xb.w * xb.w;
+        const float4 na = n4[2 * c], nb = n4[2 * c + 1];
+        xa = make_float4(xa.x * na.x, xa.y * na.y, xa.z * na.z, xa.w * na.w);
+        xb = make_float4(xb.x * nb.x, xb.y * nb.y, xb.z * nb.z, xb.w * nb.w);
+      }
+      sum0 = packet_dot(sum0, p0[u], xa, xb), sum1 = packet_dot(sum1, p1[u], xa, xb);
+    }
   }
   sum0 = warp_sum(sum0), sum1 = warp_sum(sum1);
   if constexpr (kNorm) {

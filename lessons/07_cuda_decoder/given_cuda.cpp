@@ -761,6 +761,7 @@ bool CudaForward::fuse_one_row(bool on) {
   bool all = m.lm_head->fuses();
   for (const Impl::Layer& l : m.layers)
     for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) all = all && (*w)->fuses();
+  if (m.fuse == (on && all)) return m.fuse;
   m.fuse = on && all;
   for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);  // they hold the other launches
   m.execs.clear();

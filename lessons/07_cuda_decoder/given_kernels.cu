@@ -303,7 +303,7 @@ void launch_tensor_gemm(int variant, F f, const float* x, float* y, int rows, in
   }
 }
 
-// ------------------------------------- tensor-core GEMM from registers (variants 5 to 7) --
+// ------------------------------------- tensor-core GEMM from registers (variants 5 to 8) --
 // The WMMA kernel above loads W's 16 x 16 tiles with load_matrix_sync: 32 bytes of each of 16
 // rows a load, whatever order the GPU keeps a fragment in (WMMA's is undocumented). PTX's own
 // instruction, mma.sync.m16n8k16, has a documented layout, so a lane can fill A's registers from
@@ -341,60 +341,96 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint3
   lo = static_cast<uint32_t>(__bfloat16_as_ushort(la)) | static_cast<uint32_t>(__bfloat16_as_ushort(lb)) << 16;
 }
 
+/// 32-bit word i (0 to 3) of a 16-byte packet.
+__device__ __forceinline__ uint32_t word_of(const uint4& p, int i) { return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w; }
+
+/// The mma kernel's format: where a row's 16-byte packets are, and the bf16 pair of columns j,
+/// j + 1 (j even) of one packet, as the A fragment's register takes it (a format with a scale per
+/// row applies it to the finished sum). bf16 W: 8 columns a packet, already pairs. (Lesson 11's
+/// INT8 would be 16 columns a packet, widened in registers: its "Going further".)
+struct MmaBf16 {
+  const uint16_t* w;
+  static constexpr int kLaneCols = 8;  // columns a lane's 16-byte load holds
+  __device__ const uint4* packet(long row, int cols, int c) const {
+    return reinterpret_cast<const uint4*>(w + row * cols + c);
+  }
+  __device__ static uint32_t pair(const uint4& p, int j) { return word_of(p, j / 2); }
+  __device__ float row_scale(long) const { return 1.0f; }
+};
+/// Round `k0` of a warp's loads (kUnroll chunks, k0, k0 + kWarps, ...): each lane's 16-byte packet
+/// of rows g and g + 8 of each tile, zeros past the last chunk (or a short tail: cols % 32).
+template <typename F, int kM, int kWarps, int kUnroll>
+__device__ __forceinline__ void mma_load_round(const F& f, uint4 (&wv)[kUnroll][kM][2], int k0, int r0, int g, int t,
+                                               int cols) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = (k0 + u * kWarps) * 4 * F::kLaneCols + F::kLaneCols * t;
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wv[u][m][h] = c < cols ? __ldcs(f.packet(r0 + 16 * m + g + 8 * h, cols, c)) : uint4{0u, 0u, 0u, 0u};
+  }
+}
+
 /// A block owns kM 16-row tiles of W (kRows rows; the last block's moved back to end at `rows`,
-/// as above) and up to 8 kNT batch rows; its kWarps warps take W's 32-column chunks round robin,
-/// each lane with kUnroll chunks' loads in flight before it multiplies. The warps' sums meet in
-/// shared memory and are added in warp order (the same result every run).
-template <int kM, int kNT, int kWarps, int kUnroll>
+/// as above) and up to 8 kNT batch rows; its kWarps warps take W's chunks (4 lanes' packets: 32
+/// columns of bf16) round robin, each lane with kUnroll chunks' loads in flight before it
+/// multiplies (with kPrefetch, the next round's loads go out before this round's products, so
+/// that they are in flight while it multiplies: twice the registers); a chunk is F::kLaneCols / 4
+/// products of 16 columns per tile (each lane's 4 in each: columns c + 4s .. c + 4s + 3 of its
+/// packet as k = 2t, 2t + 1, 2t + 8, 2t + 9). The warps' sums meet in shared memory and are added
+/// in warp order (the same result every run).
+template <typename F, int kM, int kNT, int kWarps, int kUnroll, bool kPrefetch>
 __global__ void __launch_bounds__(32 * kWarps)
-    mma_gemm_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int rows,
-                    int cols, int batch) {
+    mma_gemm_kernel(F f, const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int batch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kRows = 16 * kM, kBatch = 8 * kNT;
+  constexpr int kRows = 16 * kM, kBatch = 8 * kNT, kChunk = 4 * F::kLaneCols, kSteps = F::kLaneCols / 4;
+  constexpr int kRound = kWarps * kUnroll;  // chunks a block's warps load in one round
   __shared__ float part[kWarps][kRows][kBatch + 1];  // + 1: the sums below read down a column
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int first = blockIdx.x * kRows, r0 = min(first, rows - kRows);
   float acc[kM][kNT][4] = {};
-  const int chunks = (cols + 31) / 32;
-  for (int k0 = warp; k0 < chunks; k0 += kWarps * kUnroll) {
-    uint4 wv[kUnroll][kM][2];  // [chunk][tile][row g, row g + 8]
+  const int chunks = (cols + kChunk - 1) / kChunk;
+  uint4 wv[kUnroll][kM][2];  // [chunk][tile][row g, row g + 8]
+  mma_load_round<F, kM, kWarps, kUnroll>(f, wv, warp, r0, g, t, cols);
+  for (int k0 = warp; k0 < chunks; k0 += kRound) {
+    uint4 next[kUnroll][kM][2];
+    if constexpr (kPrefetch) mma_load_round<F, kM, kWarps, kUnroll>(f, next, k0 + kRound, r0, g, t, cols);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = (k0 + u * kWarps) * 32 + 8 * t;  // past the last chunk (or a 16-column tail): zeros
+      const int c = (k0 + u * kWarps) * kChunk + F::kLaneCols * t;
 #pragma unroll
-      for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wv[u][m][h] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(
-                                       w + static_cast<long>(r0 + 16 * m + g + 8 * h) * cols + c))
-                                 : uint4{0u, 0u, 0u, 0u};
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = (k0 + u * kWarps) * 32 + 8 * t;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        const int b = 8 * n + g;
-        float4 xa = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xb = xa;
-        if (b < batch && c < cols) {
-          const float4* at = reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + c);
-          xa = __ldg(at), xb = __ldg(at + 1);
-        }
-        uint32_t hi[4], lo[4];
-        split_pair(xa.x, xa.y, hi[0], lo[0]), split_pair(xa.z, xa.w, hi[1], lo[1]);
-        split_pair(xb.x, xb.y, hi[2], lo[2]), split_pair(xb.z, xb.w, hi[3], lo[3]);
-        const uint32_t b_hi[2][2] = {{hi[0], hi[1]}, {hi[2], hi[3]}}, b_lo[2][2] = {{lo[0], lo[1]}, {lo[2], lo[3]}};
+      for (int s = 0; s < kSteps; ++s) {
+        uint32_t a[kM][4];  // the tiles' A of this product: rows g and g + 8, columns c + 4s .. c + 4s + 3
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           const uint4 p = wv[u][m][0], q = wv[u][m][1];
-          const uint32_t a[2][4] = {{p.x, q.x, p.y, q.y}, {p.z, q.z, p.w, q.w}};
+          a[m][0] = F::pair(p, 4 * s), a[m][1] = F::pair(q, 4 * s);
+          a[m][2] = F::pair(p, 4 * s + 2), a[m][3] = F::pair(q, 4 * s + 2);
+        }
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            mma_16x8x16(acc[m][n], a[s], b_hi[s]);
-            mma_16x8x16(acc[m][n], a[s], b_lo[s]);
+        for (int n = 0; n < kNT; ++n) {
+          const int b = 8 * n + g;
+          float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (b < batch && c < cols) xv = __ldg(reinterpret_cast<const float4*>(x + static_cast<long>(b) * cols + c + 4 * s));
+          uint32_t hi[2], lo[2];
+          split_pair(xv.x, xv.y, hi[0], lo[0]), split_pair(xv.z, xv.w, hi[1], lo[1]);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            mma_16x8x16(acc[m][n], a[m], hi);
+            mma_16x8x16(acc[m][n], a[m], lo);
           }
         }
       }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int m = 0; m < kM; ++m) wv[u][m][0] = next[u][m][0], wv[u][m][1] = next[u][m][1];
+    } else {
+      mma_load_round<F, kM, kWarps, kUnroll>(f, wv, k0 + kRound, r0, g, t, cols);
     }
   }
 #pragma unroll
@@ -409,20 +445,39 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (b >= batch || r0 + r < first) continue;  // rows before `first`: the block before wrote them
     float sum = 0.0f;
     for (int v = 0; v < kWarps; ++v) sum += part[v][r][b];
-    y[static_cast<long>(b) * rows + r0 + r] = sum;
+    y[static_cast<long>(b) * rows + r0 + r] = f.row_scale(r0 + r) * sum;
   }
 #endif
 }
 
-/// Variants 5 to 7 over up to kTensorGemmChunk batch rows: the kernel for the fewest 8-row tiles
-/// that hold them.
-template <int kM, int kWarps, int kUnroll>
-void launch_mma_gemm(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+/// Over up to kTensorGemmChunk batch rows: the kernel for the fewest 8-row tiles that hold them.
+template <int kM, int kWarps, int kUnroll, bool kPrefetch, typename F>
+void launch_mma_gemm(F f, const float* x, float* y, int rows, int cols, int batch) {
+  require(rows >= 16 * kM, "mma_gemm: ", rows, " rows, fewer than a block's ", 16 * kM);  // (tensor_gemm_runs: 32)
   const unsigned blocks = static_cast<unsigned>((rows + 16 * kM - 1) / (16 * kM));
-  if (batch <= 8) mma_gemm_kernel<kM, 1, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
-  else if (batch <= 16) mma_gemm_kernel<kM, 2, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
-  else if (batch <= 32) mma_gemm_kernel<kM, 4, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
-  else mma_gemm_kernel<kM, 8, kWarps, kUnroll><<<blocks, 32 * kWarps>>>(w, x, y, rows, cols, batch);
+  const auto go = [&](auto kernel) { kernel<<<blocks, 32 * kWarps>>>(f, x, y, rows, cols, batch); };
+  if (batch <= 8) go(mma_gemm_kernel<F, kM, 1, kWarps, kUnroll, kPrefetch>);
+  else if (batch <= 16) go(mma_gemm_kernel<F, kM, 2, kWarps, kUnroll, kPrefetch>);
+  else if (batch <= 32) go(mma_gemm_kernel<F, kM, 4, kWarps, kUnroll, kPrefetch>);
+  else go(mma_gemm_kernel<F, kM, 8, kWarps, kUnroll, kPrefetch>);
+}
+
+/// Every chunk of up to kTensorGemmChunk batch rows through the mma kernel, one launch each:
+/// `variant` 5 to 8 picks (kM, kWarps, kUnroll, kPrefetch) as fused_kernels.hpp says.
+template <typename F>
+void mma_gemm(const char* name, int variant, F f, const float* x, float* y, int rows, int cols, int batch) {
+  for (int b0 = 0; b0 < batch; b0 += kTensorGemmChunk) {
+    const int n = std::min(kTensorGemmChunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float* yb = y + static_cast<long>(b0) * rows;
+    switch (variant) {
+      case 5: launch_mma_gemm<1, 8, 4, false>(f, xb, yb, rows, cols, n); break;
+      case 6: launch_mma_gemm<2, 4, 2, false>(f, xb, yb, rows, cols, n); break;
+      case 7: launch_mma_gemm<1, 4, 4, false>(f, xb, yb, rows, cols, n); break;
+      default: launch_mma_gemm<1, 8, 4, true>(f, xb, yb, rows, cols, n); break;
+    }
+    cuda_check_launch(name);
+  }
 }
 
 /// Every chunk of up to 16 * F::kMaxN batch rows (kTensorGemmChunk, 32 for INT4), one launch each.
@@ -477,22 +532,11 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
           "and cols a multiple of 16; got ", rows, " x ", cols, " (tensor_gemm_runs says which)");
   require(reinterpret_cast<uintptr_t>(w) % 32 == 0,
           "tensor_gemm_bf16: w must be on a 32-byte boundary and x on a 16-byte one (as cudaMalloc returns them)");
-  if (variant <= 4) {
+  if (variant <= 4)
     tensor_gemm("tensor_gemm_bf16", variant, Bf16Weights{reinterpret_cast<const __nv_bfloat16*>(w)}, x, y, rows,
                 cols, batch);
-    return;
-  }
-  for (int b0 = 0; b0 < batch; b0 += kTensorGemmChunk) {
-    const int n = std::min(kTensorGemmChunk, batch - b0);
-    const float* xb = x + static_cast<long>(b0) * cols;
-    float* yb = y + static_cast<long>(b0) * rows;
-    switch (variant) {
-      case 5: launch_mma_gemm<1, 8, 4>(w, xb, yb, rows, cols, n); break;
-      case 6: launch_mma_gemm<2, 4, 2>(w, xb, yb, rows, cols, n); break;
-      default: launch_mma_gemm<1, 4, 4>(w, xb, yb, rows, cols, n); break;
-    }
-    cuda_check_launch("tensor_gemm_bf16");
-  }
+  else
+    mma_gemm("tensor_gemm_bf16", variant, MmaBf16{w}, x, y, rows, cols, batch);
 }
 
 bool tensor_gemm_int8_runs(int rows, int cols) { return tensor_gemm_runs(rows, cols); }

@@ -188,6 +188,7 @@ TEST(GivenTensorGemm, EveryVariantEqualsOneGemvPerRow) {
   const Case cases[] = {{{32, 16}, {1, 8, 16, 17}},
                         {{33, 48}, {3, 32, 33, 64, 65, 130}},
                         {{64, 272}, {8, 40}},
+                        {{48, 512}, {5, 24}},  // whole chunks of 32 and 64 columns only
                         {{130, 1040}, {9, 64}}};
   for (const Case& c : cases) {
     const Shape s = c.shape;
@@ -241,15 +242,18 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
 // sums, and the squares are summed in another order: float32 rounding apart).
 TEST(GivenFusedGemv, EveryOutputEqualsTheLaunchesItReplaces) {
   REQUIRE_DEVICE();
+  // x of about 1e-3 too, whose mean square (1e-6) is below the norm's epsilon (1e-5): misplace
+  // eps and the scale is off by far more than the tolerance.
   const Shape shapes[] = {{1, 8}, {2, 16}, {7, 40}, {64, 264}, {130, 1040}};
   for (const Shape s : shapes)
+    for (const double x_scale : {3.0, 1e-3})
     for (const bool with_norm : {false, true})
       for (const GemvOut out : {GemvOut::Store, GemvOut::Accumulate, GemvOut::SwiGlu}) {
         if (out == GemvOut::SwiGlu && s.rows % 2 != 0) continue;
         const std::string what = cat("gemv_bf16_fused on ", s.rows, " x ", s.cols, with_norm ? ", normed" : "",
-                                     ", out ", static_cast<int>(out));
+                                     ", out ", static_cast<int>(out), ", x of about ", x_scale);
         const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 400 + s.cols);
-        const auto x = random_values(s.cols, 410, 3.0), norm = random_values(s.cols, 420);
+        const auto x = random_values(s.cols, 410, x_scale), norm = random_values(s.cols, 420);
         const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
         Vector in = as_matrix(x, s.cols, 1).col(0);
         if (with_norm) in = ::infer::rms_norm(in.transpose(), as_matrix(norm, s.cols, 1).col(0), 1e-5f).transpose();

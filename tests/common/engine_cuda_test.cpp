@@ -462,8 +462,12 @@ TEST(Lesson10OnTheGpu, AFusedOneRowStepGivesTheTokensOfTheCpuOverTheSameRoundedW
     CudaPagedParts parts = cuda_paged_parts(m, WeightType::BF16, 96, 8);
     ASSERT_TRUE(parts.forward->fuse_one_row(true));
     parts.forward->use_graphs(true);
+    CudaForward& forward = *parts.forward;
     auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)), o);
     expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
+    ASSERT_GT(forward.graphs_captured(), 0);
+    forward.fuse_one_row(false);  // a graph of the fused step would replay it: they go
+    EXPECT_EQ(forward.graphs_captured(), 0);
   }
 
   CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 32, 8), b = cuda_paged_parts(m, WeightType::BF16, 32, 8);
