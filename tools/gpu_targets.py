@@ -6,7 +6,7 @@
 Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
 lesson texts quote them) is printed with the report's figure and met / not met; each tuning
 constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
-kFuseOneRowStep, kChunkTensorCores, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses until a report)
+kFuseOneRowStep, kFusedGemvWarps, kChunkTensorCores, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses until a report)
 with the value in the source and the value the
 report's rows pick, and the rows that pick it. A figure the report does not have is said so,
 never guessed. Nothing is changed: the picks are for a person to commit, with the report.
@@ -267,6 +267,37 @@ def summary(report):
         fuse_pick = "true" if fast > 1.03 * plain else "false" if plain > 1.03 * fast else present
         fuse_why = f"decode of the 1.1B shape at batch 1, fused / not: {fast:.0f} / {plain:.0f} tokens/s"
     pick("kFuseOneRowStep", "lessons/07_cuda_decoder/fused_kernels.hpp", fuse_pick, fuse_why)
+
+    # The fused GEMV's warps (fused_gemv_split): the value that makes one step's fused products
+    # fastest, from lesson 07's rows of each 1.1B matrix at splits 1 to 8 (a step runs each
+    # layer's matrices 22 times, the head once).
+    fused = {}  # (matrix name, rows): {split: ms}
+    for k in k07:
+        m = re.match(r"gemv_bf16_fused, .*, split (\d+) \(given\)$", k["name"])
+        shape = re.match(r"(1\.1B [^:]+): (\d+) x \d+", k["shape"])
+        if m and shape:
+            fused.setdefault((shape.group(1), int(shape.group(2))), {})[int(m.group(1))] = k["ms"]
+
+    def split_for(rows, warps):
+        for s in (1, 2, 4):
+            if (rows + 1) // 2 * s >= warps:
+                return s
+        return 8
+
+    totals = {}
+    for warps in (0, 1024, 2048, 4096, 8192, 16384):
+        parts = [(22 if "lm_head" not in name else 1) * by.get(split_for(rows, warps), math.nan)
+                 for (name, rows), by in fused.items()]
+        if parts and not any(math.isnan(p) for p in parts):
+            totals[warps] = sum(parts)
+    warps_pick2, warps_why2 = None, "lesson 07's gemv_bf16_fused rows at each split"
+    if totals:
+        present = int(constant("lessons/07_cuda_decoder/fused_kernels.hpp", "kFusedGemvWarps") or 0)
+        best = min(totals, key=totals.get)
+        warps_pick2 = present if present in totals and totals[present] <= 1.01 * totals[best] else best
+        warps_why2 = ("one step's fused products (ms; within 1% of the best, the present value stands): "
+                      + ", ".join(f"{w} warps {t:.3f}" for w, t in totals.items()))
+    pick("kFusedGemvWarps", "lessons/07_cuda_decoder/fused_kernels.hpp", warps_pick2, warps_why2)
 
     chunks = {}  # chunk shape: {design: ms}
     for k in k08:

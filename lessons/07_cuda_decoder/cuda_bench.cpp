@@ -218,19 +218,24 @@ int main(int argc, char** argv) {
           results.push_back({cat("gemv_bf16 unrolled x", u, " (given variant)"), shape, bytes, cuda_time_each_ms([&] {
                                gpu::gemv_bf16_unrolled(u, ru(), x.get(), y.get(), s.rows, s.cols); }, reps, stream, !small)});
         }
-        // The fused GEMV: with no norm and storing, v2's sums in v2's order (checked as the
-        // variants are); then timed as the step calls it.
-        y.fill_bytes(0xff);
-        gpu::gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), s.rows, s.cols, gpu::GemvOut::Store);
-        const std::vector<float> got = y.download();
-        for (int i = 0; i < s.rows; ++i)
-          require(std::fabs(got[i] - v2[i]) <= 1e-5 + 1e-5 * std::fabs(v2[i]), "lesson07_cuda_bench: gemv_bf16_fused "
-                  "disagrees with gemv_bf16 v2 on ", s.name, " at row ", i, ": ", got[i], " against ", v2[i]);
-        Rotation rf(w, n, l2);
-        const float* g = fused.norm ? norm.get() : nullptr;
-        results.push_back({cat("gemv_bf16_fused, ", fused.what, " (given)"), shape, bytes + (fused.norm ? 4.0 * s.cols : 0.0),
-                           cuda_time_each_ms([&] { gpu::gemv_bf16_fused(rf(), x.get(), g, 1e-5f, y.get(), s.rows, s.cols,
-                                                                        fused.out); }, reps, stream, !small)});
+        // The fused GEMV at each split (warps per pair of rows): with no norm and storing, v2's
+        // sums (in v2's order at split 1), checked as the variants are; then timed as the step
+        // calls it.
+        for (const int split : {1, 2, 4, 8}) {
+          y.fill_bytes(0xff);
+          gpu::gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), s.rows, s.cols, gpu::GemvOut::Store, split);
+          const std::vector<float> got = y.download();
+          for (int i = 0; i < s.rows; ++i)
+            require(std::fabs(got[i] - v2[i]) <= 1e-5 + 1e-5 * std::fabs(v2[i]), "lesson07_cuda_bench: gemv_bf16_fused "
+                    "(split ", split, ") disagrees with gemv_bf16 v2 on ", s.name, " at row ", i, ": ", got[i], " against ",
+                    v2[i]);
+          Rotation rf(w, n, l2);
+          const float* g = fused.norm ? norm.get() : nullptr;
+          results.push_back({cat("gemv_bf16_fused, ", fused.what, ", split ", split, " (given)"), shape,
+                             bytes + (fused.norm ? 4.0 * s.cols : 0.0), cuda_time_each_ms([&] {
+                               gpu::gemv_bf16_fused(rf(), x.get(), g, 1e-5f, y.get(), s.rows, s.cols, fused.out, split);
+                             }, reps, stream, !small)});
+        }
       }
     }
     {  // Row kernels over 64 MiB.

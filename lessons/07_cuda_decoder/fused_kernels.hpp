@@ -27,14 +27,17 @@ enum class GemvOut {
 /// (add_rms_norm, twice) and swiglu. Here the norm is a scale on the finished sum (W (x * s *
 /// norm) = s W (x * norm), s = 1 / sqrt(mean(x^2) + eps)), and each warp, whose lanes between
 /// them read all of x for their rows anyway, sums x's squares on the way: no barrier, no second
-/// pass. A warp takes two rows (r and r + 1, or gate_i and up_i), each lane one 16-byte packet of
-/// each in flight, and reads x (and the norm) once for both. Within gemv_bf16's tolerance of the
-/// launches it replaces, run in turn. Needs cols a multiple of 8, W, x and norm on 16-byte
-/// boundaries (cudaMalloc's are); y must not overlap x. Throws infer::Error (naming
-/// gemv_bf16_fused) otherwise, for rows or cols below 1, an odd rows with SwiGlu, or a null
-/// pointer (but norm).
+/// pass. `split` warps (1, 2, 4 or 8) take two rows (r and r + 1, or gate_i and up_i) and split
+/// their columns, each lane two 16-byte packets of each row in flight, reading x (and the norm)
+/// once for both rows; with more than one, their sums meet in shared memory (more warps, so more
+/// loads in flight, for a matrix of few rows). Within gemv_bf16's tolerance of the launches it
+/// replaces, run in turn. Needs cols a multiple of 8, W, x and norm on 16-byte boundaries
+/// (cudaMalloc's are); y must not overlap x. Throws infer::Error (naming gemv_bf16_fused)
+/// otherwise, for rows or cols below 1, an odd rows with SwiGlu, another split, or a null pointer
+/// (but norm).
 void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
-                     GemvOut out);
+                     GemvOut out, int split = 1);
+
 
 /// For each row r of x [rows, cols]: x[r] += y[r], then h[r] = rms_norm(x[r]) * weight, as add()
 /// then rms_norm() compute them (the squares summed in float, in another order). x is updated in
@@ -129,6 +132,19 @@ inline constexpr int kQuantTensorGemmMinBatch = 32;
 /// layer over lesson 08's paged attention instead of 10. Off until a GPU report times the two
 /// (lesson 07's bench: decode of the 1.1B shape at batch 1, with and without; tools/gpu_targets.py).
 inline constexpr bool kFuseOneRowStep = false;
+/// The warps a fused GEMV of the forward should reach (fused_gemv_split): a matrix of few rows
+/// gets several warps per pair of rows, so that more loads are in flight. 0 (no split) until a
+/// GPU report times the splits (lesson 07's bench: each 1.1B matrix at splits 1 to 8;
+/// tools/gpu_targets.py picks the value that makes a step's fused products fastest).
+inline constexpr int kFusedGemvWarps = 0;
+/// The split the forward gives gemv_bf16_fused for a matrix of `rows`: the least of 1, 2, 4 and 8
+/// whose warps (pairs of rows times split) reach kFusedGemvWarps, else 8.
+inline int fused_gemv_split(int rows) {
+  const long pairs = (static_cast<long>(rows) + 1) / 2;
+  for (int split = 1; split < 8; split *= 2)
+    if (pairs * split >= kFusedGemvWarps) return split;
+  return 8;
+}
 /// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
 /// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
 /// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM

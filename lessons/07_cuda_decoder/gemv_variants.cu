@@ -61,45 +61,43 @@ __global__ void gemv_bf16_unrolled_kernel(const uint16_t* __restrict__ w, const 
   if (lane == 0) y[r] = sum;
 }
 
-/// gemv_bf16_fused: a warp per pair of rows (r0, r1): 2r and 2r + 1, or gate_r and up_r for
-/// SwiGlu; where rows is odd the last warp's r1 is r0 again, its second sum unused. Lane l takes
-/// packets l, l + 32, ... of both rows, as version 2 does of one (in its order: the same sums),
-/// two of each loaded before any is added; with the norm, it also sums the
-/// squares of the x it reads (the warp's lanes between them read all of x) and multiplies x by the
-/// norm's weights before the products, the scale s applied to the finished sums.
+/// gemv_bf16_fused: `split` warps per pair of rows (r0, r1): 2r and 2r + 1, or gate_r and up_r
+/// for SwiGlu; where rows is odd the last pair's r1 is r0 again, its second sum unused. Lane l of
+/// slice s takes packets 32 s + l, then 32 split further on, ..., of both rows (with split 1,
+/// version 2's packets of one row, in its order: the same sums), two of each loaded before any is
+/// added; with the norm, it also sums the squares of the x it reads (the pair's lanes between them
+/// read all of x) and multiplies x by the norm's weights before the products, the scale s applied
+/// to the finished sums. With split > 1 the slices' sums meet in shared memory, added in slice
+/// order.
 template <GemvOut kOut, bool kNorm>
 __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x,
                                        const float* __restrict__ norm, float eps, float* __restrict__ y, int rows,
-                                       int cols) {
-  const long pair = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+                                       int cols, int split) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % split;
+  const long pair = blockIdx.x * static_cast<long>(kThreads / 32 / split) + warp / split;
+  const long pairs = kOut == GemvOut::SwiGlu ? rows / 2 : (rows + 1) / 2;
+  const bool live = pair < pairs;  // (no early return: the slices meet at a barrier)
   long r0 = 0, r1 = 0;
-  if constexpr (kOut == GemvOut::SwiGlu) {
-    if (pair >= rows / 2) return;
-    r0 = pair, r1 = pair + rows / 2;
-  } else {
-    r0 = 2 * pair;
-    if (r0 >= rows) return;
-    r1 = r0 + 1 < rows ? r0 + 1 : r0;
-  }
+  if (live && kOut == GemvOut::SwiGlu) r0 = pair, r1 = pair + rows / 2;
+  else if (live) r0 = 2 * pair, r1 = r0 + 1 < rows ? r0 + 1 : r0;
   const uint4* row0 = reinterpret_cast<const uint4*>(w + r0 * cols);
   const uint4* row1 = reinterpret_cast<const uint4*>(w + r1 * cols);
   const float4* x4 = reinterpret_cast<const float4*>(x);
   const float4* n4 = reinterpret_cast<const float4*>(norm);
-  const int packets = cols / 8;
+  const int packets = live ? cols / 8 : 0, stride = 32 * split;
   float sum0 = 0.0f, sum1 = 0.0f, squares = 0.0f;
   constexpr int kU = 2;  // packets of each row loaded before any is added: 4 loads in flight a lane
-  for (int c0 = lane; c0 < packets; c0 += 32 * kU) {
+  for (int c0 = 32 * slice + lane; c0 < packets; c0 += stride * kU) {
     uint4 p0[kU], p1[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int c = c0 + 32 * u;
+      const int c = c0 + stride * u;
       p0[u] = c < packets ? __ldcs(row0 + c) : uint4{0u, 0u, 0u, 0u};
       p1[u] = c < packets ? __ldcs(row1 + c) : uint4{0u, 0u, 0u, 0u};
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int c = c0 + 32 * u;
+      const int c = c0 + stride * u;
       if (c >= packets) break;
       float4 xa = x4[2 * c], xb = x4[2 * c + 1];
       if constexpr (kNorm) {
@@ -113,11 +111,21 @@ __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const flo
     }
   }
   sum0 = warp_sum(sum0), sum1 = warp_sum(sum1);
+  if constexpr (kNorm) squares = warp_sum(squares);
+  if (split > 1) {  // the pair's slices, added by its first
+    __shared__ float partial[kThreads / 32][3];
+    if (lane == 0) partial[warp][0] = sum0, partial[warp][1] = sum1, partial[warp][2] = squares;
+    __syncthreads();
+    if (slice != 0) return;
+    sum0 = sum1 = squares = 0.0f;
+    for (int s = 0; s < split; ++s)
+      sum0 += partial[warp + s][0], sum1 += partial[warp + s][1], squares += partial[warp + s][2];
+  }
+  if (!live || lane != 0) return;
   if constexpr (kNorm) {
-    const float s = rsqrtf(warp_sum(squares) / cols + eps);
+    const float s = rsqrtf(squares / cols + eps);
     sum0 *= s, sum1 *= s;
   }
-  if (lane != 0) return;
   if constexpr (kOut == GemvOut::Store) {
     y[r0] = sum0;
     if (r1 != r0) y[r1] = sum1;
@@ -131,9 +139,9 @@ __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const flo
 
 template <GemvOut kOut>
 void launch_fused(unsigned blocks, const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows,
-                  int cols) {
-  if (norm) gemv_bf16_fused_kernel<kOut, true><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols);
-  else gemv_bf16_fused_kernel<kOut, false><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols);
+                  int cols, int split) {
+  if (norm) gemv_bf16_fused_kernel<kOut, true><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols, split);
+  else gemv_bf16_fused_kernel<kOut, false><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols, split);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -141,7 +149,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
-                     GemvOut out) {
+                     GemvOut out, int split) {
   require(rows >= 1 && cols >= 1, "gemv_bf16_fused: rows and cols must be >= 1, got ", rows, " x ", cols);
   require(cols % 8 == 0, "gemv_bf16_fused: cols must be a multiple of 8 (16-byte packets), got ", cols);
   require(out != GemvOut::SwiGlu || rows % 2 == 0,
@@ -151,12 +159,14 @@ void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float
           "gemv_bf16_fused: W, x and the norm must start on a 16-byte boundary");
   const long written = out == GemvOut::SwiGlu ? rows / 2 : rows;
   require(y + written <= x || x + cols <= y, "gemv_bf16_fused: y must not overlap x");
-  const long warps = out == GemvOut::SwiGlu ? rows / 2 : (rows + 1) / 2;
-  const unsigned blocks = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
+  require(split == 1 || split == 2 || split == 4 || split == 8, "gemv_bf16_fused: split must be 1, 2, 4 or 8, got ",
+          split);
+  const long pairs = out == GemvOut::SwiGlu ? rows / 2 : (rows + 1) / 2, per_block = kThreads / 32 / split;
+  const unsigned blocks = static_cast<unsigned>((pairs + per_block - 1) / per_block);
   switch (out) {
-    case GemvOut::Store: launch_fused<GemvOut::Store>(blocks, w, x, norm, eps, y, rows, cols); break;
-    case GemvOut::Accumulate: launch_fused<GemvOut::Accumulate>(blocks, w, x, norm, eps, y, rows, cols); break;
-    case GemvOut::SwiGlu: launch_fused<GemvOut::SwiGlu>(blocks, w, x, norm, eps, y, rows, cols); break;
+    case GemvOut::Store: launch_fused<GemvOut::Store>(blocks, w, x, norm, eps, y, rows, cols, split); break;
+    case GemvOut::Accumulate: launch_fused<GemvOut::Accumulate>(blocks, w, x, norm, eps, y, rows, cols, split); break;
+    case GemvOut::SwiGlu: launch_fused<GemvOut::SwiGlu>(blocks, w, x, norm, eps, y, rows, cols, split); break;
   }
   cuda_check_launch("gemv_bf16_fused");
 }

@@ -119,7 +119,7 @@ class DeviceMatrix final : public DeviceProjection {
   bool fuses() const override { return bf16_.size() > 0 && cols_ % 8 == 0; }
   void fused_product(const float* x, const float* norm, float eps, float* y, GemvOut out) const override {
     if (!fuses()) DeviceProjection::fused_product(x, norm, eps, y, out);  // throws
-    gemv_bf16_fused(bf16_.get(), x, norm, eps, y, rows_, cols_, out);
+    gemv_bf16_fused(bf16_.get(), x, norm, eps, y, rows_, cols_, out, fused_gemv_split(rows_));
   }
 
   DeviceArray<float>& f32() { return f32_; }

@@ -267,11 +267,14 @@ TEST(GivenFusedGemv, EveryOutputEqualsTheLaunchesItReplaces) {
           else want[i] = sums[i] / (1.0f + std::exp(-sums[i])) * sums[i + written];
         }
         DeviceArray<uint16_t> dw(wb);
-        DeviceArray<float> dx(x), dn(norm), dy = out == GemvOut::Accumulate ? DeviceArray<float>(before) : poisoned(written);
-        gemv_bf16_fused(dw.get(), dx.get(), with_norm ? dn.get() : nullptr, 1e-5f, dy.get(), s.rows, s.cols, out);
-        const auto got = dy.download();
-        ASSERT_TRUE(testing::all_close(want.transpose(), Eigen::Map<const Vector>(got.data(), written).transpose(),
-                                       1e-5 * std::sqrt(s.cols), 1e-4, what));
+        DeviceArray<float> dx(x), dn(norm);
+        for (const int split : {1, 2, 4, 8}) {  // warps per pair of rows
+          DeviceArray<float> dy = out == GemvOut::Accumulate ? DeviceArray<float>(before) : poisoned(written);
+          gemv_bf16_fused(dw.get(), dx.get(), with_norm ? dn.get() : nullptr, 1e-5f, dy.get(), s.rows, s.cols, out, split);
+          const auto got = dy.download();
+          ASSERT_TRUE(testing::all_close(want.transpose(), Eigen::Map<const Vector>(got.data(), written).transpose(),
+                                         1e-5 * std::sqrt(s.cols), 1e-4, cat(what, ", split ", split)));
+        }
       }
   DeviceArray<uint16_t> w(16 * 16);
   DeviceArray<float> x(32), y(32);
@@ -283,6 +286,7 @@ TEST(GivenFusedGemv, EveryOutputEqualsTheLaunchesItReplaces) {
   refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), 0, 8, GemvOut::Store); }, ">= 1");
   refuses([&] { gemv_bf16_fused(w.get(), nullptr, nullptr, 1e-5f, y.get(), 4, 8, GemvOut::Store); }, "null");
   refuses([&] { gemv_bf16_fused(w.get(), x.get() + 1, nullptr, 1e-5f, y.get(), 4, 8, GemvOut::Store); }, "16-byte");
+  refuses([&] { gemv_bf16_fused(w.get(), x.get(), nullptr, 1e-5f, y.get(), 4, 8, GemvOut::Store, 3); }, "split");
 }
 
 TEST(GivenCublasHelpers, SplitBf16KeepsXToAbout16BitsAndAddHalvesJoinsTheProducts) {

@@ -78,6 +78,18 @@ with tempfile.TemporaryDirectory() as out:
     fuse = next(line for line in lines if line.startswith("| `kFuseOneRowStep`"))
     if "| 20% (the fused one-row step: 24%) |" not in one or "| true | decode of the 1.1B shape at batch 1, fused / not: 120 / 100" not in fuse:
         sys.exit(f"the fused one-row step's decode is misread: {one} / {fuse}")
+    # The fused GEMV's warps: o (2048 rows, 1024 pairs) fastest at split 4, the head (32000 rows)
+    # at split 1: 4096 warps gives o split 4 and the head split 1 (22 x 0.004 + 0.030).
+    kernels = []
+    for split, o_ms, head_ms in ((1, 0.008, 0.030), (2, 0.006, 0.031), (4, 0.004, 0.032), (8, 0.005, 0.033)):
+        kernels.append({"name": f"gemv_bf16_fused, the residual add in it, split {split} (given)",
+                        "shape": "1.1B o: 2048 x 2048 bf16, in a stream of 20, 22 copies", "ms": o_ms})
+        kernels.append({"name": f"gemv_bf16_fused, the norm in it, split {split} (given)",
+                        "shape": "1.1B lm_head: 32000 x 2048 bf16, in a stream of 20, 1 copies", "ms": head_ms})
+    lines = gpu_targets.summary({"benches": {"lesson07_cuda_bench": {"kernels": kernels}}})
+    warps = next(line for line in lines if line.startswith("| `kFusedGemvWarps`"))
+    if "| 4096 | " not in warps or "4096 warps 0.118" not in warps:
+        sys.exit(f"the fused GEMV's warps are misread: {warps}")
     # The engine's decode kernel and choose_splits()'s shortest split, from lesson 10's tables: the
     # tiled rows win by a geometric mean of 1.2x; at 100 positions 4 ways beat the chosen 1 by far
     # (a shortest split of 25), at 400 positions the best is within 3% of the chosen (a tie).

@@ -188,7 +188,9 @@ void swiglu(const float* gate, const float* up, float* out, long n) {
 }
 
 void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,
-                     GemvOut out) {
+                     GemvOut out, int split) {
+  require(split == 1 || split == 2 || split == 4 || split == 8, "gemv_bf16_fused: split must be 1, 2, 4 or 8, got ",
+          split);
   require(rows >= 1 && cols >= 1, "gemv_bf16_fused: rows and cols must be >= 1, got ", rows, " x ", cols);
   require(cols % 8 == 0, "gemv_bf16_fused: cols must be a multiple of 8 (16-byte packets), got ", cols);
   require(out != GemvOut::SwiGlu || rows % 2 == 0,
