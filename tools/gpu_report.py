@@ -116,7 +116,7 @@ def main():
             for k in kernels:
                 md += [f"| {k.get('name')} | {k.get('shape', '')} | {k.get('ms', 0):.4f} | {k.get('gbps', 0):.0f} | "
                        f"{100 * k.get('fraction_of_copy', 0):.0f}% |"]
-        notes = bench.get("notes", [])  # lesson 08's: the second design's output against the track's
+        notes = bench.get("notes", [])  # lessons 07 and 08: the checks of one kernel against another (07: the failed ones)
         if notes:
             md += [""] + [f"- {n}" for n in notes]
         for d in bench.get("decode", []):
