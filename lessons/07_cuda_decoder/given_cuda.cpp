@@ -444,8 +444,21 @@ struct CudaForward::Impl {
     p.parts.emplace_back(part);
   }
 
-  ~Impl() {
+  ~Impl() { drop_graphs(); }
+
+  /// f(matrix) for every weight matrix a step multiplies by: the head, then each layer's four.
+  template <typename F>
+  void each_matrix(F f) const {
+    f(lm_head);
+    for (const Layer& l : layers)
+      for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) f(*w);
+  }
+
+  /// Forgets every captured step: when what they hold is no longer what a step launches (other
+  /// products, other kernels, other scratch arrays).
+  void drop_graphs() {
     for (auto& [key, exec] : execs) cudaGraphExecDestroy(exec);
+    execs.clear();
   }
 
   /// The N rows (tokens and positions uploaded) through every layer. `captured`: the attention's
@@ -548,8 +561,7 @@ struct CudaForward::Impl {
     std::vector<long> key;
     if (!attention->graph_key(key)) return false;
     if (s.generation != graphs_generation) {  // new scratch arrays: every graph holds the old ones
-      for (auto& [k, exec] : execs) cudaGraphExecDestroy(exec);
-      execs.clear();
+      drop_graphs();
       graphs_generation = s.generation;
     }
     key.insert(key.begin(), N);
@@ -740,9 +752,7 @@ void CudaForward::use_cublas(bool on) {
   const auto collect = [&](const std::unique_ptr<DeviceProjection>& p) {
     if (auto* d = dynamic_cast<DeviceMatrix*>(p.get()); d && d->bf16().size() > 0) matrices.push_back(d);
   };
-  collect(m.lm_head);
-  for (const Impl::Layer& l : m.layers)
-    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) collect(*w);
+  m.each_matrix(collect);
   if (on && !m.cublas && !matrices.empty()) {
     size_t max_rows = 0, max_cols = 0;
     for (const DeviceMatrix* d : matrices)
@@ -751,20 +761,16 @@ void CudaForward::use_cublas(bool on) {
     m.cublas->warm_up(matrices.front()->bf16().get(), matrices.front()->rows(), matrices.front()->cols());
   }
   for (DeviceMatrix* d : matrices) d->use_library(on ? m.cublas.get() : nullptr);
-  // Graphs captured before hold the other products' launches.
-  for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);
-  m.execs.clear();
+  m.drop_graphs();  // they hold the other products' launches
 }
 
 bool CudaForward::fuse_one_row(bool on) {
   Impl& m = *impl_;
-  bool all = m.lm_head->fuses();
-  for (const Impl::Layer& l : m.layers)
-    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) all = all && (*w)->fuses();
+  bool all = true;
+  m.each_matrix([&](const std::unique_ptr<DeviceProjection>& w) { all = all && w->fuses(); });
   if (m.fuse == (on && all)) return m.fuse;
   m.fuse = on && all;
-  for (auto& [key, exec] : m.execs) cudaGraphExecDestroy(exec);  // they hold the other launches
-  m.execs.clear();
+  m.drop_graphs();  // they hold the other launches
   return m.fuse;
 }
 
@@ -806,9 +812,8 @@ std::vector<CudaForward::StepPart> CudaForward::profile(const StepInput& step) {
 }
 
 double CudaForward::weight_bytes_per_step() const {
-  double bytes = impl_->lm_head->bytes();
-  for (const Impl::Layer& l : impl_->layers)
-    for (const auto* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) bytes += (*w)->bytes();
+  double bytes = 0;
+  impl_->each_matrix([&](const std::unique_ptr<DeviceProjection>& w) { bytes += w->bytes(); });
   return bytes;
 }
 
