@@ -6,12 +6,13 @@
 Reads classroom/github-classroom.yml and classroom/gitlab-ci.yml as the services would, checks
 what each service needs from them (GitHub Classroom's reporter: one runner per lesson, each with
 its results; GitLab: a JUnit report where the job writes it), then runs their commands, as
-written, in a copy of the course (a student's repository on its first push: the starters),
-with `--lessons 00` added so that one lesson is built and graded, not the eleven:
+written, in a copy of the course as the working tree holds it (on a first push, the starters),
+with `--lessons 00` added so that one lesson is built and graded, not every lesson:
 
 * the GitHub job's grade step, with $GITHUB_OUTPUT: the results the reporter would read decode to
-  lesson 00's cases and points (none earned by the starters), and the reporter's sum of scores is
-  the grade's;
+  lesson 00's cases, each with the points the grade's own report (build/grade/grade.json) gives it
+  (none, on the starters; a student who has done lesson 00 runs this too, in `./course test`, and
+  the copy holds their work), and the reporter's sum of scores is the grade's;
 * the GitLab job's script: its JUnit report is where the job's artifacts say, with lesson 00's
   cases;
 * the instructors' example hidden test (classroom/hidden-tests) with the reference solution:
@@ -105,7 +106,7 @@ def main():
     if artifacts.get("when") != "always" or not junit:
         failures.append("gitlab: artifacts need when: always and reports: junit")
 
-    # ---- their commands, in a student's repository on its first push
+    # ---- their commands, in a student's repository as it stands (on a first push, the starters)
     repo = os.path.join(work, "student-repository")
     shutil.rmtree(repo, ignore_errors=True)
     os.makedirs(work, exist_ok=True)
@@ -123,6 +124,15 @@ def main():
     outputs = dict(line.split("=", 1) for line in open(outputs_file).read().splitlines() if "=" in line)
     lesson00 = [n for n, (l, _, _) in CASES.items() if l == LESSONS[0]]
     points00 = sum(p for l, p, _ in CASES.values() if l == LESSONS[0])
+    # What the grade itself reported for lesson 00, case by case: the reporter must show the same.
+    graded = os.path.join(repo, "build", "grade", "grade.json")
+    report00 = next((l for l in json.load(open(graded))["lessons"] if l["lesson"] == LESSONS[0]), None) \
+        if os.path.exists(graded) else None
+    if report00 is None:
+        failures.append(f"github: the grade step wrote no report of lesson 00 in {graded}")
+        report00 = {"earned": 0, "total": points00, "tests": []}
+    earned00 = {t["name"]: t["earned"] for t in report00["tests"]}
+    status00 = "pass" if report00["earned"] == report00["total"] else "fail"
     total_score = total_max = 0
     for runner, key in wiring.items():
         if key not in outputs:
@@ -135,14 +145,15 @@ def main():
             total_score += sum(t["score"] for t in results["tests"])
         if runner == "lesson00":
             names = sorted(t["name"] for t in results["tests"])
-            if (results.get("version"), results.get("status"), results.get("max_score")) != (1, "fail", points00) \
-                    or names != sorted(lesson00) or any(t["score"] != 0 for t in results["tests"]):
-                failures.append(f"github: lesson 00's results for the starters should be version 1, fail, "
-                                f"max_score {points00}, its {len(lesson00)} cases with score 0; got {results}")
+            if (results.get("version"), results.get("status"), results.get("max_score")) != (1, status00, points00) \
+                    or names != sorted(lesson00) or any(t["score"] != earned00.get(t["name"]) for t in results["tests"]):
+                failures.append(f"github: lesson 00's results should be version 1, {status00}, max_score {points00}, "
+                                f"its {len(lesson00)} cases with the grade's points {earned00}; got {results}")
         elif results.get("status") != "error":
             failures.append(f"github: {runner} was not graded in this run; its results say {results.get('status')}")
-    if (total_score, total_max) != (0, points00):
-        failures.append(f"github: the reporter would sum {total_score}/{total_max}, expected 0/{points00}")
+    if (total_score, total_max) != (report00["earned"], points00):
+        failures.append(f"github: the reporter would sum {total_score}/{total_max}, expected the grade's "
+                        f"{report00['earned']}/{points00}")
 
     script = [line for line in gl_job["script"] if "./course grade" in line]
     for line in gl_job["script"]:
@@ -182,7 +193,7 @@ def main():
     # that a search of the course's code would find beside the real one).
     shutil.rmtree(repo, ignore_errors=True)
     print(f"classroom files: GitHub's {len(runners)} runners and GitLab's JUnit report checked; their commands ran "
-          f"(lesson 00: 0/{points00} for the starters), and the example hidden test passes on the reference")
+          f"(lesson 00: {report00['earned']}/{points00}, as graded), and the example hidden test passes on the reference")
     return 0
 
 
