@@ -228,8 +228,7 @@ def main():
     for i, patch in enumerate(patches):
         lesson = os.path.basename(os.path.dirname(os.path.dirname(patch)))
         name = os.path.splitext(os.path.basename(patch))[0]
-        with open(patch, encoding="utf-8") as f:
-            touches_kernels = any(line.startswith("+++ ") and line.rstrip().endswith(".cu") for line in f)
+        touches_kernels = touches(patch)
         if args.kernels_only and not touches_kernels:
             continue
         rel = os.path.relpath(patch, ROOT)
