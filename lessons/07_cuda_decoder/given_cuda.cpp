@@ -10,8 +10,7 @@
 #include <map>
 #include <set>
 
-#include <cublas_v2.h>
-
+#include "common/cublas_library.hpp"
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_timing.hpp"
@@ -34,18 +33,18 @@ class LibraryGemm {
       : x2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_cols),
         y2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_rows),
         workspace_(kWorkspaceBytes) {
-    check(cublasCreate(&handle_), "cublasCreate");
+    check(cublas_.create(&handle_), "cublasCreate");
     try {
       // The kernels' stream (each thread's default: CMakeLists.txt), and a workspace of its own, so
       // that cuBLAS allocates nothing while a decode step is being captured into a graph.
-      check(cublasSetStream(handle_, cudaStreamPerThread), "cublasSetStream");
-      check(cublasSetWorkspace(handle_, workspace_.get(), kWorkspaceBytes), "cublasSetWorkspace");
+      check(cublas_.set_stream(handle_, cudaStreamPerThread), "cublasSetStream");
+      check(cublas_.set_workspace(handle_, workspace_.get(), kWorkspaceBytes), "cublasSetWorkspace");
     } catch (...) {
-      cublasDestroy(handle_);
+      cublas_.destroy(handle_);
       throw;
     }
   }
-  ~LibraryGemm() { cublasDestroy(handle_); }
+  ~LibraryGemm() { cublas_.destroy(handle_); }
   LibraryGemm(const LibraryGemm&) = delete;
   LibraryGemm& operator=(const LibraryGemm&) = delete;
 
@@ -69,9 +68,9 @@ class LibraryGemm {
     // Row-major W [count, cols] is column-major W^T; X2 [2 batch, cols] row-major is column-major
     // X2^T: Y2^T [count, 2 batch] = (W^T)^T X2^T, that is Y2 [2 batch, count] row-major.
     const float one = 1.0f, zero = 0.0f;
-    check(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, count, 2 * batch, cols, &one, w, CUDA_R_16BF, cols,
-                       x2_.get(), CUDA_R_16BF, cols, &zero, y2_.get(), CUDA_R_32F, count, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT),
+    check(cublas_.gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, count, 2 * batch, cols, &one, w, CUDA_R_16BF, cols,
+                          x2_.get(), CUDA_R_16BF, cols, &zero, y2_.get(), CUDA_R_32F, count, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
     add_halves(y2_.get(), y, out);
   }
@@ -81,6 +80,7 @@ class LibraryGemm {
   static void check(cublasStatus_t status, const char* what) {
     require(status == CUBLAS_STATUS_SUCCESS, "cuBLAS: ", what, " failed with status ", static_cast<int>(status));
   }
+  const CublasLibrary& cublas_ = cublas_library();  // (loaded by the first LibraryGemm)
   cublasHandle_t handle_ = nullptr;
   // The products write them from a const method: the scratch is not the matrix's state.
   mutable DeviceArray<uint16_t> x2_;

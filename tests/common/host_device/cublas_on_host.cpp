@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/cublas_library.hpp"
 #include "tests/common/host_device/capture.hpp"
 
 struct cublasContext {};
@@ -117,3 +118,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
 }
 
 }  // extern "C"
+
+/// The engine's cuBLAS calls (common/cublas_library.hpp): the ones above, linked in.
+const infer::gpu::CublasLibrary& infer::gpu::cublas_library() {
+  static const CublasLibrary calls{&cublasCreate_v2, &cublasDestroy_v2, &cublasSetStream_v2, &cublasSetWorkspace_v2,
+                                   &cublasGemmEx};
+  return calls;
+}

@@ -108,6 +108,27 @@ struct Block {
   std::exception_ptr error;  // the first exception a thread of the block threw
 };
 
+/// The fibers' stacks, kept mapped from one launch to the next on this host thread: mapping each
+/// anew (and faulting its first pages in) for every thread of every launch was a third of an
+/// emulated bench's time.
+struct Stacks {
+  std::vector<char*> free;
+  ~Stacks() {
+    for (char* s : free) munmap(s, kStack);
+  }
+  char* take() {
+    if (!free.empty()) {
+      char* s = free.back();
+      free.pop_back();
+      return s;
+    }
+    void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    infer::require(p != MAP_FAILED, "emulated launch: no memory for a fiber's stack");
+    return static_cast<char*>(p);
+  }
+};
+thread_local Stacks stacks;
+
 thread_local Block* block = nullptr;
 thread_local const char* kernel_name = "";  // the launch's, for messages
 
@@ -260,8 +281,11 @@ void shuffle_from_absent_lane(int src) {
 }
 
 void require_whole_warp(unsigned took_part) {
-  infer::require(took_part == 0xffffffffu, "emulated WMMA: ", where(),
-                 ": a tensor-core operation needs every lane of the warp, and some lane has returned");
+  // (Not infer::require: its arguments, where()'s string among them, would be made on every
+  // tensor-core call, and were most of an emulated tensor-core kernel's time.)
+  if (took_part != 0xffffffffu)
+    throw infer::Error(infer::cat("emulated WMMA: ", where(),
+                                  ": a tensor-core operation needs every lane of the warp, and some lane has returned"));
 }
 
 void run(const char* kernel, dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void()>& body) {
@@ -275,21 +299,17 @@ void run(const char* kernel, dim3 grid, dim3 threads, size_t shared_bytes, const
   b.fibers.resize(static_cast<size_t>(n));
   const int warps = static_cast<int>((n + 31) / 32);
   b.slots.assign(static_cast<size_t>(warps) * 64, 0);
-  for (Fiber& f : b.fibers) {
-    void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    infer::require(p != MAP_FAILED, "emulated launch: no memory for a fiber's stack");
-    f.stack = static_cast<char*>(p);
-  }
-  Block* outer = block;
-  block = &b;
-  struct Unmap {
+  struct GiveBack {  // the stacks to the pool, and the launch this one ran inside (if any) back
     Block& b;
     Block* outer;
-    ~Unmap() {
-      for (Fiber& f : b.fibers) munmap(f.stack, kStack);
+    ~GiveBack() {
+      for (Fiber& f : b.fibers)
+        if (f.stack) stacks.free.push_back(f.stack);
       block = outer;
     }
-  } unmap{b, outer};
+  } give_back{b, block};
+  for (Fiber& f : b.fibers) f.stack = stacks.take();
+  block = &b;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
