@@ -154,7 +154,7 @@ function(course_emulated_source out cu)
   string(REPLACE "../" "" rel "${rel}")  # an exercises directory outside the tree
   set(cpp "${CMAKE_BINARY_DIR}/emulated/${rel}.cpp")
   add_custom_command(OUTPUT "${cpp}"
-    COMMAND Python3::Interpreter "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py" "${cu}" "${cpp}"
+    COMMAND "${COURSE_PYTHON}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py" "${cu}" "${cpp}"
     DEPENDS "${cu}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py"
     COMMENT "Rewriting ${rel} to run on the host")
   # The rewrite is the kernels' source as it is: nvcc does not warn of what these would. Its own
