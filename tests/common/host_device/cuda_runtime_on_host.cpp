@@ -167,11 +167,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   *prop = cudaDeviceProp{};
-#ifdef COURSE_EMULATED_KERNELS
-  std::strcpy(prop->name, "host stand-in (no GPU: the kernels emulated thread by thread)");
-#else
-  std::strcpy(prop->name, "host stand-in (no GPU: the kernels are host loops)");
-#endif
+  // The emulator linked (its course_emulated_where), the kernels are the real ones, emulated.
+  std::strcpy(prop->name, course_emulated_where ? "host stand-in (no GPU: the kernels emulated thread by thread)"
+                                                : "host stand-in (no GPU: the kernels are host loops)");
   prop->multiProcessorCount = 4;
   prop->major = 9;
   prop->totalGlobalMem = size_t{1} << 30;
