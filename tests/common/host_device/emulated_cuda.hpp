@@ -94,25 +94,17 @@ struct WarpSlots {
 };
 WarpSlots warp_slots();
 
-/// Writes the calling lane's `v` into its warp's slots and waits for the warp: every lane's value
-/// is then in the slots returned (exchange() and shuffle_from() read them).
+/// Every lane's `v`, exchanged: out[i] is lane i's (the shuffles and votes are built on it).
+/// Returns the lanes that took part (bit i: lane i wrote out[i] in this exchange; the others'
+/// out[i] is stale).
 template <typename T>
-WarpSlots publish(T v) {
+unsigned exchange(T v, T (&out)[32]) {
   static_assert(sizeof(T) <= 8);
   const WarpSlots slots = warp_slots();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   slots.values[lane()] = bits, slots.numbers[lane()] = slots.number;
   sync_warp();
-  return slots;
-}
-
-/// Every lane's `v`, exchanged: out[i] is lane i's (the shuffles and votes are built on it).
-/// Returns the lanes that took part (bit i: lane i wrote out[i] in this exchange; the others'
-/// out[i] is stale).
-template <typename T>
-unsigned exchange(T v, T (&out)[32]) {
-  const WarpSlots slots = publish(v);
   unsigned took_part = 0;
   for (int i = 0; i < 32; ++i) {
     std::memcpy(&out[i], &slots.values[i], sizeof(T));
@@ -130,12 +122,9 @@ void require_whole_warp(unsigned took_part);
 /// GPU (the value is garbage): here it throws, naming the kernel and the lanes.
 template <typename T>
 T shuffle_from(T v, int src_lane) {
-  const WarpSlots slots = publish(v);  // (only the one lane read: a shuffle is the emulation's commonest wait)
-  const int src = src_lane & 31;
-  if (slots.numbers[src] != slots.number) shuffle_from_absent_lane(src);
-  T got;
-  std::memcpy(&got, &slots.values[src], sizeof(T));
-  return got;
+  T all[32];
+  if (!(exchange(v, all) >> (src_lane & 31) & 1u)) shuffle_from_absent_lane(src_lane & 31);
+  return all[src_lane & 31];
 }
 
 template <typename T>
