@@ -418,13 +418,15 @@ def remove_outputs(build, nn, binaries):
     # tests may change between two gradings, so they are rebuilt; every program is relinked.
     shutil.rmtree(os.path.join(build, "CMakeFiles", f"lesson{nn}_extra_tests.dir"), ignore_errors=True)
     # The student's objects go; the objects of the course's own given*.cpp, built from the course
-    # tree, may stay (they do not depend on the student). Where ccache is installed, a student file
-    # that did not change comes back from its cache: the object the same input and flags make.
+    # tree, may stay (they do not depend on the student), and so may the course headers precompiled
+    # for the student's files (COURSE_STUDENT_PCH: cmake_pch.*). Where ccache is installed, a student
+    # file that did not change comes back from its cache: the object the same input and flags make.
     objects = os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")
     for dirpath, _, filenames in os.walk(objects):
-        given_dir = re.fullmatch(r"lessons/[0-9]{2}_[^/]+", os.path.relpath(dirpath, objects).replace(os.sep, "/"))
+        where = os.path.relpath(dirpath, objects).replace(os.sep, "/")
+        given_dir = re.fullmatch(r"lessons/[0-9]{2}_[^/]+", where)
         for f in filenames:
-            if not (given_dir and GIVEN_OBJECT.match(f)):
+            if not (given_dir and GIVEN_OBJECT.match(f) or where == "." and f.startswith("cmake_pch.")):
                 os.remove(os.path.join(dirpath, f))
     for lib in (f"liblesson{nn}_exercise.a",):
         try:

@@ -14,7 +14,8 @@ it. Each patch names the case that catches it ("Caught by: Suite.Case" above the
 first, so an entry is usually graded by one case; --record-caught-by rewrites those lines after
 the graded tests change. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
 (the reference changed under it: update the patch). The file a patch changes is compiled at -O1
-(the rest of the build as a student's), but in the lessons FULL_SPEED names.
+(the rest of the build as a student's), but in the lessons FULL_SPEED names, and the course headers
+it includes are precompiled once per lesson (COURSE_STUDENT_PCH: a third off lessons 05 and 06).
 
 An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
 the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded
@@ -213,6 +214,9 @@ def main():
     # the cases ran longer at -O1 than the compile saved (CONTRIBUTING.md, "Why it is fast enough").
     args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS=-O1")
     args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS_SKIP=" + ";".join(FULL_SPEED))
+    # And the course headers that file includes are precompiled, once per lesson and tree: parsing
+    # them was more than half of its compile (CMakeLists.txt, COURSE_STUDENT_PCH).
+    args.cmake_arg.append("-DCOURSE_STUDENT_PCH=ON")
     lock = threading.Lock()
     to_record = {}  # patch -> the case that caught it first (--record-caught-by)
 
@@ -273,11 +277,23 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(os.path.join(ROOT, "solutions"), student)
         configured = False
+        last = None
+
+        def drop_pch(lesson):
+            """A worker grades a lesson's entries one after another: the headers precompiled for the
+            lesson it leaves (100-200 MB) are not needed again in its tree."""
+            gch = os.path.join(base, "CMakeFiles", f"lesson{lesson[:2]}_exercise.dir", "cmake_pch.hxx.gch")
+            if os.path.exists(gch):
+                os.remove(gch)
+
         while True:
             with lock:
                 if not queue:
                     break
                 i, lesson, name, patch = queue.popleft() if w % 2 == 0 else queue.pop()
+            if last and last != lesson:
+                drop_pch(last)
+            last = lesson
             shutil.rmtree(os.path.join(student, lesson))
             shutil.copytree(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
             # GIT_CEILING_DIRECTORIES: git apply works on the copy as on a plain directory, never
@@ -345,6 +361,8 @@ def main():
             else:
                 record(i, lesson, name, points, "NOT CAUGHT", f"{points}, NOT CAUGHT",
                        f"{lesson}/{name} earns full marks: no graded test catches this mistake: {describe(patch)}")
+        if last:
+            drop_pch(last)
         shutil.rmtree(work, ignore_errors=True)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
