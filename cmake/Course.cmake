@@ -218,26 +218,53 @@ function(course_link_cuda target sources)
   endif()
 endfunction()
 
-# course_test_harness(target): marks a test program (its own files are the GoogleTest cases, which
-# the sanitizer build compiles under AddressSanitizer alone). In the sanitizer build its files are
-# also compiled as one (CMake's unity build): each test file parses GoogleTest's, Eigen's and the
-# course's headers, which is most of its compile under ASan (lesson 04's four test files took 36.5 s
-# one by one, 16.0 s as one; lesson 06's 34.7 s and 15.4 s). Only there: that tree's flags are its
-# own, while the solutions, exercises, grading and catalogue trees share their test objects through
-# ccache, which keys an object on its source file's path, and a unity file's path names its tree.
-# So the test files of one program must also compile as one: give file-local helpers distinct names.
+# course_test_harness(target [ONE_BY_ONE]): marks a test program (its own files are the GoogleTest
+# cases, which the sanitizer build compiles under AddressSanitizer alone) and compiles its test
+# files as one: each parses GoogleTest's, Eigen's and the course's headers, which is most of its
+# compile (lesson 04's four test files took 24.8 s one by one and 13.9 s as one; under ASan, 36.5 s
+# and 16.0 s). The one file, NAME-<digest of its text>.cpp, #includes them in COURSE_UNITY_DIR,
+# which every build tree of the checkout shares: ccache keys an object on its source file's path,
+# and the solutions, exercises, grading and catalogue trees take one another's test objects from
+# it. The test files of one program therefore compile as one: give file-local helpers distinct
+# names (ONE_BY_ONE: a program whose files come from several lessons, with like-named helpers).
 function(course_test_harness target)
+  cmake_parse_arguments(H "ONE_BY_ONE" "" "" ${ARGN})
   set_target_properties(${target} PROPERTIES COURSE_TEST_HARNESS ON)
-  if(COURSE_SANITIZE)
-    set_target_properties(${target} PROPERTIES UNITY_BUILD ON)
+  get_target_property(sources ${target} SOURCES)
+  set(cpp "")
+  set(others "")
+  foreach(src IN LISTS sources)
+    get_filename_component(src "${src}" ABSOLUTE)
+    if(src MATCHES "\\.cpp$")
+      list(APPEND cpp "${src}")
+    else()
+      list(APPEND others "${src}")
+    endif()
+  endforeach()
+  list(LENGTH cpp files)
+  if(H_ONE_BY_ONE OR files LESS 2)
+    return()
   endif()
+  set(text "// ${target}'s test files, compiled as one (cmake/Course.cmake, course_test_harness).\n")
+  foreach(src IN LISTS cpp)
+    string(APPEND text "#include \"${src}\"\n")
+  endforeach()
+  string(SHA1 digest "${text}")
+  string(SUBSTRING "${digest}" 0 12 digest)
+  set(one "${COURSE_UNITY_DIR}/${target}-${digest}.cpp")
+  if(NOT EXISTS "${one}")  # (build trees configured at once: each writes whole files, renamed into place)
+    string(RANDOM LENGTH 12 part)
+    file(WRITE "${one}.${part}" "${text}")
+    file(RENAME "${one}.${part}" "${one}")
+  endif()
+  set_property(TARGET ${target} PROPERTY SOURCES "${one}" ${others})
 endfunction()
 
 # course_add_tests(target labels libs sources...): one test binary, each GoogleTest
 # case its own ctest (so a crash or a hang costs that case only).
 function(course_add_tests target labels libs)
   add_executable(${target} ${ARGN})
-  course_test_harness(${target})
+  course_test_harness(${target} ${COURSE_HARNESS_OPTIONS})
   target_link_libraries(${target} PRIVATE ${libs} course_testing course_test_main course_flags)
   course_discover_tests(${target} "${labels}")
 endfunction()
@@ -268,9 +295,9 @@ function(course_extra_tests root)
       string(SUBSTRING "${dir}" 0 2 nn)
       if(TARGET lesson${nn})
         get_property(test_libs GLOBAL PROPERTY COURSE_TEST_LIBS_${nn})
-        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" "${test_libs}" ${extra})
         # One by one: an instructor's files were not written to share a namespace.
-        set_target_properties(lesson${nn}_extra_tests PROPERTIES UNITY_BUILD OFF)
+        set(COURSE_HARNESS_OPTIONS ONE_BY_ONE)
+        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" "${test_libs}" ${extra})
         course_manifest_add("${dir}" lesson${nn}_extra_tests "${extra}" "")
       endif()
       set(found TRUE)
