@@ -260,11 +260,17 @@ function(course_test_harness target)
   set_property(TARGET ${target} PROPERTY SOURCES "${one}" ${others})
 endfunction()
 
-# course_add_tests(target labels libs sources...): one test binary, each GoogleTest
-# case its own ctest (so a crash or a hang costs that case only).
+# course_add_tests(target labels libs [ONE_BY_ONE] sources...): one test binary, each GoogleTest
+# case its own ctest (so a crash or a hang costs that case only); ONE_BY_ONE as in
+# course_test_harness.
 function(course_add_tests target labels libs)
-  add_executable(${target} ${ARGN})
-  course_test_harness(${target} ${COURSE_HARNESS_OPTIONS})
+  cmake_parse_arguments(T "ONE_BY_ONE" "" "" ${ARGN})
+  add_executable(${target} ${T_UNPARSED_ARGUMENTS})
+  if(T_ONE_BY_ONE)
+    course_test_harness(${target} ONE_BY_ONE)
+  else()
+    course_test_harness(${target})
+  endif()
   target_link_libraries(${target} PRIVATE ${libs} course_testing course_test_main course_flags)
   course_discover_tests(${target} "${labels}")
 endfunction()
@@ -296,8 +302,7 @@ function(course_extra_tests root)
       if(TARGET lesson${nn})
         get_property(test_libs GLOBAL PROPERTY COURSE_TEST_LIBS_${nn})
         # One by one: an instructor's files were not written to share a namespace.
-        set(COURSE_HARNESS_OPTIONS ONE_BY_ONE)
-        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" "${test_libs}" ${extra})
+        course_add_tests(lesson${nn}_extra_tests "lesson${nn};graded;extra" "${test_libs}" ONE_BY_ONE ${extra})
         course_manifest_add("${dir}" lesson${nn}_extra_tests "${extra}" "")
       endif()
       set(found TRUE)
