@@ -24,6 +24,7 @@
 // `data: [DONE]`) or came back twice. --csv appends one row per run (users 0 and the rate in
 // request_rate for an open-loop run). --api-key KEY (or the environment variable COURSE_API_KEY) is
 // sent as `Authorization: Bearer KEY`.
+#include <iostream>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,7 +74,17 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "lesson10_load",
                        {"--host", "--port", "--model", "--users", "--duration", "--think", "--max-tokens", "--prompts",
-                        "--seed", "--label", "--csv", "--api-key", "--request-rate", "--num-prompts"});
+                        "--seed", "--label", "--csv", "--api-key", "--request-rate", "--num-prompts"},
+                       {"-h", "--help"});
+    if (opts.has("-h") || opts.has("--help")) {
+      std::cout << "usage: lesson10_load [--host H] [--port P] [--model NAME] [--api-key KEY]\n"
+                   "                     [--users N] [--duration S] [--think S] [--max-tokens N] [--prompts FILE]\n"
+                   "                     [--request-rate R --num-prompts N] [--seed S] [--label L] [--csv FILE]\n"
+                   "  Load against a running server (127.0.0.1:8000): a closed loop of N users, each asking\n"
+                   "  again after a think time of mean --think seconds, or with --request-rate an open loop\n"
+                   "  of --num-prompts requests arriving at R a second. Each option: lessons/10_serving/README.md, \"How to check\".\n";
+      return 0;
+    }
     const char* env_key = std::getenv("COURSE_API_KEY");
     const std::string api_key = opts.text("--api-key", env_key ? env_key : "");
     const std::string host = opts.text("--host", "127.0.0.1");

@@ -30,6 +30,7 @@
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
 // (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.
 // Ctrl-C stops it (every rank, under mpirun).
+#include <iostream>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -70,12 +71,25 @@ int main(int argc, char** argv) {
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
-                       {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas"},
+                       {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
                         {"--max-num-batched-tokens", "--token-budget"},
                         {"--num-gpu-blocks-override", "--kv-blocks"},
                         {"--no-enable-prefix-caching", "--no-prefix-cache"}});
+    if (opts.has("-h") || opts.has("--help")) {
+      std::cout << "usage: lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P] [--api-key KEY]\n"
+                   "                      [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S]\n"
+                   "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--threads N]\n"
+                   "                      [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]\n"
+                   "                      [--weights f32|int8|int4 [--group G]] [--activations int8]\n"
+                   "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
+                   "                      [--tensor-parallel-size N] [--naive]\n"
+                   "  The OpenAI-compatible server on the bundled model (port 8000). vLLM's names are accepted\n"
+                   "  too: --max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks-override,\n"
+                   "  --no-enable-prefix-caching. Each option: lessons/10_serving/README.md, \"Step 4: serve\".\n";
+      return 0;
+    }
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
     const std::string name = opts.text("--name", std::filesystem::path(dir).lexically_normal().filename().string() == ""
                                                      ? std::filesystem::path(dir).parent_path().filename().string()
