@@ -154,8 +154,17 @@ endfunction()
 # build/.../emulated/<path>.cpp, redone when the .cu file changes. Link course_cudart's stand-in.
 function(course_emulated_source out cu)
   file(RELATIVE_PATH rel "${CMAKE_SOURCE_DIR}" "${cu}")
-  string(REPLACE "../" "" rel "${rel}")  # an exercises directory outside the tree
-  set(cpp "${CMAKE_BINARY_DIR}/emulated/${rel}.cpp")
+  if(rel MATCHES "^(\\.\\./|build/)")
+    # A student's copy outside the checkout or in its build folder (the catalogue's): this tree's.
+    string(REPLACE "../" "" rel "${rel}")
+    set(cpp "${CMAKE_BINARY_DIR}/emulated/${rel}.cpp")
+  else()
+    # A file of the checkout (given kernels, the solutions', the exercises'): every tree compiles
+    # the same rewrite from one path, so ccache gives each tree the first one's object (the given
+    # kernels' rewrites took 14 s to compile in each catalogue tree). emulate_cu.py writes it whole
+    # and renames it into place: trees build at once.
+    set(cpp "${COURSE_SHARED_DIR}/emulated/${rel}.cpp")
+  endif()
   add_custom_command(OUTPUT "${cpp}"
     COMMAND "${COURSE_PYTHON}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py" "${cu}" "${cpp}"
     DEPENDS "${cu}" "${CMAKE_SOURCE_DIR}/tests/common/host_device/emulate_cu.py"
@@ -222,7 +231,7 @@ endfunction()
 # cases, which the sanitizer build compiles under AddressSanitizer alone) and compiles its test
 # files as one: each parses GoogleTest's, Eigen's and the course's headers, which is most of its
 # compile (lesson 04's four test files took 24.8 s one by one and 13.9 s as one; under ASan, 36.5 s
-# and 16.0 s). The one file, NAME-<digest of its text>.cpp, #includes them in COURSE_UNITY_DIR,
+# and 16.0 s). The one file, NAME-<digest of its text>.cpp, #includes them in COURSE_SHARED_DIR,
 # which every build tree of the checkout shares: ccache keys an object on its source file's path,
 # and the solutions, exercises, grading and catalogue trees take one another's test objects from
 # it. The test files of one program therefore compile as one: give file-local helpers distinct
@@ -251,7 +260,7 @@ function(course_test_harness target)
   endforeach()
   string(SHA1 digest "${text}")
   string(SUBSTRING "${digest}" 0 12 digest)
-  set(one "${COURSE_UNITY_DIR}/${target}-${digest}.cpp")
+  set(one "${COURSE_SHARED_DIR}/unity/${target}-${digest}.cpp")
   if(NOT EXISTS "${one}")  # (build trees configured at once: each writes whole files, renamed into place)
     string(RANDOM LENGTH 12 part)
     file(WRITE "${one}.${part}" "${text}")

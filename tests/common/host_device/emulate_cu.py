@@ -11,6 +11,7 @@ shared]>>>(args);` a call of emu::launch(). A launch with a stream, or a __share
 outside a function, is refused with a message. Everything else compiles as it is, with the header's definitions. Line numbers are
 kept (#line), so that a compiler error or a failed check names the .cu file's own line.
 """
+import os
 import re
 import sys
 
@@ -68,5 +69,9 @@ if __name__ == "__main__":
         raise SystemExit(__doc__)
     with open(sys.argv[1]) as f:
         out = rewrite(f.read(), sys.argv[1])
-    with open(sys.argv[2], "w") as f:
+    # Written whole, then renamed into place: build trees that share the output rewrite it at once.
+    os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
+    part = f"{sys.argv[2]}.{os.getpid()}"
+    with open(part, "w") as f:
         f.write(out)
+    os.replace(part, sys.argv[2])
