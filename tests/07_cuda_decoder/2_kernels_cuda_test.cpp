@@ -10,8 +10,8 @@
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
-#include "common/rng.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
@@ -22,25 +22,11 @@
 namespace infer::gpu {
 namespace {
 
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
-
-std::vector<float> random_values(size_t n, uint64_t seed, double scale = 1.0) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-  return v;
-}
+using testing::poisoned;
+using testing::random_values;
 
 Matrix as_matrix(const std::vector<float>& v, Eigen::Index rows, Eigen::Index cols) {
   return Eigen::Map<const Matrix>(v.data(), rows, cols);
-}
-
-/// An output array full of NaN: whatever the kernel does not write stays NaN and fails.
-DeviceArray<float> poisoned(size_t n) {
-  DeviceArray<float> out(n);
-  out.fill_bytes(0xFF);
-  return out;
 }
 
 struct Shape {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/throws.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/golden.hpp"
@@ -16,9 +17,6 @@
 
 namespace infer::gpu {
 namespace {
-
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
 
 GRADED_TEST(Lesson07Model, LogitsEqualTheCpuModelAtEveryStep, 3) {
   // The bundled model, float32 weights, 40 positions: the device sums in another order, through

@@ -13,6 +13,7 @@
 #include "common/cuda_check.hpp"
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
@@ -24,21 +25,8 @@
 namespace infer::gpu {
 namespace {
 
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
-
-std::vector<float> random_values(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal());
-  return v;
-}
-
-DeviceArray<float> poisoned(size_t n) {
-  DeviceArray<float> out(n);
-  out.fill_bytes(0xFF);
-  return out;
-}
+using testing::poisoned;
+using testing::random_values;
 
 struct Shape {
   int heads, kv_heads, head_dim;

@@ -8,6 +8,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
@@ -19,9 +20,6 @@
 
 namespace infer::gpu {
 namespace {
-
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
 
 std::vector<GenerationRequest> requests() {
   std::vector<GenerationRequest> r;

@@ -10,8 +10,8 @@
 
 #include "common/cuda_buffer.hpp"
 #include "common/cuda_check.hpp"
-#include "common/rng.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/09_flash_attention/flash_attention.hpp"
@@ -20,15 +20,7 @@
 namespace infer::gpu {
 namespace {
 
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
-
-std::vector<float> random_values(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal());
-  return v;
-}
+using testing::random_values;
 
 struct Case {
   int T, S, heads, kv_heads, d;

@@ -16,6 +16,7 @@
 #include "common/cuda_check.hpp"
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
@@ -25,8 +26,8 @@
 namespace infer::gpu {
 namespace {
 
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
+using testing::poisoned;
+using testing::random_values;
 
 /// INT8 W [rows, cols]: every q in [-127, 127], a scale per row between 1/127 and 3/127 (weights
 /// up to about 3 in magnitude: sums of the size lesson 07's tolerance is stated for).
@@ -73,20 +74,6 @@ Eigen::MatrixXd reference(const QuantizedMatrix& m, const std::vector<float>& x,
   return xs * w.transpose();
 }
 
-std::vector<float> random_x(int batch, int cols, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(batch) * cols);
-  for (float& f : v) f = static_cast<float>(rng.normal());
-  return v;
-}
-
-/// An output array full of NaN: whatever the kernel does not write stays NaN and fails.
-DeviceArray<float> poisoned(size_t n) {
-  DeviceArray<float> out(n);
-  out.fill_bytes(0xFF);
-  return out;
-}
-
 /// `host` on the device `offset` elements into a buffer that ends where it ends: with offset 1, an
 /// address the 16-byte loads cannot take.
 template <typename T>
@@ -102,7 +89,7 @@ DeviceArray<T> at_offset(const std::vector<T>& host, size_t offset) {
 ::testing::AssertionResult gemv_matches(const QuantizedMatrix& m, int batch, uint64_t seed, size_t offset = 0,
                                         bool tensor = false) {
   const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
-  const std::vector<float> x = random_x(batch, cols, seed);
+  const std::vector<float> x = random_values(static_cast<size_t>(batch) * cols, seed);
   DeviceArray<float> dx = at_offset(x, offset), ds(m.scales);
   DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * rows);
   const std::string what = cat(tensor ? "tensor_gemm_" : "gemv_", m.format == WeightFormat::int8 ? "int8" : "int4",

@@ -21,6 +21,7 @@
 #include "common/cuda_check.hpp"
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
+#include "common/testing/device.hpp"
 #include "common/testing/models.hpp"
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
@@ -40,9 +41,6 @@
 
 namespace infer::gpu {
 namespace {
-
-#define REQUIRE_DEVICE() \
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
 
 /// Greedy requests with prompts from 3 to about 130 bytes (several chunks under a budget of 16),
 /// arriving over the first steps.
