@@ -150,8 +150,9 @@ function(course_cuda_source out cu)
 endfunction()
 
 # course_emulated_source(out file.cu): the .cu file rewritten as host C++ whose kernels run thread
-# by thread (tests/common/host_device/emulate_cu.py, emulated_cuda.hpp), in
-# build/.../emulated/<path>.cpp, redone when the .cu file changes. Link course_cudart's stand-in.
+# by thread (tests/common/host_device/emulate_cu.py, emulated_cuda.hpp), in emulated/<path>.cpp of
+# COURSE_SHARED_DIR (or of the build tree, below), redone when the .cu file changes. Link
+# course_cudart's stand-in.
 function(course_emulated_source out cu)
   file(RELATIVE_PATH rel "${CMAKE_SOURCE_DIR}" "${cu}")
   if(rel MATCHES "^(\\.\\./|build/)")
