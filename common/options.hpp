@@ -51,6 +51,8 @@ class Options {
 
   /// Whether the option was given.
   bool has(const std::string& name) const { return values_.count(name) > 0; }
+  /// Whether -h or --help was given (a program that answers them lists both among its flags).
+  bool help() const { return has("-h") || has("--help"); }
   /// The option's text, or `fallback`.
   std::string text(const std::string& name, const std::string& fallback) const {
     return has(name) ? values_.at(name) : fallback;

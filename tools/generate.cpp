@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
                                "--repeat", "--speculative", "--num-speculative-tokens", "--draft", "--tree-branches",
                                "--tensor-parallel-size"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"});
-    if (opts.has("-h") || opts.has("--help")) return usage(std::cout), 0;
+    if (opts.help()) return usage(std::cout), 0;
     if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
       std::cerr << "generate: --model, --prompt and --max-new-tokens are required\n";

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
                               {{"--max-num-seqs", "--max-batch"},
                                {"--num-gpu-blocks-override", "--num-blocks"},
                                {"--enable-prefix-caching", "--prefix-cache"}});
-    if (opts.has("-h") || opts.has("--help")) {
+    if (opts.help()) {
       std::cout << "usage: serve_offline --model DIR --prompts FILE [--max-batch B] [--max-new-tokens N]\n"
                    "                     [--policy continuous|static] [--temperature T] [--top-p P] [--seed S]\n"
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"

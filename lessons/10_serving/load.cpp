@@ -24,13 +24,13 @@
 // `data: [DONE]`) or came back twice. --csv appends one row per run (users 0 and the rate in
 // request_rate for an open-loop run). --api-key KEY (or the environment variable COURSE_API_KEY) is
 // sent as `Authorization: Bearer KEY`.
-#include <iostream>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <random>
 #include <set>
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
                        {"--host", "--port", "--model", "--users", "--duration", "--think", "--max-tokens", "--prompts",
                         "--seed", "--label", "--csv", "--api-key", "--request-rate", "--num-prompts"},
                        {"-h", "--help"});
-    if (opts.has("-h") || opts.has("--help")) {
+    if (opts.help()) {
       std::cout << "usage: lesson10_load [--host H] [--port P] [--model NAME] [--api-key KEY]\n"
                    "                     [--users N] [--duration S] [--think S] [--max-tokens N] [--prompts FILE]\n"
                    "                     [--request-rate R --num-prompts N] [--seed S] [--label L] [--csv FILE]\n"

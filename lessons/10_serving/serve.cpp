@@ -30,11 +30,11 @@
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
 // (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.
 // Ctrl-C stops it (every rank, under mpirun).
-#include <iostream>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 
 #include <omp.h>
 
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
                         {"--max-num-batched-tokens", "--token-budget"},
                         {"--num-gpu-blocks-override", "--kv-blocks"},
                         {"--no-enable-prefix-caching", "--no-prefix-cache"}});
-    if (opts.has("-h") || opts.has("--help")) {
+    if (opts.help()) {
       std::cout << "usage: lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P] [--api-key KEY]\n"
                    "                      [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S]\n"
                    "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--threads N]\n"
