@@ -151,6 +151,39 @@ def main():
         got += [exchange(port, post("/v1/completions", js, 3 << 20), b"x" * (3 << 20))[0] for _ in range(10)]
         return f"{sum(g in (411, 413) for g in got)} of 20 refusals (411, 413) heard"
     row(11, "refusals while the client still sends its body", refusals)
+    deep = b'{"model": "tiny-fortunes", "prompt": "hi", "stop": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    row(12, "JSON 100,000 levels deep in a typed field",
+        lambda: exchange(port, post("/v1/completions", js, len(deep)) + deep)[0])
+    row(13, "HTTP/1.0", lambda: exchange(port, b"GET /health HTTP/1.0\r\n\r\n")[0])
+    row(14, "a GET announcing a 2 MB body",
+        lambda: exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n")[0])
+
+    def never_read():
+        chat = (b'{"model": "tiny-fortunes", "messages": [{"role": "user", "content": "The"}], "max_tokens": 200, '
+                b'"logprobs": true, "top_logprobs": 20}')
+        socks = []
+        for _ in range(50):  # 20 pipelined long answers each, never read
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.connect(("127.0.0.1", port))
+            s.sendall((post("/v1/chat/completions", js, len(chat)) + chat) * 20)
+            socks.append(s)
+        time.sleep(15)  # past the write deadline (--request-timeout, 10 s by default)
+        closed = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                while s.recv(1 << 20):
+                    pass
+            except BlockingIOError:
+                pass  # still open: nothing more to read now
+            except OSError:
+                closed += 1
+            else:
+                closed += 1
+            s.close()
+        return f"{closed} of 50 closed by the server"
+    row(15, "50 clients asking for 20 long answers each and reading none", never_read)
     print(f"server RSS at the end: {rss_kb(pid)} kB")
 
 

@@ -17,7 +17,7 @@ ShardPlan shard_plan(const ModelConfig& config, int rank, int world) {
   // head h / group_size()): its own when the ranks do not outnumber the K/V heads, one shared
   // with world / num_key_value_heads ranks when they do. Refuses a world below 1, a rank outside
   // [0, world), and a world that does not divide the query heads or the units, or neither divides
-  // nor is a multiple of the K/V heads (infer::Error naming the count).
+  // nor is a multiple of the K/V heads (infer::Error giving the world and the count).
   (void)config, (void)rank, (void)world;
   throw NotImplemented("12", "shard_plan");
 }

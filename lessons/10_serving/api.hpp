@@ -30,11 +30,14 @@ class ApiError : public Error {
  public:
   /// `status`: 400 (bad request), 401 (no or wrong API key), 404 (unknown model or route), 405
   /// (wrong method), 411 (no length), 413 (body too large), 415 (not JSON, or encoded), 431
-  /// (headers too large), 500 (the server failed), 503 (shutting down, or full).
+  /// (headers too large), 500 (the server failed), 503 (shutting down, or full), 505 (not
+  /// HTTP/1.1).
   /// `param`: the offending field ("" when none); `code`: a machine-readable reason ("" when none).
   ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
   /// The HTTP status.
   int status() const { return status_; }
+  /// The whole message, as given (what() stops at a NUL byte a client's value may hold).
+  const std::string& message() const { return message_; }
   /// The offending field, or "".
   const std::string& param() const { return param_; }
   /// The machine-readable reason, or "".
@@ -46,7 +49,7 @@ class ApiError : public Error {
 
  private:
   int status_;
-  std::string param_, code_;
+  std::string message_, param_, code_;
 };
 
 /// The two endpoints that generate text.
@@ -112,8 +115,13 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
 
 // ------------------------------------------------------------------ given --
 
-/// Parses `body` as a JSON object. Throws ApiError 400 (param "") for invalid JSON or a value
-/// that is not an object. Given.
+/// At most this many arrays and objects inside one another in a request body (OpenAI's requests
+/// nest a few levels; reading or printing a value recurses once per level).
+constexpr int kMaxJsonDepth = 64;
+
+/// Parses `body` as a JSON object. Throws ApiError 400 (param "") for invalid JSON (saying where
+/// and why), a NUL byte anywhere (JSON has none, and the parser would end the input there),
+/// nesting deeper than kMaxJsonDepth, or a value that is not an object. Given.
 nlohmann::json parse_json_object(std::string_view body);
 
 /// Typed readers of `obj[name]` (given): std::nullopt when the field is absent or null; ApiError
@@ -126,6 +134,10 @@ std::optional<double> get_number(const nlohmann::json& obj, const std::string& n
 std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name);
 /// A string.
 std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
+
+/// A client's value as an error message quotes it (given): its JSON, cut after 80 characters
+/// ("...", then its length), so that a message says what was sent without sending it all back.
+std::string shown(const nlohmann::json& value);
 
 /// Refuses (ApiError 400, param the field) the OpenAI fields this server does not implement when
 /// they ask for something: `echo`, `suffix`, `best_of` above 1, penalties, `logit_bias`,

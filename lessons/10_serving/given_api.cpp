@@ -9,21 +9,48 @@ namespace infer {
 using nlohmann::json;
 
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
-    : Error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+    : Error(message), status_(status), message_(message), param_(std::move(param)), code_(std::move(code)) {}
 
 std::string ApiError::type() const { return status_ >= 500 ? "server_error" : "invalid_request_error"; }
 
 std::string ApiError::body() const {
-  json err = {{"message", what()}, {"type", type()}, {"param", nullptr}, {"code", nullptr}};
+  json err = {{"message", message_}, {"type", type()}, {"param", nullptr}, {"code", nullptr}};
   if (!param_.empty()) err["param"] = param_;
   if (!code_.empty()) err["code"] = code_;
   return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 json parse_json_object(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    throw ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON");
+  const std::string invalid = "We could not parse the JSON body of your request: it is not valid JSON";
+  if (const size_t nul = body.find('\0'); nul != std::string_view::npos)
+    throw ApiError(400, cat(invalid, " (a NUL byte at byte ", nul, "; inside a string, write it as \\u0000)"));
+  // The depth first: the parser itself does not recurse, but printing or copying a value does.
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if ((c == '[' || c == '{') && ++depth > kMaxJsonDepth) {
+      throw ApiError(400, cat("The JSON body nests arrays and objects more than ", kMaxJsonDepth,
+                              " levels deep (at byte ", i, "); this server reads at most ", kMaxJsonDepth));
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ...": the reason, not the tag.
+    std::string why = e.what();
+    if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag != std::string::npos)
+      why = why.substr(tag + 2);
+    throw ApiError(400, cat(invalid, ": ", why));
+  }
   if (!j.is_object())
     throw ApiError(400, cat("The request body must be a JSON object, got ", j.type_name()));
   return j;
@@ -37,22 +64,31 @@ const json* field(const json& obj, const std::string& name) {
 }
 
 [[noreturn]] void wrong_type(const std::string& name, const char* expected, const json& got) {
-  throw ApiError(400, cat("'", name, "' must be ", expected, ", got ", got.type_name(), " (", got.dump(), ")"), name);
+  throw ApiError(400, cat("'", name, "' must be ", expected, ", got ", got.type_name(), " (", shown(got), ")"), name);
 }
 
 }  // namespace
+
+std::string shown(const json& value) {
+  constexpr size_t kShown = 80;
+  const std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() <= kShown) return text;
+  size_t cut = kShown;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return cat(text.substr(0, cut), "... (", text.size(), " characters)");
+}
 
 std::optional<long long> get_integer(const json& obj, const std::string& name) {
   const json* v = field(obj, name);
   if (!v) return std::nullopt;
   if (v->is_number_unsigned() && v->get<unsigned long long>() > static_cast<unsigned long long>(LLONG_MAX))
-    throw ApiError(400, cat("'", name, "' is too large: ", v->dump()), name);
+    throw ApiError(400, cat("'", name, "' is too large: ", shown(*v)), name);
   if (v->is_number_integer()) return v->get<long long>();
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (std::trunc(d) == d) {  // 3.0, not 3.5
       if (d > -9e18 && d < 9e18) return static_cast<long long>(d);
-      throw ApiError(400, cat("'", name, "' is too large: ", v->dump()), name);
+      throw ApiError(400, cat("'", name, "' is too large: ", shown(*v)), name);
     }
   }
   wrong_type(name, "an integer", *v);

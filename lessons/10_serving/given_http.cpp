@@ -42,6 +42,7 @@ namespace {
 constexpr size_t kMaxHeaderBytes = 64 << 10;           ///< a request's headers in all, as h11's default
 constexpr auto kLinger = std::chrono::seconds(2);      ///< reading what a refused client still sends
 constexpr size_t kMaxLingerBytes = 4 << 20;            ///< ... at most this much of it
+constexpr int kSendBufferBytes = 256 << 10;            ///< a connection's socket send buffer (Linux doubles it)
 
 /// One HTTP/1.1 answer with a body, as bytes on the wire. `head`: the headers only (a HEAD request).
 std::string http_response(int status, const std::string& type, const std::string& body, bool close,
@@ -85,6 +86,8 @@ struct Server::Impl {
   Metrics metrics;
   Mailbox mailbox{metrics};
   std::atomic<int> answering{0};  ///< requests queued for the engine whose answer is not written yet
+  std::atomic<int> connections{0};       ///< open connections (ServerOptions::max_connections)
+  std::atomic<size_t> body_bytes{0};     ///< bodies being read, by their Content-Length (max_body_bytes_in_flight)
   // After what a connection uses: destroyed before it, with the connections still in it.
   net::io_context io;
   std::optional<tcp::acceptor> acceptor;
@@ -108,8 +111,10 @@ struct Server::Impl {
       return ApiError(401, req.count(http::field::authorization) ? "Incorrect API key provided"
                                                                  : "No API key provided: send the header 'Authorization: Bearer KEY'",
                       "", "invalid_api_key");
-    if (verb != "POST") return std::nullopt;
+    // The framing of a body, whatever the method (a GET may carry one: it is read and dropped);
+    // its encoding and type only where it is read.
     const bool has_length = req.count(http::field::content_length) > 0;
+    if (verb != "POST" && !has_length && !req.count(http::field::transfer_encoding)) return std::nullopt;
     if (req.count(http::field::transfer_encoding))
       return has_length ? ApiError(400, "A request may not carry both Transfer-Encoding and Content-Length")
                         : ApiError(411, "A request body needs a Content-Length header on this server (no chunked bodies)");
@@ -120,6 +125,7 @@ struct Server::Impl {
     if (std::stoull(length) > options.max_body_bytes)
       return ApiError(413, cat("The request body (", length, " bytes) is larger than this server's limit of ",
                                options.max_body_bytes, " bytes"));
+    if (verb != "POST") return std::nullopt;
     const std::string encoding(req[http::field::content_encoding]);
     if (!encoding.empty() && encoding != "identity")
       return ApiError(415, cat("Content-Encoding '", encoding, "' is not accepted: send the JSON body as it is"));
@@ -149,11 +155,19 @@ struct Server::Impl {
 /// lock; the engine thread reaches it only through Job::on_change, which posts on_job() there.
 class Server::Impl::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), s_(server) {}
-  ~Connection() { uncount(); }
+  Connection(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), s_(server) { ++s_.connections; }
+  ~Connection() {
+    uncount();
+    release_body();
+    --s_.connections;
+  }
 
   void start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (const int open = self->s_.connections.load(); open > self->s_.options.max_connections)
+        return self->refuse(ApiError(503, cat("This server has ", open - 1, " connections open, its limit; retry in a moment")));
+      self->read_header();
+    });
   }
 
  private:
@@ -179,10 +193,18 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       return close();  // gone, or silent past the deadline: nobody to answer
     if (ec) return refuse(ApiError(400, cat("The request is not valid HTTP/1.1: ", ec.message())));
     const http::request_header<>& req = header_->get();
+    if (req.version() != 11)  // (HTTP/1.0 would need its own framing: no chunked streams, no default keep-alive)
+      return refuse(ApiError(505, cat("This server speaks HTTP/1.1; the request is HTTP/", req.version() / 10, ".",
+                                      req.version() % 10)));
     path_ = std::string(req.target().substr(0, req.target().find('?')));
     head_only_ = req.method() == http::verb::head;
     keep_alive_ = header_->keep_alive();
     if (const std::optional<ApiError> e = s_.refuse_by_headers(req, path_)) return refuse(*e);
+    // The body's bytes are held from here until it is parsed: all bodies read at once share a bound.
+    if (!reserve_body(header_->content_length().value_or(0)))
+      return refuse(ApiError(503, cat("The server is reading ", s_.body_bytes.load(), " bytes of other requests' bodies and ",
+                                      "takes at most ", s_.options.max_body_bytes_in_flight,
+                                      " at once; retry in a moment")));
     body_.emplace(std::move(*header_));
     body_->body_limit(s_.options.max_body_bytes);
     if (beast::iequals(req[http::field::expect], "100-continue")) {
@@ -202,7 +224,24 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
                                       s_.options.max_body_bytes, " bytes")));
     if (ec) return close();  // gone, or too slow: the deadline closed it
     stream_.expires_never();  // a generation takes as long as it takes; a hang-up ends it
-    route(body_->get());
+    route(body_->get());      // (what is kept of the body is parsed into its job by now)
+    body_.reset();
+    release_body();
+  }
+
+  /// Counts `bytes` of body in Server::Impl::body_bytes, if they fit under the bound.
+  bool reserve_body(std::uint64_t bytes) {
+    size_t held = s_.body_bytes.load();
+    do {
+      if (bytes > s_.options.max_body_bytes_in_flight - std::min(held, s_.options.max_body_bytes_in_flight)) return false;
+    } while (!s_.body_bytes.compare_exchange_weak(held, held + bytes));
+    reserved_ = bytes;
+    return true;
+  }
+
+  void release_body() {
+    s_.body_bytes -= reserved_;
+    reserved_ = 0;
   }
 
   /// While an answer is being prepared: read on, to see the client hang up (the read ends with an
@@ -401,6 +440,8 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     writing_ = true;
     sending_.swap(out_);
     out_.clear();
+    // A client that stops reading its answer holds it in memory: each write has the deadline too.
+    stream_.expires_after(seconds(s_.options.request_timeout_s));
     net::async_write(stream_, net::buffer(sending_), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
       self->sending_.clear();
@@ -409,6 +450,8 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       if (self->answered_ && !self->job_) {
         self->uncount();
         self->after_answer();
+      } else if (self->job_) {
+        self->stream_.expires_never();  // the engine's turn again: no deadline while it generates
       }
     });
   }
@@ -442,6 +485,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     closed_ = true;
     end_job();
     uncount();
+    release_body();  // (the parser itself goes with the connection: a read may still be using it)
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
@@ -467,6 +511,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   bool closed_ = false;
   bool counted_ = false;   ///< in Server::Impl::answering
   size_t lingered_ = 0;    ///< bytes read and dropped while closing
+  size_t reserved_ = 0;    ///< of Server::Impl::body_bytes, for the body being read
 };
 
 void Server::Impl::accept() {
@@ -477,9 +522,13 @@ void Server::Impl::accept() {
       timer->async_wait([this, timer](beast::error_code) { accept(); });
       return;
     }
-    // One event per token: do not let Nagle hold them back. (A socket the option cannot be set on
-    // is broken already: it is dropped, and the server goes on accepting.)
-    if (socket.set_option(tcp::no_delay(true), ec); !ec)
+    // One event per token: do not let Nagle hold them back. A send buffer of its own size: the
+    // system would let it grow to megabytes for a client that reads nothing, which the write
+    // deadline then never sees. (A socket the options cannot be set on is broken already: it is
+    // dropped, and the server goes on accepting.)
+    socket.set_option(tcp::no_delay(true), ec);
+    if (!ec) socket.set_option(net::socket_base::send_buffer_size(kSendBufferBytes), ec);
+    if (!ec)
       std::make_shared<Connection>(std::move(socket), *this)->start();
     else
       std::fprintf(stderr, "serve: dropped a connection that could not be set up: %s\n", ec.message().c_str());
@@ -514,7 +563,10 @@ int Server::start() {
   Impl& s = *impl_;
   require(!s.started, "Server::start: already started");
   require(s.options.http_threads >= 1, "Server: http_threads must be >= 1, got ", s.options.http_threads);
-  require(s.options.request_timeout_s > 0, "Server: request_timeout_s must be > 0, got ", s.options.request_timeout_s);
+  require(s.options.request_timeout_s >= kMinRequestTimeout && s.options.request_timeout_s <= kMaxRequestTimeout,
+          "Server: request_timeout_s must be in [", kMinRequestTimeout, ", ", kMaxRequestTimeout, "] seconds, got ",
+          s.options.request_timeout_s);
+  require(s.options.max_connections >= 1, "Server: max_connections must be >= 1, got ", s.options.max_connections);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hung up must not kill the process
   // A connection costs a file descriptor: allow as many as the system lets this process have
   // (a shell's default soft limit, 1,024, is below what a server meets).

@@ -3,7 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
-//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--weights f32|int8|int4 [--group G] [--activations int8]]
+//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--max-connections N] [--weights f32|int8|int4 [--group G] [--activations int8]]
 //       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
@@ -18,8 +18,9 @@
 // --api-key KEY (or the environment variable COURSE_API_KEY) makes every /v1/ route require the
 // header `Authorization: Bearer KEY`; --max-waiting N bounds the requests waiting for a place in
 // the batch (256): one more is answered 503 with Retry-After; --request-timeout S is the time a
-// client has to send a request's headers, and then its body (10 s), before its connection is
-// closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
+// client has to send a request's headers, then its body, and to take each write of its answer
+// (10 s), before its connection is closed; --max-connections N bounds the connections open at
+// once (1,024): one more is answered 503 and closed. --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;
 // INT4 in groups of G columns, 32 by default; --activations int8 rounds the activations of INT4's
 // products to 8 bits too). --tensor-parallel-size N runs the engine over N MPI
 // ranks (lesson 12; mpirun is started for you): rank 0 serves HTTP and runs the scheduler and the
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting", "--request-timeout", "--weights", "--group", "--activations",
+                        "--api-key", "--max-waiting", "--request-timeout", "--max-connections", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
                        {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"},
                        // vLLM's names for the same options, so that what works there works here
@@ -80,7 +81,8 @@ int main(int argc, char** argv) {
     if (opts.help()) {
       std::cout << "usage: lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P] [--api-key KEY]\n"
                    "                      [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S]\n"
-                   "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--threads N]\n"
+                   "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--max-connections N]\n"
+                   "                      [--threads N]\n"
                    "                      [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]\n"
                    "                      [--weights f32|int8|int4 [--group G]] [--activations int8]\n"
                    "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
@@ -100,8 +102,10 @@ int main(int argc, char** argv) {
     so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
     so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s);
-    if (so.request_timeout_s <= 0)
-      throw Error(cat("lesson10_serve: --request-timeout expects seconds above 0, got ", so.request_timeout_s));
+    if (!(so.request_timeout_s >= kMinRequestTimeout && so.request_timeout_s <= kMaxRequestTimeout))
+      throw Error(cat("lesson10_serve: --request-timeout expects seconds in [", kMinRequestTimeout, ", ",
+                      kMaxRequestTimeout, "], got ", opts.text("--request-timeout", "")));
+    so.max_connections = static_cast<int>(opts.number("--max-connections", so.max_connections, 1));
     const char* env_key = std::getenv("COURSE_API_KEY");
     so.api_key = opts.text("--api-key", env_key ? env_key : "");
     const std::string speculative = opts.text("--speculative", "");

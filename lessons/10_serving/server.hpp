@@ -14,8 +14,9 @@
 /// (keep-alive, pipelined) are answered in order.
 ///
 /// Deadlines: a request's headers must arrive within request_timeout_s of the connection asking
-/// for them (the first request, or the next on a kept-alive connection), and its body within
-/// request_timeout_s more; a connection past either is closed. A generation has no deadline.
+/// for them (the first request, or the next on a kept-alive connection), its body within
+/// request_timeout_s more, and each write of its answer must be taken within request_timeout_s;
+/// a connection past any of them is closed (its request cancelled). A generation has no deadline.
 ///
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true or not),
 /// GET /v1/models, GET /v1/models/{name}, GET /health, GET /metrics (Prometheus text: time to first token, time per
@@ -28,7 +29,8 @@
 /// Transfer-Encoding with Content-Length (400), any Content-Encoding (415), a Content-Type other
 /// than application/json (415), headers above 64 KB in all (431), a known path with the wrong
 /// method (405), a missing or wrong key on /v1/ when api_key is set (401), anything that is not
-/// HTTP/1.1 (400). A refused client still sending hears the answer: the server stops writing and
+/// HTTP/1.1 (505), a body past max_body_bytes_in_flight or a connection past max_connections
+/// (503). The framing checks hold for a body on any method. A refused client still sending hears the answer: the server stops writing and
 /// reads (dropping) what comes for up to 2 s and 4 MB before it closes, rather than resetting the
 /// connection under it. A request beyond max_running + max_waiting open ones gets 503 with
 /// Retry-After.
@@ -45,6 +47,10 @@
 
 namespace infer {
 
+/// The bounds of ServerOptions::request_timeout_s, in seconds (beyond a day the timers overflow
+/// nothing, but no client is that slow; below 10 ms nothing can be served).
+constexpr double kMinRequestTimeout = 0.01, kMaxRequestTimeout = 86400;
+
 /// Where and how the server listens.
 struct ServerOptions {
   std::string host = "127.0.0.1";  ///< address to bind
@@ -53,9 +59,17 @@ struct ServerOptions {
   /// Threads running the HTTP front. Each serves any number of connections (none waits on a
   /// client), so a few are enough; more only if parsing and writing answers keep them busy.
   int http_threads = 2;
-  /// Seconds a client has to send a request's headers, and then its body: a connection that
-  /// takes longer is closed (a slow client costs a socket for this long, never a thread).
+  /// Seconds a client has to send a request's headers, then its body, and to take each write of
+  /// its answer: a connection that takes longer is closed, and its request cancelled (a slow
+  /// client costs a socket and its answer's bytes for this long, never a thread).
   double request_timeout_s = 10;
+  /// Connections open at once: one more is answered 503 (with Retry-After) and closed. Each
+  /// holds up to 64 KB of headers while they come.
+  int max_connections = 1024;
+  /// Request bodies being read at once, in bytes (by their Content-Length): a request whose body
+  /// would pass it is answered 503 (with Retry-After) before its body is read. With the 64 KB of
+  /// headers per connection, this bounds what clients can make the server hold.
+  size_t max_body_bytes_in_flight = 64 << 20;
   /// Requests that may wait for a place in the batch beyond those running (the engine's
   /// max_running; naive: 1): one more gets 503 with a Retry-After header.
   int max_waiting = 256;

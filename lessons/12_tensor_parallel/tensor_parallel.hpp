@@ -24,6 +24,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,9 @@ struct Range {
   bool operator==(const Range&) const = default;
 };
 
+/// Prints [begin, end) (as the tests' failures show a Range).
+inline std::ostream& operator<<(std::ostream& os, const Range& r) { return os << "[" << r.begin << ", " << r.end << ")"; }
+
 /// What rank `rank` of `world` holds of each layer.
 struct ShardPlan {
   int rank = 0;      ///< this rank
@@ -139,10 +143,10 @@ struct ShardPlan {
 /// when there are fewer (vLLM's case of 8 K/V heads on 16 GPUs), each K/V head is held by
 /// world / num_key_value_heads ranks (replicated), every rank holding exactly one.
 ///
-/// Throws infer::Error for world < 1 (naming it), a rank outside [0, world) (the message says
-/// "rank"), a world that does not divide the query heads or the MLP units (naming the count that
-/// it does not divide), and one that neither divides nor is a multiple of the K/V heads (the
-/// message says "K/V").
+/// Throws infer::Error for world < 1 (the message gives the world), a rank outside [0, world)
+/// (the message says "rank"), a world that does not divide the query heads or the MLP units (the
+/// message gives both the world and the count it does not divide), and one that neither divides
+/// nor is a multiple of the K/V heads (the message says "K/V").
 ShardPlan shard_plan(const ModelConfig& config, int rank, int world);
 
 /// The shape of rank plan.rank's shard (given): `config` with plan.heads.size() query heads,
@@ -205,7 +209,8 @@ class RowParallelProjection final : public Projection {
   /// `accumulate`: what y held is added once, not once per rank); y's other columns are left as
   /// they are. x holds this rank's columns only ([x.rows, cols()]); y is the whole output
   /// ([x.rows, rows()], refused otherwise), and its columns [first, first + count) are not
-  /// contiguous in memory when count < rows(). Every rank calls it with the same first and count, in the
+  /// contiguous in memory when count < rows(). The shard's own rows_into() asks the same of its y
+  /// (as wide as rows(), whatever count is). Every rank calls it with the same first and count, in the
   /// same order, on one thread: it takes part in exactly one all-reduce, of x.rows * count floats.
   /// Throws infer::Error for shapes the shard refuses.
   void rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const override;

@@ -16,16 +16,20 @@ std::vector<int> completion_prompt(const json& body, const ApiModel& model) {
     throw ApiError(400, cat("'prompt' must be a string or a non-empty array of token ids, got ", it->type_name()),
                    "prompt");
   std::vector<int> ids;
-  for (const json& v : *it) {
+  const long long vocab = model.config.vocab_size;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& v = (*it)[i];
     if (!v.is_number_integer())
-      throw ApiError(400, cat("'prompt' as an array must hold token ids (integers), got ", v.type_name(),
-                              " (one prompt per request)"),
+      throw ApiError(400, cat("'prompt[", i, "]' must be a token id (an integer), got ", v.type_name(), " (", shown(v),
+                              "); one prompt per request"),
                      "prompt");
-    const long long id = v.get<long long>();
-    if (id < 0 || id >= model.config.vocab_size)
-      throw ApiError(400, cat("'prompt' holds token id ", id, ", outside the vocabulary [0, ", model.config.vocab_size, ")"),
+    // (An id above the largest long long is an unsigned number: read as one, it would wrap.)
+    const bool inside = v.is_number_unsigned() ? v.get<unsigned long long>() < static_cast<unsigned long long>(vocab)
+                                               : v.get<long long>() >= 0 && v.get<long long>() < vocab;
+    if (!inside)
+      throw ApiError(400, cat("'prompt[", i, "]' is token id ", shown(v), ", outside the vocabulary [0, ", vocab, ")"),
                      "prompt");
-    ids.push_back(static_cast<int>(id));
+    ids.push_back(v.get<int>());
   }
   return ids;
 }
@@ -47,7 +51,8 @@ std::vector<int> chat_messages_prompt(const json& body) {
       return r == "system" || r == "developer" || r == "user" || r == "assistant";
     };
     if (role == m.end() || !role->is_string() || !known(role->get<std::string>()))
-      throw ApiError(400, cat("'", where, ".role' must be \"system\", \"developer\", \"user\" or \"assistant\""),
+      throw ApiError(400, cat("'", where, ".role' must be \"system\", \"developer\", \"user\" or \"assistant\", got ",
+                              role == m.end() ? "none" : shown(*role)),
                      "messages");
     if (content != m.end() && content->is_string()) {
       messages.push_back({role->get<std::string>(), content->get<std::string>()});
@@ -55,16 +60,20 @@ std::vector<int> chat_messages_prompt(const json& body) {
     }
     // Text parts, as most clients send them: [{"type": "text", "text": "..."}, ...], joined by newlines.
     if (content == m.end() || !content->is_array() || content->empty())
-      throw ApiError(400, cat("'", where, ".content' must be a string or a non-empty array of text parts"), "messages");
+      throw ApiError(400, cat("'", where, ".content' must be a string or a non-empty array of text parts, got ",
+                              content == m.end() ? "none" : shown(*content)),
+                     "messages");
     std::string text;
     for (size_t j = 0; j < content->size(); ++j) {
       const json& part = (*content)[j];
       const std::string at = cat(where, ".content[", j, "]");
       if (!part.is_object() || !part.contains("type") || part["type"] != "text")
-        throw ApiError(400, cat("'", at, "' must be a text part, {\"type\": \"text\", \"text\": ...} (this model reads text only)"),
+        throw ApiError(400, cat("'", at, "' must be a text part, {\"type\": \"text\", \"text\": ...} (this model reads text only), got ",
+                                shown(part)),
                        "messages");
       if (!part.contains("text") || !part["text"].is_string())
-        throw ApiError(400, cat("'", at, ".text' must be a string"), "messages");
+        throw ApiError(400, cat("'", at, ".text' must be a string, got ", part.contains("text") ? shown(part["text"]) : "none"),
+                       "messages");
       text += (j > 0 ? "\n" : "") + part["text"].get<std::string>();
     }
     messages.push_back({role->get<std::string>(), text});
@@ -136,7 +145,7 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
     try {
       r.include_usage = get_bool(*it, "include_usage").value_or(false);
     } catch (const ApiError& e) {  // named by the top-level field, as every mistake inside one
-      throw ApiError(400, e.what(), "stream_options");
+      throw ApiError(400, e.message(), "stream_options");
     }
   }
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -146,7 +155,7 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
     if (list.size() > 4) throw ApiError(400, cat("'stop' holds at most 4 sequences, got ", list.size()), "stop");
     for (const json& s : list) {
       if (!s.is_string() || s.get<std::string>().empty())
-        throw ApiError(400, cat("'stop' sequences must be non-empty strings, got ", s.dump()), "stop");
+        throw ApiError(400, cat("'stop' sequences must be non-empty strings, got ", shown(s)), "stop");
       r.stop.push_back(s.get<std::string>());
     }
   }

@@ -118,7 +118,7 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
     for (int r = 0; r < world; ++r) {
       const std::string where = cat("rank ", r, " of ", world);
       EXPECT_TRUE(testing::all_close(want, got[r], 1e-5, 1e-5, where + ": y = x W^T"));
-      EXPECT_TRUE(testing::all_close(Matrix(y0 + want), added[r], 1e-5, 1e-5, where + ": y += x W^T"));
+      EXPECT_TRUE(testing::all_close(Matrix(y0 + want), added[r], 1e-5, 1e-5, where + ": y += x W^T (y's own values added once, not once per rank?)"));
       Matrix want_part = y0;
       want_part.middleCols(8, 4) += want.middleCols(8, 4);
       EXPECT_TRUE(testing::all_close(want_part, part[r], 1e-5, 1e-5, where + ": rows 8..11 of W only"));

@@ -63,13 +63,11 @@ bool complete(const std::string& text) {
   return text.size() - (end + 4) >= std::stoul(head.substr(at + 17));
 }
 
-/// Sends `head` (the request line and headers, ending with an empty line) and then `body`, on a
-/// fresh connection, and reads until the server closes or `seconds` pass without a byte. With
-/// `wait_before_body`, waits for the server's first answer (an interim 100, or a refusal) before
-/// sending the body, as a client that sent `Expect: 100-continue` does.
-/// A connection to the server on loopback: its socket, or -1.
-int connect_loopback(int port) {
+/// A connection to the server on loopback: its socket, or -1. `receive_buffer`: the socket's
+/// receive buffer in bytes, set before it connects (0: the system's).
+int connect_loopback(int port, int receive_buffer = 0) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && receive_buffer > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -89,6 +87,38 @@ bool send_all(int fd, const std::string& bytes) {
   return true;
 }
 
+/// What arrives on `fd` until the server closes it or `seconds` pass without a byte.
+std::string read_until_quiet(int fd, double seconds) {
+  std::string text;
+  char buf[65536];
+  for (pollfd p{fd, POLLIN, 0}; ::poll(&p, 1, static_cast<int>(seconds * 1000)) > 0;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+/// The bodies of the whole answers at the start of `text`, one after another (up to the first
+/// that is not whole).
+std::vector<std::string> whole_answers(const std::string& text) {
+  std::vector<std::string> bodies;
+  for (size_t at = 0; at < text.size() && complete(text.substr(at));) {
+    const std::string rest = text.substr(at);
+    const size_t body_at = rest.find("\r\n\r\n") + 4;
+    std::string head = rest.substr(0, body_at);
+    std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return std::tolower(c); });
+    const size_t length = std::stoul(head.substr(head.find("content-length:") + 15));
+    bodies.push_back(rest.substr(body_at, length));
+    at += body_at + length;
+  }
+  return bodies;
+}
+
+/// Sends `head` (the request line and headers, ending with an empty line) and then `body`, on a
+/// fresh connection, and reads until the server closes or `seconds` pass without a byte. With
+/// `wait_before_body`, waits for the server's first answer (an interim 100, or a refusal) before
+/// sending the body, as a client that sent `Expect: 100-continue` does.
 Raw exchange(int port, const std::string& head, const std::string& body = "", double seconds = 5,
              bool wait_before_body = false) {
   Raw r;
@@ -229,27 +259,12 @@ TEST(ServerHostile, PipelinedRequestsAreAllAnsweredInOrder) {
                                                             std::to_string(kGood.size()) + "\r\n");
   ASSERT_TRUE(send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + head + kGood +
                                "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-  std::string text;
-  char buf[65536];
-  for (pollfd p{fd, POLLIN, 0}; ::poll(&p, 1, 10000) > 0;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
+  const std::string text = read_until_quiet(fd, 10);
   ::close(fd);
-  std::vector<std::string> bodies;
-  for (size_t at = 0; (at = text.find("HTTP/1.1 ", at)) != std::string::npos;) {
-    const std::string rest = text.substr(at);
-    ASSERT_TRUE(complete(rest)) << text;
-    EXPECT_EQ(rest.substr(9, 3), "200") << rest.substr(0, 200);
-    const size_t body_at = rest.find("\r\n\r\n") + 4;
-    std::string head_lower = rest.substr(0, body_at);
-    std::transform(head_lower.begin(), head_lower.end(), head_lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    const size_t length = std::stoul(head_lower.substr(head_lower.find("content-length:") + 15));
-    bodies.push_back(rest.substr(body_at, length));
-    at += body_at + length;
-  }
+  const std::vector<std::string> bodies = whole_answers(text);
   ASSERT_EQ(bodies.size(), 3u) << text;
+  for (size_t at = 0; (at = text.find("HTTP/1.1 ", at)) != std::string::npos; at += 9)
+    EXPECT_EQ(text.substr(at + 9, 3), "200") << text.substr(at, 200);
   EXPECT_NE(bodies[0].find(R"("status":"ok")"), std::string::npos) << bodies[0];
   EXPECT_NE(bodies[1].find(R"("object":"text_completion")"), std::string::npos) << bodies[1];
   EXPECT_NE(bodies[2].find(R"("object":"list")"), std::string::npos) << bodies[2];
@@ -351,6 +366,100 @@ TEST(ServerHostile, AFullQueueAnswers503WithRetryAfter) {
   EXPECT_GE(ok, 6) << "4 running and 2 waiting are always served";
   EXPECT_GT(full, 0) << "12 at once cannot all fit in 4 running and 2 waiting";
   EXPECT_EQ(http_get("127.0.0.1", port, "/health").first, 200);
+}
+
+TEST(ServerHostile, DeepOrBrokenJsonIsRefusedSayingWhereAndTheServerStaysUp) {
+  // Printing or copying a value recurses once per level: 100,000 levels in a typed field would
+  // take the process down. They are refused before they are parsed; so is a NUL byte, at which
+  // the parser would stop reading (taking what follows for the end).
+  auto server = small_server();
+  const int port = server->port();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const char* field : {"stop", "max_tokens", "model"}) {
+    const HttpReply r = http_post("127.0.0.1", port, "/v1/completions",
+                                  R"({"model": "tiny-fortunes", "prompt": "hi", ")" + std::string(field) + "\": " + deep + "}");
+    EXPECT_EQ(r.status, 400) << field << ": " << r.body.substr(0, 300);
+    EXPECT_NE(r.body.find("more than 64 levels deep"), std::string::npos) << r.body.substr(0, 300);
+  }
+  const HttpReply nul = http_post("127.0.0.1", port, "/v1/completions", kGood + std::string(1, '\0') + "not JSON {{{");
+  EXPECT_EQ(nul.status, 400) << nul.body;
+  EXPECT_NE(nul.body.find("NUL byte at byte"), std::string::npos) << nul.body;
+  const HttpReply broken = http_post("127.0.0.1", port, "/v1/completions", R"({"model": "tiny-fortunes",})");
+  EXPECT_EQ(broken.status, 400) << broken.body;
+  EXPECT_NE(broken.body.find("line 1, column 27"), std::string::npos) << "where the JSON broke: " << broken.body;
+  // A NUL inside a string value (written \u0000) is the client's text: quoted whole in the error.
+  const HttpReply model = http_post("127.0.0.1", port, "/v1/completions", R"({"model": "tiny\u0000x", "prompt": "hi"})");
+  EXPECT_EQ(model.status, 404) << model.body;
+  EXPECT_NE(model.body.find(R"(tiny\u0000x' does not exist)"), std::string::npos) << model.body;
+  EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
+}
+
+TEST(ServerHostile, WhatClientsMakeTheServerHoldIsBounded) {
+  ServerOptions o;
+  o.request_timeout_s = 1;
+  o.max_connections = 6;
+  o.max_body_bytes_in_flight = 100000;
+  auto server = small_server(o);
+  const int port = server->port();
+  const std::string json_head = "Content-Type: application/json\r\n";
+  // HTTP/1.0 has no chunked streams and other keep-alive rules: refused, not half served.
+  const Raw old = exchange(port, "GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(old.status, 505) << old.text.substr(0, 300);
+  EXPECT_TRUE(is_error_body(old)) << old.text.substr(0, 300);
+  // A body's framing is checked whatever the method: a GET announcing 2 MB is refused at once.
+  const Raw get_body = exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n", "", 0.9);
+  EXPECT_EQ(get_body.status, 413) << get_body.text.substr(0, 300);
+  const Raw get_chunked = exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "", 0.9);
+  EXPECT_EQ(get_chunked.status, 411) << get_chunked.text.substr(0, 300);
+
+  // Bodies being read share 100,000 bytes: while one client holds 80,000 of them half sent,
+  // another 80,000 is refused with 503 before it is read; a small request still fits.
+  const std::string big_head = post_head("/v1/completions", json_head + "Content-Length: 80000\r\n");
+  const int holder = connect_loopback(port);
+  ASSERT_GE(holder, 0);
+  ASSERT_TRUE(send_all(holder, big_head + "{\"model\": "));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const Raw refused = exchange(port, big_head, "", 0.9);
+  EXPECT_EQ(refused.status, 503) << refused.text.substr(0, 300);
+  EXPECT_NE(refused.text.find("Retry-After: "), std::string::npos) << refused.text.substr(0, 300);
+  EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
+  ::close(holder);  // its bytes are given back: 80,000 fit again (and the prompt is too long: 400)
+  const std::string long_prompt = R"({"model": "tiny-fortunes", "prompt": ")" + std::string(80000 - 40, 'a') + "\"}";
+  ASSERT_EQ(long_prompt.size(), 80000u);
+  int status = 0;
+  for (int i = 0; i < 50 && status != 400; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+    status = http_post("127.0.0.1", port, "/v1/completions", long_prompt).status;
+  EXPECT_EQ(status, 400) << "the body's bytes were not given back when its client left";
+
+  // A client that asks for long answers and never reads them: its connection is closed once a
+  // write waits past the deadline, rather than holding its answers for as long as it likes. (20
+  // pipelined answers of tens of KB each: more than the sockets' buffers hold.)
+  const std::string chat = R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "The"}],
+                               "max_tokens": 200, "logprobs": true, "top_logprobs": 20})";
+  const int reader = connect_loopback(port, /*receive_buffer=*/1024);
+  ASSERT_GE(reader, 0);
+  std::string requests;
+  for (int i = 0; i < 20; ++i)
+    requests += post_head("/v1/chat/completions", json_head + "Content-Length: " + std::to_string(chat.size()) + "\r\n") + chat;
+  ASSERT_TRUE(send_all(reader, requests));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  const std::string got = read_until_quiet(reader, 2);
+  ::close(reader);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
+  EXPECT_LT(whole_answers(got).size(), 20u) << "all 20 answers (" << got.size()
+                                            << " bytes) waited for a client that read nothing for 3 s";
+
+  // Connections beyond max_connections (6) are answered 503 and closed; once they go, a new one is served.
+  std::vector<int> idle;
+  for (int i = 0; i < 6; ++i) idle.push_back(connect_loopback(port));
+  const Raw crowded = exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", "", 0.9);
+  EXPECT_EQ(crowded.status, 503) << crowded.text.substr(0, 300);
+  EXPECT_NE(crowded.text.find("connections open, its limit"), std::string::npos) << crowded.text.substr(0, 300);
+  for (const int fd : idle) ::close(fd);
+  status = 0;
+  for (int i = 0; i < 50 && status != 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+    status = http_get("127.0.0.1", port, "/health", 2).first;
+  EXPECT_EQ(status, 200);
 }
 
 /// Greedy text of `server` for "The ", cut by stop sequences, as a client reads it.
