@@ -67,6 +67,14 @@ std::string http_chunk(const std::string& data) {
   return size.str() + "\r\n" + data + "\r\n";
 }
 
+/// Whether `given` is `secret`, in a time that does not depend on where they first differ (a
+/// client timing its guesses learns nothing of the key but its length).
+bool same_secret(std::string_view given, std::string_view secret) {
+  unsigned char differ = given.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < secret.size(); ++i) differ |= static_cast<unsigned char>(i < given.size() ? given[i] ^ secret[i] : 1);
+  return differ == 0;
+}
+
 /// The method each route answers, by path (a GET route answers HEAD too); "" for no route.
 std::string route_method(std::string_view path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
@@ -107,7 +115,7 @@ struct Server::Impl {
     if (!method.empty() && verb != method && !(method == "GET" && verb == "HEAD"))
       return ApiError(405, cat("Method ", verb, " is not allowed on ", path, "; use ", method));
     if (!options.api_key.empty() && path.rfind("/v1/", 0) == 0 &&
-        req[http::field::authorization] != "Bearer " + options.api_key)
+        !same_secret(std::string(req[http::field::authorization]), "Bearer " + options.api_key))
       return ApiError(401, req.count(http::field::authorization) ? "Incorrect API key provided"
                                                                  : "No API key provided: send the header 'Authorization: Bearer KEY'",
                       "", "invalid_api_key");
@@ -205,9 +213,10 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       return refuse(ApiError(503, cat("The server is reading ", s_.body_bytes.load(), " bytes of other requests' bodies and ",
                                       "takes at most ", s_.options.max_body_bytes_in_flight,
                                       " at once; retry in a moment")));
-    body_.emplace(std::move(*header_));
+    const bool expects_continue = beast::iequals(req[http::field::expect], "100-continue");
+    body_.emplace(std::move(*header_));  // (req is moved from here on)
     body_->body_limit(s_.options.max_body_bytes);
-    if (beast::iequals(req[http::field::expect], "100-continue")) {
+    if (expects_continue) {
       // The client waits for this before it sends the body (a refusal came above, before it).
       send("HTTP/1.1 100 Continue\r\n\r\n");
     }

@@ -413,12 +413,18 @@ TEST(ServerHostile, WhatClientsMakeTheServerHoldIsBounded) {
   EXPECT_EQ(get_chunked.status, 411) << get_chunked.text.substr(0, 300);
 
   // Bodies being read share 100,000 bytes: while one client holds 80,000 of them half sent,
-  // another 80,000 is refused with 503 before it is read; a small request still fits.
+  // another 80,000 is refused with 503 before it is read; a small request still fits. (The
+  // holder asks for a 100 Continue, which the server sends once it has counted the body.)
   const std::string big_head = post_head("/v1/completions", json_head + "Content-Length: 80000\r\n");
   const int holder = connect_loopback(port);
   ASSERT_GE(holder, 0);
-  ASSERT_TRUE(send_all(holder, big_head + "{\"model\": "));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(send_all(holder, post_head("/v1/completions", json_head + "Content-Length: 80000\r\nExpect: 100-continue\r\n")));
+  pollfd wait_continue{holder, POLLIN, 0};
+  ASSERT_GT(::poll(&wait_continue, 1, 10000), 0) << "no 100 Continue";
+  char continued[64] = {};
+  ASSERT_GT(::recv(holder, continued, sizeof continued - 1, 0), 0);
+  ASSERT_EQ(std::string(continued).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u) << continued;
+  ASSERT_TRUE(send_all(holder, "{\"model\": "));
   const Raw refused = exchange(port, big_head, "", 0.9);
   EXPECT_EQ(refused.status, 503) << refused.text.substr(0, 300);
   EXPECT_NE(refused.text.find("Retry-After: "), std::string::npos) << refused.text.substr(0, 300);
@@ -427,13 +433,13 @@ TEST(ServerHostile, WhatClientsMakeTheServerHoldIsBounded) {
   const std::string long_prompt = R"({"model": "tiny-fortunes", "prompt": ")" + std::string(80000 - 40, 'a') + "\"}";
   ASSERT_EQ(long_prompt.size(), 80000u);
   int status = 0;
-  for (int i = 0; i < 50 && status != 400; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+  for (int i = 0; i < 100 && status != 400; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(50)))
     status = http_post("127.0.0.1", port, "/v1/completions", long_prompt).status;
   EXPECT_EQ(status, 400) << "the body's bytes were not given back when its client left";
 
   // A client that asks for long answers and never reads them: its connection is closed once a
   // write waits past the deadline, rather than holding its answers for as long as it likes. (20
-  // pipelined answers of tens of KB each: more than the sockets' buffers hold.)
+  // pipelined answers of tens of KB each: more than the sockets' buffers hold, about 10 of them.)
   const std::string chat = R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "The"}],
                                "max_tokens": 200, "logprobs": true, "top_logprobs": 20})";
   const int reader = connect_loopback(port, /*receive_buffer=*/1024);
@@ -442,7 +448,19 @@ TEST(ServerHostile, WhatClientsMakeTheServerHoldIsBounded) {
   for (int i = 0; i < 20; ++i)
     requests += post_head("/v1/chat/completions", json_head + "Content-Length: " + std::to_string(chat.size()) + "\r\n") + chat;
   ASSERT_TRUE(send_all(reader, requests));
-  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  const auto ended = [&] {  // requests that ended with their text (a counter not shown yet is 0)
+    const std::string m = server->metrics();
+    double n = 0;
+    for (const char* reason : {"stop", "length"})
+      if (const double v = metric_value(m, cat("course_requests_total{finish_reason=\"", reason, "\"}")); !std::isnan(v)) n += v;
+    return n;
+  };
+  // Until no answer has ended for 2.5 s: the buffers are full, and the 1 s deadline has passed.
+  auto last_change = std::chrono::steady_clock::now();
+  for (double seen = ended(); std::chrono::steady_clock::now() - last_change < std::chrono::milliseconds(2500);) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (const double now = ended(); now != seen) seen = now, last_change = std::chrono::steady_clock::now();
+  }
   const std::string got = read_until_quiet(reader, 2);
   ::close(reader);
   EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
@@ -457,7 +475,7 @@ TEST(ServerHostile, WhatClientsMakeTheServerHoldIsBounded) {
   EXPECT_NE(crowded.text.find("connections open, its limit"), std::string::npos) << crowded.text.substr(0, 300);
   for (const int fd : idle) ::close(fd);
   status = 0;
-  for (int i = 0; i < 50 && status != 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+  for (int i = 0; i < 100 && status != 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(50)))
     status = http_get("127.0.0.1", port, "/health", 2).first;
   EXPECT_EQ(status, 200);
 }
