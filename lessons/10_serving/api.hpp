@@ -135,7 +135,7 @@ std::optional<bool> get_bool(const nlohmann::json& obj, const std::string& name)
 /// A string.
 std::optional<std::string> get_string(const nlohmann::json& obj, const std::string& name);
 
-/// A client's value as an error message quotes it (given): its JSON, cut after 80 characters
+/// A client's value as an error message quotes it (given): its JSON, cut after 200 bytes
 /// ("...", then its length), so that a message says what was sent without sending it all back.
 std::string shown(const nlohmann::json& value);
 

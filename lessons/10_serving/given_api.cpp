@@ -11,7 +11,9 @@ using nlohmann::json;
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
     : Error(message), status_(status), message_(message), param_(std::move(param)), code_(std::move(code)) {}
 
-std::string ApiError::type() const { return status_ >= 500 ? "server_error" : "invalid_request_error"; }
+std::string ApiError::type() const {
+  return status_ >= 500 && status_ != 505 ? "server_error" : "invalid_request_error";  // (505: the client's HTTP version)
+}
 
 std::string ApiError::body() const {
   json err = {{"message", message_}, {"type", type()}, {"param", nullptr}, {"code", nullptr}};
@@ -19,6 +21,19 @@ std::string ApiError::body() const {
   if (!code_.empty()) err["code"] = code_;
   return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+
+namespace {
+
+/// `text`, cut after 200 bytes ("...", then its length) and never inside a UTF-8 character.
+std::string shown_text(const std::string& text) {
+  constexpr size_t kShown = 200;
+  if (text.size() <= kShown) return text;
+  size_t cut = kShown;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cat(text.substr(0, cut), "... (", text.size(), " bytes)");
+}
+
+}  // namespace
 
 json parse_json_object(std::string_view body) {
   const std::string invalid = "We could not parse the JSON body of your request: it is not valid JSON";
@@ -44,12 +59,13 @@ json parse_json_object(std::string_view body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ...": the reason, not the tag.
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e400)
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ...": the
+    // reason, not the tag, and not all of what it quotes of the body (up to a megabyte).
     std::string why = e.what();
     if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag != std::string::npos)
       why = why.substr(tag + 2);
-    throw ApiError(400, cat(invalid, ": ", why));
+    throw ApiError(400, cat(invalid, ": ", shown_text(why)));
   }
   if (!j.is_object())
     throw ApiError(400, cat("The request body must be a JSON object, got ", j.type_name()));
@@ -69,14 +85,7 @@ const json* field(const json& obj, const std::string& name) {
 
 }  // namespace
 
-std::string shown(const json& value) {
-  constexpr size_t kShown = 80;
-  const std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() <= kShown) return text;
-  size_t cut = kShown;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
-  return cat(text.substr(0, cut), "... (", text.size(), " characters)");
-}
+std::string shown(const json& value) { return shown_text(value.dump(-1, ' ', false, json::error_handler_t::replace)); }
 
 std::optional<long long> get_integer(const json& obj, const std::string& name) {
   const json* v = field(obj, name);

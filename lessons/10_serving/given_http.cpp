@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <limits>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
@@ -41,6 +43,7 @@ namespace {
 
 constexpr size_t kMaxHeaderBytes = 64 << 10;           ///< a request's headers in all, as h11's default
 constexpr auto kLinger = std::chrono::seconds(2);      ///< reading what a refused client still sends
+constexpr auto kCrowdedLinger = std::chrono::milliseconds(250);  ///< ... when refused for the connection limit
 constexpr size_t kMaxLingerBytes = 4 << 20;            ///< ... at most this much of it
 constexpr int kSendBufferBytes = 256 << 10;            ///< a connection's socket send buffer (Linux doubles it)
 
@@ -104,7 +107,7 @@ struct Server::Impl {
   int bound_port = 0;
   bool started = false, stopped = false;
 
-  Impl(ApiModel m, ServerOptions o) : model(std::move(m)), options(std::move(o)) {}
+  Impl(ApiModel m, ServerOptions o) : model(std::move(m)), options(std::move(o)) { metrics.watch_http(connections, body_bytes); }
 
   /// What the headers alone decide, before a byte of the body is read (so that nothing a client
   /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
@@ -157,6 +160,11 @@ struct Server::Impl {
   }
 
   void accept();
+  /// accept(), in 50 ms.
+  void accept_later() {
+    auto timer = std::make_shared<net::steady_timer>(io, std::chrono::milliseconds(50));
+    timer->async_wait([this, timer](beast::error_code) { accept(); });
+  }
 };
 
 /// One client connection. Every handler runs on the connection's strand, so its state needs no
@@ -172,8 +180,10 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (const int open = self->s_.connections.load(); open > self->s_.options.max_connections)
+      if (const int open = self->s_.connections.load(); open > self->s_.options.max_connections) {
+        self->linger_for_ = kCrowdedLinger;  // (a crowd of these must not hold memory for long)
         return self->refuse(ApiError(503, cat("This server has ", open - 1, " connections open, its limit; retry in a moment")));
+      }
       self->read_header();
     });
   }
@@ -193,12 +203,15 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 
   void on_header(beast::error_code ec) {
     reading_ = false;
+    if (closed_) return;  // (a hang-up seen by the watch closed it while the answer was written)
     if (ec == http::error::header_limit)
       return refuse(ApiError(431, cat("The request's headers are larger than this server's limit of ", kMaxHeaderBytes,
                                       " bytes")));
     if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
         ec == net::error::eof || ec == net::error::connection_reset)
       return close();  // gone, or silent past the deadline: nobody to answer
+    if (ec == http::error::bad_version)
+      return refuse(ApiError(505, "This server speaks HTTP/1.1; the request line names another version"));
     if (ec) return refuse(ApiError(400, cat("The request is not valid HTTP/1.1: ", ec.message())));
     const http::request_header<>& req = header_->get();
     if (req.version() != 11)  // (HTTP/1.0 would need its own framing: no chunked streams, no default keep-alive)
@@ -208,11 +221,6 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     head_only_ = req.method() == http::verb::head;
     keep_alive_ = header_->keep_alive();
     if (const std::optional<ApiError> e = s_.refuse_by_headers(req, path_)) return refuse(*e);
-    // The body's bytes are held from here until it is parsed: all bodies read at once share a bound.
-    if (!reserve_body(header_->content_length().value_or(0)))
-      return refuse(ApiError(503, cat("The server is reading ", s_.body_bytes.load(), " bytes of other requests' bodies and ",
-                                      "takes at most ", s_.options.max_body_bytes_in_flight,
-                                      " at once; retry in a moment")));
     const bool expects_continue = beast::iequals(req[http::field::expect], "100-continue");
     body_.emplace(std::move(*header_));  // (req is moved from here on)
     body_->body_limit(s_.options.max_body_bytes);
@@ -221,9 +229,26 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       send("HTTP/1.1 100 Continue\r\n\r\n");
     }
     stream_.expires_after(seconds(s_.options.request_timeout_s));
+    read_body();
+  }
+
+  /// Reads on into the body. Its bytes are held from their arrival until it is parsed, and all
+  /// bodies being read share a bound: each part is counted as it comes (a Content-Length only
+  /// announced holds nothing).
+  void read_body() {
+    if (body_->is_done()) return on_body({});  // no body, or all of it came with the headers
     reading_ = true;
-    http::async_read(stream_, buffer_, *body_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
+    http::async_read_some(stream_, buffer_, *body_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_ = false;
+      if (self->closed_) return;
+      if (ec) return self->on_body(ec);
+      const size_t have = self->body_->get().body().size();
+      if (have > self->reserved_ && !self->reserve_body(have - self->reserved_))
+        return self->refuse(ApiError(503, cat("The server is reading ", self->s_.body_bytes.load(), " bytes of other requests' bodies and ",
+                                              "holds at most ", self->s_.options.max_body_bytes_in_flight,
+                                              " at once; retry in a moment")));
+      self->read_body();
+    });
   }
 
   void on_body(beast::error_code ec) {
@@ -238,13 +263,13 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     release_body();
   }
 
-  /// Counts `bytes` of body in Server::Impl::body_bytes, if they fit under the bound.
-  bool reserve_body(std::uint64_t bytes) {
+  /// Counts `bytes` more of body in Server::Impl::body_bytes, if they fit under the bound.
+  bool reserve_body(size_t bytes) {
     size_t held = s_.body_bytes.load();
     do {
       if (bytes > s_.options.max_body_bytes_in_flight - std::min(held, s_.options.max_body_bytes_in_flight)) return false;
     } while (!s_.body_bytes.compare_exchange_weak(held, held + bytes));
-    reserved_ = bytes;
+    reserved_ += bytes;
     return true;
   }
 
@@ -254,19 +279,22 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   }
 
   /// While an answer is being prepared: read on, to see the client hang up (the read ends with an
-  /// error) and cancel its request at once. Bytes that come are a next request, kept for it.
+  /// error) and cancel its request at once. Bytes that come are a next request (pipelined), kept
+  /// for it; the watch goes on reading behind them, up to kMaxHeaderBytes of them (a client that
+  /// far ahead is not watched until its answer is written).
   void watch() {
-    // (Bytes already in the buffer are a pipelined request: it is read once this one is answered,
-    // and its client cannot be watched meanwhile.)
-    if (reading_ || closed_ || (buffer_.size() > 0 && !closing_)) return;
+    if (reading_ || closed_ || (!closing_ && buffer_.size() >= kMaxHeaderBytes)) return;
     reading_ = true;
-    stream_.async_read_some(buffer_.prepare(16 << 10), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    const size_t room = closing_ ? 4 << 10 : std::min<size_t>(16 << 10, kMaxHeaderBytes - buffer_.size());
+    stream_.async_read_some(buffer_.prepare(room), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
+      const bool resuming = std::exchange(self->resuming_, false);
+      if (ec == net::error::operation_aborted && resuming) return self->after_answer();  // stopped to read the next request
       if (ec) return self->hung_up();
       self->buffer_.commit(n);
       if (self->closing_) return self->linger();  // what a refused client still sends, dropped
-      // A pipelined request came: answered after this one (the bytes wait in the buffer).
-      if (self->answered_ && !self->writing_ && self->out_.empty()) self->after_answer();
+      if (self->answered_ && !self->writing_ && self->out_.empty()) return self->after_answer();  // the next request
+      self->watch();
     });
   }
 
@@ -293,7 +321,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     if (path_.rfind("/v1/models/", 0) == 0) {
       const std::string id = path_.substr(11);
       if (id != s_.model.name)
-        return reply_error(ApiError(404, cat("The model '", id, "' does not exist; this server serves '", s_.model.name, "'"),
+        return reply_error(ApiError(404, cat("The model ", shown(id), " does not exist; this server serves '", s_.model.name, "'"),
                                     "model", "model_not_found"));
       return reply(200, dump(s_.model_object()));
     }
@@ -467,9 +495,16 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 
   /// The answer is written: the next request on this connection, or the end of it.
   void after_answer() {
+    if (closed_) return;
     if (closing_ || !keep_alive_) return linger();
-    if (reading_) {  // the watch is still reading: it brings the next request (or the hang-up)
-      stream_.expires_after(seconds(s_.options.request_timeout_s));  // idle deadline
+    if (reading_) {  // the watch is still reading
+      if (buffer_.size() > 0) {  // behind a pipelined request: stop it, and read that request
+        resuming_ = true;
+        beast::error_code ignored;
+        stream_.socket().cancel(ignored);
+        return;
+      }
+      stream_.expires_after(seconds(s_.options.request_timeout_s));  // idle deadline: it brings the next request or the hang-up
       return;
     }
     answered_ = false;
@@ -482,7 +517,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     if (writing_) return;  // flush() comes back here
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(kLinger);
+    stream_.expires_after(linger_for_);
     lingered_ += buffer_.size();
     buffer_.consume(buffer_.size());
     if (lingered_ > kMaxLingerBytes) return close();
@@ -521,16 +556,14 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   bool counted_ = false;   ///< in Server::Impl::answering
   size_t lingered_ = 0;    ///< bytes read and dropped while closing
   size_t reserved_ = 0;    ///< of Server::Impl::body_bytes, for the body being read
+  bool resuming_ = false;  ///< the watch was cancelled to read a pipelined request
+  std::chrono::steady_clock::duration linger_for_ = kLinger;  ///< how long a refused client is read before closing
 };
 
 void Server::Impl::accept() {
   acceptor->async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor->is_open()) return;  // stopping
-    if (ec) {  // out of file descriptors, say: try again in a moment, never stop accepting
-      auto timer = std::make_shared<net::steady_timer>(io, std::chrono::milliseconds(50));
-      timer->async_wait([this, timer](beast::error_code) { accept(); });
-      return;
-    }
+    if (ec) return accept_later();  // out of file descriptors, say: try again in a moment, never stop accepting
     // One event per token: do not let Nagle hold them back. A send buffer of its own size: the
     // system would let it grow to megabytes for a client that reads nothing, which the write
     // deadline then never sees. (A socket the options cannot be set on is broken already: it is
@@ -541,6 +574,7 @@ void Server::Impl::accept() {
       std::make_shared<Connection>(std::move(socket), *this)->start();
     else
       std::fprintf(stderr, "serve: dropped a connection that could not be set up: %s\n", ec.message().c_str());
+    if (connections.load() >= 2 * options.max_connections) return accept_later();  // a flood: the system's queue holds the next ones
     accept();
   });
 }

@@ -91,6 +91,12 @@ void Metrics::set(const Gauges& gauges) {
   gauges_ = gauges;
 }
 
+void Metrics::watch_http(const std::atomic<int>& connections, const std::atomic<size_t>& body_bytes) {
+  std::lock_guard lock(mutex_);
+  connections_ = &connections;
+  body_bytes_ = &body_bytes;
+}
+
 void Metrics::set_kv_capacity(long positions) {
   std::lock_guard lock(mutex_);
   kv_capacity_ = positions;
@@ -129,6 +135,10 @@ std::string Metrics::text() const {
         "KV memory reserved, in positions (blocks x block size when paged), the prefix cache's blocks included.",
         static_cast<double>(gauges_.kv_reserved));
   gauge("course_kv_capacity_tokens", "The most positions one sequence can hold.", static_cast<double>(kv_capacity_));
+  if (connections_) gauge("course_http_connections", "Connections open.", connections_->load());
+  if (body_bytes_)
+    gauge("course_http_body_bytes", "Bytes of request bodies received and not yet parsed.",
+          static_cast<double>(body_bytes_->load()));
   gauge("course_prefix_cache_hit_rate", "Cached prompt tokens over prompt tokens, of the requests that ended.",
         prompt_tokens_ > 0 ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0);
   ttft_.print(os, "course_time_to_first_token_seconds", "From a request's arrival to its first token.");

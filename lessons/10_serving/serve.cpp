@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <new>
 
 #include <omp.h>
 
@@ -108,6 +109,9 @@ int main(int argc, char** argv) {
     so.max_connections = static_cast<int>(opts.number("--max-connections", so.max_connections, 1));
     const char* env_key = std::getenv("COURSE_API_KEY");
     so.api_key = opts.text("--api-key", env_key ? env_key : "");
+    if (so.api_key.empty() && (opts.has("--api-key") || env_key))  // (a script's unset variable, say)
+      throw Error(cat("lesson10_serve: ", opts.has("--api-key") ? "--api-key" : "COURSE_API_KEY",
+                      " is empty: give a key, or leave it out to serve without one"));
     const std::string speculative = opts.text("--speculative", "");
     if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
       throw Error(cat("lesson10_serve: --speculative must be ngram or draft, got '", speculative, "'"));
@@ -135,11 +139,11 @@ int main(int argc, char** argv) {
     if (weights.quantized() && opts.has("--naive"))
       throw Error("lesson10_serve: --naive serves lesson 00's float32 forward; drop --weights");
     const ServingOptions engine_opts{
-        .max_running = static_cast<int>(opts.number("--max-running", 32, 1)),
-        .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1)),
+        .max_running = static_cast<int>(opts.number("--max-running", 32, 1, 1 << 16)),
+        .token_budget = static_cast<int>(opts.number("--token-budget", 64, 1, 1 << 24)),
         .keep_log = false,  // a server runs for as long as it runs
         .speculative_tokens = speculative.empty() ? 0 : static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64))};
-    const int block = static_cast<int>(opts.number("--block-size", 16, 1));
+    const int block = static_cast<int>(opts.number("--block-size", 16, 1, 1 << 16));
 
     // Lesson 12: every option is checked before mpirun starts the ranks, so that a mistake is
     // said once. Rank 0 goes on to serve; the others follow its steps until it stops.
@@ -157,7 +161,7 @@ int main(int argc, char** argv) {
     const ModelWeights model = load_model_for(dir, comm);  // with ranks, this rank's shard
     const ModelConfig& c = model.config;
     const int per_seq = (c.max_position_embeddings + block - 1) / block;
-    const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1));
+    const int blocks = static_cast<int>(opts.number("--kv-blocks", static_cast<long>(per_seq) * engine_opts.max_running, 1, 1 << 24));
     // Quantized at load (lesson 11), before the server opens its port: on the GPU, as each matrix
     // is uploaded (a group the model does not take is refused first).
     ModelProjections projections;
@@ -237,11 +241,13 @@ int main(int argc, char** argv) {
                  opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);
     }
     const int port = server->start();
-    std::printf("serving %s on http://%s:%d (%s)\n", name.c_str(), so.host.c_str(), port, what.c_str());
+    const std::string host = so.host.find(':') == std::string::npos ? so.host : "[" + so.host + "]";  // IPv6
+    std::printf("serving %s on http://%s:%d (%s%s)\n", name.c_str(), host.c_str(), port, what.c_str(),
+                so.api_key.empty() ? "" : "; /v1/ needs the API key");
     std::printf("try:  curl -N http://%s:%d/v1/completions -H 'Content-Type: application/json'%s \\\n"
                 "        -d '{\"model\": \"%s\", \"prompt\": \"The secret of\", \"max_tokens\": 60, \"stream\": true}'\n"
                 "Ctrl-C stops it.\n",
-                so.host.c_str(), port, so.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+                host.c_str(), port, so.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
                 name.c_str());
     std::fflush(stdout);
     int sig = 0;
@@ -249,6 +255,10 @@ int main(int argc, char** argv) {
     std::printf("\nstopping\n");
     server->stop();
     return 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: lesson10_serve: out of memory: the model, or the KV pool (--kv-blocks, --block-size, "
+                         "--max-running), is larger than this machine holds\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

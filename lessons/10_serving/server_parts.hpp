@@ -19,6 +19,7 @@
 /// engine thread tells a connection that its job changed through Job::on_change.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -128,6 +129,9 @@ class Metrics {
   void set(const Gauges& gauges);
   /// The most positions one sequence can hold.
   void set_kv_capacity(long positions);
+  /// The HTTP front's open connections and the bytes of request bodies it is reading, shown as
+  /// they are whenever the page is made (both must outlive this).
+  void watch_http(const std::atomic<int>& connections, const std::atomic<size_t>& body_bytes);
   /// The Prometheus text page.
   std::string text() const;
 
@@ -142,6 +146,8 @@ class Metrics {
     void print(std::ostream& os, const std::string& name, const std::string& help) const;
   };
   mutable std::mutex mutex_;
+  const std::atomic<int>* connections_ = nullptr;
+  const std::atomic<size_t>* body_bytes_ = nullptr;
   std::map<std::string, long> finished_by_reason_;
   std::map<int, long> rejected_by_status_;
   long prompt_tokens_ = 0, cached_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, preemptions_ = 0;

@@ -90,7 +90,7 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   const auto name = get_string(body, "model");
   if (!name) throw ApiError(400, "'model' is required", "model");
   if (*name != model.name)
-    throw ApiError(404, cat("The model '", *name, "' does not exist; this server serves '", model.name, "'"), "model",
+    throw ApiError(404, cat("The model ", shown(*name), " does not exist; this server serves '", model.name, "'"), "model",
                    "model_not_found");
 
   CompletionRequest r;
@@ -121,12 +121,12 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   if (const auto t = get_number(body, "temperature")) {
     const float temperature = static_cast<float>(*t);
     if (!(temperature >= 0.0f && temperature <= 2.0f))
-      throw ApiError(400, cat("'temperature' must be in [0, 2], got ", *t), "temperature");
+      throw ApiError(400, cat("'temperature' must be in [0, 2], got ", shown(*t)), "temperature");
     r.sampling.temperature = temperature;
   }
   if (const auto p = get_number(body, "top_p")) {
     const float top_p = static_cast<float>(*p);  // checked as the sampler will hold it: 1e-50 is 0 in a float
-    if (!(top_p > 0.0f && top_p <= 1.0f)) throw ApiError(400, cat("'top_p' must be in (0, 1], got ", *p), "top_p");
+    if (!(top_p > 0.0f && top_p <= 1.0f)) throw ApiError(400, cat("'top_p' must be in (0, 1], got ", shown(*p)), "top_p");
     r.sampling.top_p = top_p;
   }
   if (const auto k = get_integer(body, "top_k")) {
