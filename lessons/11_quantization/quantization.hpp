@@ -89,7 +89,8 @@ Matrix dequantize(const QuantizedMatrix& w);
 /// What it keeps true: W is read in its small format, once per call whatever the rows of x
 /// (a batch of 8 reads the same bytes as a batch of 1), and never turned into a float copy of
 /// itself: the floats it multiplies by exist only a tile at a time (a few KB, in the L1 cache),
-/// so the call allocates nothing on the heap that grows with W. Equals dequantize-then-multiply
+/// so a decode call allocates nothing on the heap that grows with W (a prefill, compute-bound,
+/// may read back a block of rows at a time: 64 rows of W serve all its rows of x). Equals dequantize-then-multiply
 /// within 1e-5 sqrt(cols) + 1e-5 |y| (the sums in another order).
 ///
 /// Throws infer::Error for mismatched shapes (x [n, cols], y [n, rows]), rows outside W, or a

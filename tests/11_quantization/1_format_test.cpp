@@ -65,10 +65,10 @@ GRADED_TEST(Lesson11Format, Int8RoundsToTheNearestStep, 2) {
   w << 1.0f, 0.6f * step, 0.4f * step, -0.6f * step, 2.5f * step;
   const QuantizedMatrix q = quantize_int8(w);
   ASSERT_EQ(q.q.size(), 5u);
-  EXPECT_EQ(q.q[1], 1);
-  EXPECT_EQ(q.q[2], 0);
-  EXPECT_EQ(q.q[3], -1);
-  EXPECT_EQ(q.q[4], 3);
+  EXPECT_EQ(int{q.q[1]}, 1) << "0.6 of a step rounds to 1 (to the nearest step, not by truncation)";
+  EXPECT_EQ(int{q.q[2]}, 0) << "0.4 of a step rounds to 0";
+  EXPECT_EQ(int{q.q[3]}, -1) << "-0.6 of a step rounds to -1";
+  EXPECT_EQ(int{q.q[4]}, 3) << "2.5 steps round away from zero, to 3";
   const Matrix big = random_matrix(37, 91, 11);
   EXPECT_TRUE(within_half_a_step(big, quantize_int8(big)));
 }
