@@ -243,22 +243,32 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       if (self->closed_) return;
       if (ec) return self->on_body(ec);
       const size_t have = self->body_->get().body().size();
-      if (have > self->reserved_ && !self->reserve_body(have - self->reserved_))
+      if (have > self->reserved_ && !self->reserve_body(have - self->reserved_)) {
+        self->drop_body();
         return self->refuse(ApiError(503, cat("The server is reading ", self->s_.body_bytes.load(), " bytes of other requests' bodies and ",
                                               "holds at most ", self->s_.options.max_body_bytes_in_flight,
                                               " at once; retry in a moment")));
+      }
       self->read_body();
     });
   }
 
   void on_body(beast::error_code ec) {
     reading_ = false;
-    if (ec == http::error::body_limit)
+    if (ec == http::error::body_limit) {
+      drop_body();
       return refuse(ApiError(413, cat("The request body is larger than this server's limit of ",
                                       s_.options.max_body_bytes, " bytes")));
+    }
     if (ec) return close();  // gone, or too slow: the deadline closed it
     stream_.expires_never();  // a generation takes as long as it takes; a hang-up ends it
     route(body_->get());      // (what is kept of the body is parsed into its job by now)
+    drop_body();
+  }
+
+  /// The body is done with (parsed, or refused): its bytes go, and leave the shared bound. Only
+  /// where no read uses the parser.
+  void drop_body() {
     body_.reset();
     release_body();
   }
