@@ -47,9 +47,11 @@
 
 namespace infer {
 
-/// The bounds of ServerOptions::request_timeout_s, in seconds (beyond a day the timers overflow
-/// nothing, but no client is that slow; below 10 ms nothing can be served).
-constexpr double kMinRequestTimeout = 0.01, kMaxRequestTimeout = 86400;
+/// The least ServerOptions::request_timeout_s, in seconds (below 10 ms nothing can be served).
+constexpr double kMinRequestTimeout = 0.01;
+/// The most ServerOptions::request_timeout_s, in seconds: a day (no client is slower; far beyond
+/// it the timers overflow).
+constexpr double kMaxRequestTimeout = 86400;
 
 /// Where and how the server listens.
 struct ServerOptions {
