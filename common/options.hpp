@@ -76,8 +76,10 @@ class Options {
       throw Error(cat(program_, ": ", name, " expects an integer in [", minimum, ", ", maximum, "], got '", v, "'"));
     return n;
   }
-  /// The option as a finite real number, or `fallback` ("inf" and "nan" are refused).
-  double real(const std::string& name, double fallback) const {
+  /// The option as a finite real number in [minimum, maximum], or `fallback` ("inf" and "nan"
+  /// are refused).
+  double real(const std::string& name, double fallback, double minimum = -std::numeric_limits<double>::max(),
+              double maximum = std::numeric_limits<double>::max()) const {
     if (!has(name)) return fallback;
     const std::string& v = values_.at(name);
     size_t used = 0;
@@ -89,6 +91,8 @@ class Options {
     }
     require(used == v.size() && used > 0 && std::isfinite(x), program_, ": ", name, " expects a finite number, got '",
             v, "'");
+    require(x >= minimum && x <= maximum, program_, ": ", name, " expects a number in [", minimum, ", ", maximum,
+            "], got '", v, "'");
     return x;
   }
 

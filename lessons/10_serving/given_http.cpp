@@ -98,7 +98,7 @@ struct Server::Impl {
   Mailbox mailbox{metrics};
   std::atomic<int> answering{0};  ///< requests queued for the engine whose answer is not written yet
   std::atomic<int> connections{0};       ///< open connections (ServerOptions::max_connections)
-  std::atomic<size_t> body_bytes{0};     ///< bodies being read, by their Content-Length (max_body_bytes_in_flight)
+  std::atomic<size_t> body_bytes{0};     ///< bytes of bodies received and not yet parsed (max_body_bytes_in_flight)
   // After what a connection uses: destroyed before it, with the connections still in it.
   net::io_context io;
   std::optional<tcp::acceptor> acceptor;

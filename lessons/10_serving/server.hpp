@@ -68,9 +68,10 @@ struct ServerOptions {
   /// Connections open at once: one more is answered 503 (with Retry-After) and closed. Each
   /// holds up to 64 KB of headers while they come.
   int max_connections = 1024;
-  /// Request bodies being read at once, in bytes (by their Content-Length): a request whose body
-  /// would pass it is answered 503 (with Retry-After) before its body is read. With the 64 KB of
-  /// headers per connection, this bounds what clients can make the server hold.
+  /// Bytes of request bodies received and not yet parsed, all connections together: a request
+  /// whose next bytes would pass it is answered 503 (with Retry-After) and its body dropped (a
+  /// Content-Length only announced holds nothing). With the 64 KB of headers per connection, this
+  /// bounds what clients can make the server hold.
   size_t max_body_bytes_in_flight = 64 << 20;
   /// Requests that may wait for a place in the batch beyond those running (the engine's
   /// max_running; naive: 1): one more gets 503 with a Retry-After header.

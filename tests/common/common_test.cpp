@@ -450,6 +450,10 @@ TEST(Options, RealsMustBeFinite) {
   EXPECT_DOUBLE_EQ(parse({"--x", "0.5"}).real("--x", 1), 0.5);
   for (const char* bad : {"inf", "-inf", "nan", "1e999", "", "0.5x"})
     EXPECT_TRUE(throws_error_mentioning([&] { parse({"--x", bad}).real("--x", 1); }, "finite number")) << bad;
+  EXPECT_DOUBLE_EQ(parse({"--x", "0.01"}).real("--x", 1, 0.01, 86400), 0.01);
+  for (const char* outside : {"0.001", "1e10", "-1"})
+    EXPECT_TRUE(throws_error_mentioning([&] { parse({"--x", outside}).real("--x", 1, 0.01, 86400); }, "[0.01, 86400]"))
+        << outside;
 }
 
 TEST(Options, AnOptionIsNotTheValueOfTheOneBefore) {
