@@ -78,6 +78,18 @@ bool same_secret(std::string_view given, std::string_view secret) {
   return differ == 0;
 }
 
+/// The path a request target names, without its query: "/v1/models" from "/v1/models?x=1", and
+/// from the absolute form "http://host:8000/v1/models" (what clients send to a proxy; RFC 9112
+/// says a server must accept it too), "/" where such a target has no path.
+std::string origin_path(std::string_view target) {
+  target = target.substr(0, target.find_first_of("?#"));
+  if (const size_t scheme = target.find("://"); scheme != std::string_view::npos && target.substr(0, 1) != "/") {
+    const size_t path = target.find('/', scheme + 3);
+    return path == std::string_view::npos ? "/" : std::string(target.substr(path));
+  }
+  return std::string(target);
+}
+
 /// The method each route answers, by path (a GET route answers HEAD too); "" for no route.
 std::string route_method(std::string_view path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
@@ -217,7 +229,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     if (req.version() != 11)  // (HTTP/1.0 would need its own framing: no chunked streams, no default keep-alive)
       return refuse(ApiError(505, cat("This server speaks HTTP/1.1; the request is HTTP/", req.version() / 10, ".",
                                       req.version() % 10)));
-    path_ = std::string(req.target().substr(0, req.target().find('?')));
+    path_ = origin_path({req.target().data(), req.target().size()});
     head_only_ = req.method() == http::verb::head;
     keep_alive_ = header_->keep_alive();
     if (const std::optional<ApiError> e = s_.refuse_by_headers(req, path_)) return refuse(*e);

@@ -222,6 +222,10 @@ TEST(ServerHostile, FramingsAndTypesAreRefusedBeforeTheBodyIsRead) {
   const Raw model = exchange(port, "GET /v1/models/tiny-fortunes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(model.status, 200) << model.text.substr(0, 300);
   EXPECT_NE(model.text.find(R"("id":"tiny-fortunes")"), std::string::npos) << model.text;
+  // A target in absolute form (what a client sends through a proxy) names the same route.
+  const Raw absolute = exchange(port, "GET http://x:8000/v1/models/tiny-fortunes?q=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(absolute.status, 200) << absolute.text.substr(0, 300);
+  EXPECT_EQ(exchange(port, "GET http://x:8000 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").status, 404);
   EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
   EXPECT_EQ(metric_value(server->metrics(), R"(course_requests_rejected_total{status="415"})"), 3.0);
   // A field of the wrong type deep in the body: 400 naming it, never a 500.
