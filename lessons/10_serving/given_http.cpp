@@ -125,6 +125,8 @@ struct Server::Impl {
   /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
   /// POST its framing, its size and its type. Empty when the request may go on.
   std::optional<ApiError> refuse_by_headers(const http::request_header<>& req, std::string_view path) const {
+    if (const size_t hosts = req.count(http::field::host); hosts != 1)  // (RFC 9112: exactly one, or 400)
+      return ApiError(400, cat("An HTTP/1.1 request names its host in one Host header; this one has ", hosts));
     const std::string method = route_method(path);
     const std::string verb(req.method_string());
     if (!method.empty() && verb != method && !(method == "GET" && verb == "HEAD"))

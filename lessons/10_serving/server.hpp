@@ -21,12 +21,13 @@
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true or not),
 /// GET /v1/models, GET /v1/models/{name}, GET /health, GET /metrics (Prometheus text: time to first token, time per
 /// output token and inter-token latency histograms; running and waiting requests; KV memory
-/// reserved; prefix cache hit rate; tokens and requests by how they ended).
+/// reserved; prefix cache hit rate; tokens and requests by how they ended). Each path may come in
+/// absolute form too (http://host/v1/models, as a client sends it through a proxy).
 ///
 /// Refused on the headers, before a byte of the body is read or inflated (OpenAI's error body each
 /// time, then the connection closed): a Content-Length above max_body_bytes (413; with Expect:
 /// 100-continue, before the client sends the body), no Content-Length or a chunked body (411),
-/// Transfer-Encoding with Content-Length (400), any Content-Encoding (415), a Content-Type other
+/// Transfer-Encoding with Content-Length (400), no Host header or two (400), any Content-Encoding (415), a Content-Type other
 /// than application/json (415), headers above 64 KB in all (431), a known path with the wrong
 /// method (405), a missing or wrong key on /v1/ when api_key is set (401), anything that is not
 /// HTTP/1.1 (505), a body past max_body_bytes_in_flight or a connection past max_connections

@@ -198,6 +198,8 @@ TEST(ServerHostile, FramingsAndTypesAreRefusedBeforeTheBodyIsRead) {
       {"GET on a POST route", "GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405},
       {"POST on a GET route", post_head("/v1/models", "Content-Type: application/json\r\nContent-Length: 2\r\n"), 405},
       {"an unknown model by id", "GET /v1/models/gpt-4 HTTP/1.1\r\nHost: x\r\n\r\n", 404},
+      {"no Host (RFC 9112: 400)", "GET /health HTTP/1.1\r\n\r\n", 400},
+      {"two Hosts", "GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400},
       {"70 KB of headers", "GET /health HTTP/1.1\r\nHost: x\r\n" + many_headers(7000) + "\r\n", 431},
   };
   for (const Case& c : cases) {
