@@ -103,9 +103,17 @@ run_step() {
   local took=$((SECONDS - t0))
   if [ $status -eq 0 ]; then record "$name" passed "$took" ""
   elif [ $status -eq 124 ] || [ $status -eq 137 ]; then record "$name" "timed out" "$took" "after $limit s"
-  else record "$name" failed "$took" "exit $status: $(grep -m1 -iE 'error|fail' "$log" | cut -c1-200)"
+  else record "$name" failed "$took" "exit $status: $(first_failure "$log" | cut -c1-200)"
   fi
   return $status
+}
+
+# first_failure LOG: what failed, as one line: ctest's list of failed tests where there is one,
+# else the first line with the word error or fail (a word: a test named ...ErrorIs... is not one).
+first_failure() {
+  local failed
+  failed=$(sed -n '/The following tests FAILED:/,$p' "$1" | sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\).*/\1/p' | paste -sd, -)
+  if [ -n "$failed" ]; then echo "failed: $failed"; else grep -m1 -iwE 'error|errors|fail|failed|failure' "$1"; fi
 }
 
 # ------------------------------------------------------------ 1. packages --
