@@ -2,7 +2,8 @@
 /// @brief y = x W^T, the projection every layer runs, at the speed this machine allows.
 ///
 /// Written plainly, a linear layer is `x * w.transpose()` (tensor.hpp), and every lesson's tests
-/// accept that. The course's reference engine calls linear() instead, which computes the same
+/// accept that, but for lesson 03's batched forward, whose test watches linear() read each matrix
+/// once for the batch (set_linear_watch()). The course's reference engine calls linear() instead, which computes the same
 /// product two ways depending on the shape:
 ///
 /// - **Up to kLinearTileRows rows of x** (decode: one row per sequence). At one row the product is
@@ -58,5 +59,17 @@ struct Share {
 /// linear_rows_into()): the parts in order cover the range, as even as `grain` allows (a part may
 /// be empty). Throws infer::Error for a part outside [0, parts).
 Share share_of(long n, int part, int parts, long grain = 4);
+
+/// What linear_into() (and so linear()) reports, where a test watches it: the matrix W (its
+/// first element) and the rows of x of each product. Lesson 03's test sees through it that a
+/// batched step reads each weight matrix once for all its rows (tests/03_batching); nothing else
+/// sets it.
+struct LinearWatch {
+  void (*seen)(const float* w, long x_rows, void* context) = nullptr;  ///< called once per product
+  void* context = nullptr;                                               ///< passed back to `seen`
+};
+
+/// Makes `watch` the one linear_into() reports to (nullptr: none), and returns the previous one.
+const LinearWatch* set_linear_watch(const LinearWatch* watch);
 
 }  // namespace infer

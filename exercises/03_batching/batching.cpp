@@ -13,6 +13,8 @@
 #include <map>
 #include <tuple>
 
+#include "common/linear.hpp"
+
 namespace infer {
 
 // --------------------------------------------------------------- scheduling --
@@ -64,7 +66,8 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches) {
   // One decode step for B sequences, as the contract describes: row i equals forward_cached() of
   // sequence i alone. Each layer runs once over the whole batch (every sequence's layer l before
-  // any sequence's layer l + 1), while each row keeps its own position and its own cache. All or
+  // any sequence's layer l + 1; each weight matrix in one linear() over all B rows), while each
+  // row keeps its own position and its own cache. All or
   // nothing: bad ids, unequal counts, a shared cache or a full cache throw before any append.
   (void)model, (void)tokens, (void)caches;
   throw NotImplemented("03", "forward_batch");

@@ -105,7 +105,7 @@ struct SimRun {
 
 /// Runs `requests` (any order; sorted by arrival, then id, inside) step by step under `policy`.
 /// No requests give an empty run. Throws infer::Error for an output_tokens below 1, a negative
-/// arrival or an id that appears twice.
+/// arrival or an id that appears twice, its message naming the request's id and the value.
 SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch);
 
 /// Latency percentiles and throughput of a run.
@@ -120,7 +120,7 @@ struct BatchStats {
 
 /// The p-th percentile (0..100) of `values` by linear interpolation: sort, then read rank
 /// p/100 * (n - 1) between its neighbours (numpy's default). Throws infer::Error for no values
-/// or a p outside [0, 100].
+/// or a p outside [0, 100] (naming p).
 double percentile(std::vector<double> values, double p);
 
 /// Summarizes a run. Throws infer::Error for a run with no outcomes.
@@ -130,7 +130,7 @@ BatchStats summarize(const SimRun& run);
 /// `scale / u^(1/shape)` for u uniform in (0, 1], rounded down and capped at `cap`. Draw u as
 /// `1 - Rng(seed).uniform()` (uniform() is in [0, 1)), one draw per length, in order: the same
 /// seed then gives everyone the same lengths. Throws infer::Error for n < 0, shape <= 0,
-/// scale < 1 or cap < 1.
+/// scale < 1 or cap < 1, naming the value refused.
 std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed);
 
 // ============================================================ the real model ==
@@ -138,8 +138,10 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 /// One decode step for several sequences at once. Sequence i's next token is `tokens[i]`,
 /// at position `caches[i]->length()`; each cache belongs to one sequence.
 ///
-/// The projections and the MLP run as one matrix product over the batch (B rows); RoPE uses
-/// each row's own position; each row appends its K/V to its own cache and attends over it.
+/// The projections and the MLP run as one matrix product over the batch: one linear()
+/// (common/linear.hpp) per weight matrix, over all B rows, the output head's included (the test
+/// watches linear() to see each matrix read once for the batch; swiglu_mlp() calls it for the
+/// MLP's three); RoPE uses each row's own position; each row appends its K/V to its own cache and attends over it.
 /// Validate everything first (ids, equal counts, room in every cache): a refused call appends
 /// nothing. Two rows must not share a cache.
 /// @return [B, vocab] logits, row i for sequence i; equal to forward_cached() of each alone.

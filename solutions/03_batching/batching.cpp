@@ -122,7 +122,10 @@ BatchStats summarize(const SimRun& run) {
 }
 
 std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint64_t seed) {
-  require(n >= 0 && shape > 0 && scale >= 1 && cap >= 1, "pareto_lengths: need n >= 0, shape > 0, scale >= 1, cap >= 1");
+  require(n >= 0, "pareto_lengths: n must be >= 0, got ", n);
+  require(shape > 0, "pareto_lengths: shape must be > 0, got ", shape);
+  require(scale >= 1, "pareto_lengths: scale must be >= 1, got ", scale);
+  require(cap >= 1, "pareto_lengths: cap must be >= 1, got ", cap);
   Rng rng(seed);
   std::vector<int> out(n);
   for (int& x : out) {

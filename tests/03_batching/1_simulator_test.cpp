@@ -4,7 +4,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/rng.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/throws.hpp"
 #include "lessons/03_batching/batching.hpp"
 
 namespace infer {
@@ -51,16 +53,16 @@ GRADED_TEST(Lesson03Sim, ArrivalsOverTimeMatchTheHandWorkedExample, 2) {
   //   slot A            R0 R0 R0 .  R3 R3
   //   slot B            .  R1 R2 R2 .  .
   const SimRun c = simulate(reqs, Policy::Continuous, 2);
-  EXPECT_EQ(starts(c), (std::vector<int>{0, 1, 2, 4}));
-  EXPECT_EQ(finishes(c), (std::vector<int>{3, 2, 4, 6}));
-  EXPECT_EQ(c.busy_slots, (std::vector<int>{1, 2, 2, 1, 1, 1}));
+  EXPECT_EQ(starts(c), (std::vector<int>{0, 1, 2, 4})) << "continuous";
+  EXPECT_EQ(finishes(c), (std::vector<int>{3, 2, 4, 6})) << "continuous";
+  EXPECT_EQ(c.busy_slots, (std::vector<int>{1, 2, 2, 1, 1, 1})) << "continuous";
   //   static       step 0  1  2  3  4  5
   //   slot A            .  R0 R0 R0 R2 R2    the first batch waits for R1 to arrive
   //   slot B            .  R1 .  .  R3 R3    the second waits for R3
   const SimRun s = simulate(reqs, Policy::Static, 2);
-  EXPECT_EQ(starts(s), (std::vector<int>{1, 1, 4, 4}));
-  EXPECT_EQ(finishes(s), (std::vector<int>{4, 4, 6, 6}));
-  EXPECT_EQ(s.busy_slots, (std::vector<int>{0, 2, 1, 1, 2, 2}));
+  EXPECT_EQ(starts(s), (std::vector<int>{1, 1, 4, 4})) << "static";
+  EXPECT_EQ(finishes(s), (std::vector<int>{4, 4, 6, 6})) << "static";
+  EXPECT_EQ(s.busy_slots, (std::vector<int>{0, 2, 1, 1, 2, 2})) << "static";
 }
 
 GRADED_TEST(Lesson03Sim, PercentilesInterpolateBetweenRanks, 1) {
@@ -97,6 +99,55 @@ GRADED_TEST(Lesson03Sim, ParetoLengthsHaveTheirTail, 1) {
   EXPECT_EQ(*std::min_element(x.begin(), x.end()), 20) << "no length is below the scale";
   const auto capped = pareto_lengths(2000, 1.5, 20, 200, 7);
   EXPECT_EQ(*std::max_element(capped.begin(), capped.end()), 200) << "lengths are capped at 200, and some reach it";
+  // The contract's recipe exactly (u = 1 - uniform(), rounded down): the same seed must give
+  // everyone, the bench and the lesson's figures included, the same lengths.
+  Rng rng(3);
+  const auto mine = pareto_lengths(100, 1.5, 20, 200, 3);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const double u = 1.0 - rng.uniform();
+    const int want = static_cast<int>(std::min(200.0, std::floor(20.0 / std::pow(u, 1 / 1.5))));
+    ASSERT_EQ(mine[i], want) << "length " << i << " of seed 3: u = 1 - uniform() = " << u << ", 20 / u^(1/1.5) = "
+                             << 20.0 / std::pow(u, 1 / 1.5) << ", rounded down and capped at 200";
+  }
+}
+
+GRADED_TEST(Lesson03Sim, RequestsAreTakenByArrivalThenId, 1) {
+  // The same three requests as above, listed in reverse: the schedule is the same, request by
+  // request (outcomes stay in the order given). Taking them in the order given, or sorting by
+  // arrival alone, starts request 2 first.
+  const std::vector<SimRequest> reversed(kThree.rbegin(), kThree.rend());
+  for (Policy policy : {Policy::Static, Policy::Continuous}) {
+    const char* name = policy == Policy::Static ? "static" : "continuous";
+    const SimRun forward = simulate(kThree, policy, 2), backward = simulate(reversed, policy, 2);
+    ASSERT_EQ(backward.outcomes.size(), 3u) << name;
+    for (int i = 0; i < 3; ++i) {
+      const SimOutcome& o = backward.outcomes[2 - i];
+      EXPECT_EQ(o.id, i) << name << ": outcomes stay in the order the requests were given";
+      EXPECT_EQ(o.start_step, forward.outcomes[i].start_step)
+          << name << ": request " << i << " given last-to-first starts at another step (ties in arrival go by id)";
+      EXPECT_EQ(o.finish_step, forward.outcomes[i].finish_step) << name << ": request " << i;
+    }
+  }
+}
+
+GRADED_TEST(Lesson03Sim, BadArgumentsAreRefused, 1) {
+  // Each refusal names what was wrong with its value, as the contract says (an empty input has
+  // no value to name: any infer::Error will do).
+  using testing::throws_error_mentioning;
+  const std::vector<SimRequest> no_tokens = {{7, 4, 0, 0}}, early = {{8, 4, 2, -3}}, twice = {{5, 4, 2, 0}, {5, 4, 1, 0}};
+  EXPECT_TRUE(throws_error_mentioning([&] { simulate(no_tokens, Policy::Continuous, 2); }, "7"))
+      << "request 7 wants 0 tokens: the message names the request";
+  EXPECT_TRUE(throws_error_mentioning([&] { simulate(early, Policy::Continuous, 2); }, "-3"))
+      << "request 8 arrives at step -3: the message names the step";
+  EXPECT_TRUE(throws_error_mentioning([&] { simulate(twice, Policy::Static, 2); }, "5")) << "id 5 appears twice";
+  EXPECT_TRUE(throws_error_mentioning([] { percentile({}, 50); }, ""));
+  EXPECT_TRUE(throws_error_mentioning([] { percentile({1, 2}, 101); }, "101"));
+  EXPECT_TRUE(throws_error_mentioning([] { percentile({1, 2}, -1); }, "-1"));
+  EXPECT_TRUE(throws_error_mentioning([] { pareto_lengths(-3, 1.5, 20, 200, 1); }, "-3"));
+  EXPECT_TRUE(throws_error_mentioning([] { pareto_lengths(5, -2.5, 20, 200, 1); }, "-2.5"));
+  EXPECT_TRUE(throws_error_mentioning([] { pareto_lengths(5, 1.5, 0.5, 200, 1); }, "0.5"));
+  EXPECT_TRUE(throws_error_mentioning([] { pareto_lengths(5, 1.5, 20, -4, 1); }, "-4"));
+  EXPECT_TRUE(throws_error_mentioning([] { summarize(SimRun{}); }, ""));
 }
 
 std::vector<SimRequest> pareto_workload(uint64_t seed) {

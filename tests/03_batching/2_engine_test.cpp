@@ -1,6 +1,9 @@
 // Lesson 03, part B: the batched forward and the engine on real models.
+#include <map>
 #include <set>
+#include <string>
 
+#include "common/linear.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
@@ -39,10 +42,40 @@ GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
   }
 }
 
+/// While it lives, the rows of x of every product linear() computes, by weight matrix.
+class WatchedProducts {
+ public:
+  WatchedProducts() { before_ = set_linear_watch(&watch_); }
+  ~WatchedProducts() { set_linear_watch(before_); }
+  WatchedProducts(const WatchedProducts&) = delete;
+  WatchedProducts& operator=(const WatchedProducts&) = delete;
+
+  /// The rows of x of each product that read `w`, in order.
+  std::vector<long> of(const Matrix& w) const {
+    const auto it = rows_.find(w.data());
+    return it == rows_.end() ? std::vector<long>{} : it->second;
+  }
+
+ private:
+  std::map<const float*, std::vector<long>> rows_;
+  LinearWatch watch_{[](const float* w, long rows, void* self) { static_cast<WatchedProducts*>(self)->rows_[w].push_back(rows); },
+                     this};
+  const LinearWatch* before_ = nullptr;
+};
+
+std::string shown(const std::vector<long>& rows) {
+  std::string out;
+  for (long r : rows) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
 GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
   // Batching means each layer's weights are read once for all B sequences: layer l of every
-  // sequence happens before layer l + 1 of any. A loop of forward_cached, one sequence after the
-  // other, gives the same logits and reads every weight B times.
+  // sequence happens before layer l + 1 of any, and each weight matrix meets all B rows in one
+  // product. A loop of forward_cached, one sequence after the other, gives the same logits and
+  // reads every weight B times; so does a loop over the rows inside each layer, which keeps the
+  // order of the appends. The products are watched through linear() (common/linear.hpp), as the
+  // contract asks.
   const ModelWeights& m = testing::small_model();
   std::vector<std::pair<int, int>> log;  // (layer, sequence), in the order of the appends
   std::vector<std::unique_ptr<testing::ObservedStore>> stores;
@@ -54,8 +87,28 @@ GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
     forward_cached(m, std::vector<int>{1, 5 + i}, *stores.back());
   }
   log.clear();
+  WatchedProducts products;
   forward_batch(m, std::vector<int>{20, 21, 22}, caches);
   const int layers = m.config.num_hidden_layers;
+  for (int l = 0; l < layers; ++l) {
+    const LayerWeights& w = m.layers[l];
+    const std::pair<const char*, const Matrix*> matrices[] = {{"q_proj", &w.q_proj},     {"k_proj", &w.k_proj},
+                                                              {"v_proj", &w.v_proj},     {"o_proj", &w.o_proj},
+                                                              {"gate_proj", &w.gate_proj}, {"up_proj", &w.up_proj},
+                                                              {"down_proj", &w.down_proj}};
+    for (const auto& [name, matrix] : matrices) {
+      const std::vector<long> rows = products.of(*matrix);
+      ASSERT_FALSE(rows.empty()) << "layer " << l << "'s " << name << " was never read through linear(): the contract "
+                                 << "asks for each projection as one linear() call over all 3 rows (common/linear.hpp); "
+                                 << "x * W^T gives the same numbers, but this test cannot see it read W once";
+      ASSERT_EQ(rows, std::vector<long>{3}) << "layer " << l << "'s " << name << " was read " << rows.size()
+                                            << " time(s), by products over " << shown(rows) << " rows: one product over "
+                                            << "all 3 rows reads it once for the batch, which is what batching is for";
+    }
+  }
+  ASSERT_EQ(products.of(m.lm_head), std::vector<long>{3})
+      << "lm_head: products over " << shown(products.of(m.lm_head)) << " rows (none: not through linear()); "
+      << "expected one over all 3 rows";
   ASSERT_EQ(static_cast<int>(log.size()), 3 * layers) << "one append per layer per sequence";
   for (size_t i = 1; i < log.size(); ++i) {
     ASSERT_LE(log[i - 1].first, log[i].first)
@@ -69,6 +122,33 @@ GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
       if (layer == l) seen.insert(seq);
     EXPECT_EQ(seen.size(), 3u) << "layer " << l << " must append once for each of the 3 sequences";
   }
+}
+
+GRADED_TEST(Lesson03Engine, ForwardBatchRefusesABadCallBeforeAnyAppend, 1) {
+  // All or nothing: a call that fails on its last row has appended nothing to the rows before.
+  using testing::throws_error_mentioning;
+  const ModelWeights& m = testing::small_model();
+  KVCache a(m.config, 32), b(m.config, 32), full(m.config, 3);
+  for (KVCache* c : {&a, &b, &full}) forward_cached(m, std::vector<int>{1, 5, 6}, *c);
+  const auto lengths = [&] {  // every layer's: a forward appends to layer 0 first
+    std::vector<int> out;
+    for (const KVCache* c : {&a, &b, &full})
+      for (int l = 0; l < c->num_layers(); ++l) out.push_back(c->length(l));
+    return out;
+  };
+  const std::vector<int> before = lengths();
+  std::vector<KVStore*> shared = {&a, &b, &a};
+  EXPECT_TRUE(throws_error_mentioning([&] { forward_batch(m, std::vector<int>{20, 21, 22}, shared); }, ""))
+      << "rows 0 and 2 share a cache";
+  std::vector<KVStore*> last_full = {&a, &b, &full};
+  EXPECT_TRUE(throws_error_mentioning([&] { forward_batch(m, std::vector<int>{20, 21, 22}, last_full); }, ""))
+      << "row 2's cache holds 3 positions of 3: no room for one more";
+  std::vector<KVStore*> two = {&a, &b};
+  EXPECT_TRUE(throws_error_mentioning([&] { forward_batch(m, std::vector<int>{20, m.config.vocab_size}, two); },
+                                      std::to_string(m.config.vocab_size)))
+      << "row 1's token is outside the vocabulary: the message names it";
+  EXPECT_TRUE(throws_error_mentioning([&] { forward_batch(m, std::vector<int>{20}, two); }, "")) << "1 token, 2 caches";
+  EXPECT_EQ(lengths(), before) << "a refused call appended to a cache (validate every row before the first append)";
 }
 
 GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
