@@ -244,7 +244,7 @@ struct SpecStats {
   long proposed = 0;         ///< tokens proposed, over all rounds
   long accepted = 0;         ///< of them, kept
   long generated = 0;        ///< tokens returned
-  long target_forwards = 0;  ///< target forward calls, the prefill included
+  long target_forwards = 0;  ///< target forward calls made by this generation, its prefill included
   /// accepted / proposed (0 when nothing was proposed).
   double acceptance() const;
   /// Tokens per round: (accepted + one target token per round) / rounds, before any cut at
@@ -256,8 +256,8 @@ struct SpecStats {
 /// per round (k = 0: one token per target forward, plain decoding through the same loop).
 ///
 /// - The target's cache starts empty; a prefill of all the prompt but its last token fills it
-///   (no prefill for a one-token prompt). At the start of every round it holds every token of
-///   the context but the last.
+///   (no prefill for a one-token prompt, nor for max_new_tokens = 0, which returns nothing and
+///   runs nothing). At the start of every round it holds every token of the context but the last.
 /// - A round: the proposer guesses up to min(k, tokens still wanted - 1) tokens (it is not
 ///   asked when that is 0); ONE target
 ///   forward over [last token, guesses...]; verify_greedy() at temperature 0, otherwise
@@ -283,9 +283,10 @@ std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, s
 
 /// Greedy tree speculation: generate_speculative()'s loop with a tree in place of a chain. Each
 /// round the draft proposes a tree of `branches` children per node, min(depth, tokens still
-/// wanted - 1) levels deep, fewer if the whole tree would not fit in both caches after the
-/// context's first n - 1 tokens (the tree's nodes sit there until the round ends); no tree when
-/// that leaves 0 levels, the root alone; ONE target forward_tree()
+/// wanted - 1) levels deep, fewer if the whole tree would not fit in both caches after all the
+/// context's tokens but its last (the tree's nodes, root included, sit there until the round
+/// ends); when that leaves 0 levels, the draft is not asked and the tree is the root alone (the
+/// context's last token: the round is a plain decode step); ONE target forward_tree()
 /// scores every node; verify_tree_greedy() picks the accepted path; keep_tree_path() leaves the
 /// target's cache holding the context, the accepted guesses and nothing else of the tree (the
 /// new token is not fed yet). Stops after max_new_tokens or right after EOS, like

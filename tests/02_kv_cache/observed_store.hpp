@@ -26,6 +26,9 @@ class ObservedStore final : public KVStore {
     observe_(layer, inner_.length(layer), static_cast<int>(k.rows()));
     inner_.append(layer, k, v);
   }
+  /// The cache's own truncate (KVStore's generic one would append the kept rows again, and
+  /// report them).
+  void truncate(int length) override { inner_.truncate(length); }
   ConstMatrixRef keys(int layer) const override { return inner_.keys(layer); }
   ConstMatrixRef values(int layer) const override { return inner_.values(layer); }
   void reset() override { inner_.reset(); }

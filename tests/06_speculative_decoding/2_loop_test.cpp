@@ -13,6 +13,7 @@
 #include "common/testing/throws.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
+#include "tests/02_kv_cache/observed_store.hpp"
 
 namespace infer {
 namespace {
@@ -108,6 +109,30 @@ GRADED_TEST(Lesson06Loop, TheDraftNeverComputesAgainWhatTheTargetKept, 1) {
     EXPECT_EQ(draft.recomputed(), 0) << "k = " << k << ": after a rejection the draft had to compute again tokens "
                                      << "it had computed and the target kept (rolled back too far?)";
   }
+  // Nor inside a proposal: through the seam, with a store that counts the positions appended to
+  // it, a draft that throws away what agrees and computes the whole context again every round
+  // (the same tokens, the same cache afterwards) is seen. Each position is computed once for the
+  // token it finally holds, and at most once more for each guess fed at it.
+  const ModelWeights& d = testing::bundled_draft();
+  for (const int k : {2, 4}) {
+    long computed = 0;
+    CpuRunner runner(d);
+    auto store = std::make_unique<testing::ObservedStore>(d.config, d.config.max_position_embeddings,
+                                                          [&computed](int layer, int, int rows) {
+                                                            if (layer == 0) computed += rows;
+                                                          });
+    DraftProposer draft(runner, std::move(store), kGreedy);
+    TargetModel target(m);
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
+    SpecStats st;
+    const std::vector<int> out = generate_speculative(target, draft, prompt, n, k, kGreedy, cache, &st);
+    EXPECT_EQ(out, greedy_reference(prompt, n)) << "k = " << k << ", the draft through the forward seam";
+    const long bound = static_cast<long>(prompt.size() + out.size()) + st.proposed;
+    EXPECT_LE(computed, bound) << "k = " << k << ": the draft computed " << computed << " positions for a context of "
+                               << prompt.size() + out.size() << " tokens and " << st.proposed << " guesses in "
+                               << st.rounds << " rounds: catch_up() must keep the cached tokens that agree and run only "
+                               << "what is missing";
+  }
 }
 
 GRADED_TEST(Lesson06Loop, GreedyWithPromptLookupGivesTheTargetsTokensForEveryK, 2) {
@@ -174,8 +199,29 @@ GRADED_TEST(Lesson06Loop, GenerationStopsRightAfterEosEvenInsideARound, 1) {
     TargetModel target(m);
     Oracle oracle(prompt, past, false, m.config.vocab_size);
     KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
-    EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache), want) << "k = " << k;
+    SpecStats st;
+    EXPECT_EQ(generate_speculative(target, oracle, prompt, n, k, kGreedy, cache, &st), want) << "k = " << k;
+    // The last round ends like the others: its context is the prompt, every kept guess and one
+    // target token per round (the output cut at EOS or not), and the cache holds all of it but
+    // the new last token.
+    EXPECT_EQ(cache.length(), static_cast<int>(prompt.size() + st.accepted + st.rounds) - 1)
+        << "k = " << k << ": after " << st.rounds << " rounds that kept " << st.accepted
+        << " guesses, the target's cache holds every guess it kept, those past the EOS too";
   }
+}
+
+GRADED_TEST(Lesson06Loop, TheDraftProposesOnlyWhatItsCacheHasRoomFor, 1) {
+  // A draft cache of 10 positions and a context of 8: the context's last token and two guesses
+  // can be fed back (positions 7, 8, 9), so at most 3 guesses (the last one is never fed).
+  const ModelWeights& d = testing::bundled_draft();
+  DraftProposer draft(d, kGreedy, 10);
+  const std::vector<int> context = ByteTokenizer::encode("Fortune");  // BOS and 7 bytes
+  ASSERT_EQ(context.size(), 8u);
+  Proposal p;
+  ASSERT_NO_THROW(p = draft.propose(context, 5)) << "asked for 5 guesses with room for 3: propose fewer, not fail";
+  EXPECT_GE(p.tokens.size(), 1u) << "there is room for guesses";
+  EXPECT_LE(p.tokens.size(), 3u) << "a fourth guess would feed the third at position 10 of a 10-position cache";
+  EXPECT_LE(draft.cache().length(), 10);
 }
 
 GRADED_TEST(Lesson06Loop, TheDraftsRollbackKeepsExactlyWhatItIsTold, 1) {
@@ -210,7 +256,9 @@ GRADED_TEST(Lesson06Loop, AfterARejectionBothCachesHoldExactlyTheKeptTokens, 3) 
   KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
   SpecStats st;
   const std::vector<int> out = generate_speculative(target, draft, prompt, n, 5, params, cache, &st);
-  ASSERT_LT(st.accepted, st.proposed) << "the test needs a rejection";
+  ASSERT_LT(st.accepted, st.proposed) << "all " << st.proposed << " guesses were kept, where this seed's sampled run "
+                                       << "rejects some with the reference: is verification's Rng seeded once "
+                                       << "with params.seed, and drawn in the header's order?";
   std::vector<int> context = prompt;
   context.insert(context.end(), out.begin(), out.end());
   ASSERT_EQ(cache.length(), static_cast<int>(context.size()) - 1);
@@ -245,7 +293,9 @@ GRADED_TEST(Lesson06Loop, RollbackWorksForAStoreWithoutItsOwnTruncate, 1) {
   Int8KVCache cache(m.config, static_cast<int>(prompt.size()) + n);
   SpecStats st;
   const std::vector<int> out = generate_speculative(target, draft, prompt, n, 5, params, cache, &st);
-  ASSERT_LT(st.accepted, st.proposed) << "the test needs a rejection";
+  ASSERT_LT(st.accepted, st.proposed) << "all " << st.proposed << " guesses were kept, where this seed's sampled run "
+                                       << "rejects some with the reference: is verification's Rng seeded once "
+                                       << "with params.seed, and drawn in the header's order?";
   std::vector<int> context = prompt;
   context.insert(context.end(), out.begin(), out.end());
   ASSERT_EQ(cache.length(), static_cast<int>(context.size()) - 1);
@@ -265,6 +315,11 @@ GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) 
   EXPECT_EQ(p.tokens, (std::vector<int>{9, 3, 6})) << "the most recent earlier occurrence of (6 7)";
   EXPECT_EQ(p.q.rows(), 0) << "certain guesses carry no distribution";
   EXPECT_EQ(lookup.propose(ctx, 1).tokens, std::vector<int>{9});
+  // ... 5 6 7 8 ... 6 7 9 ... 5 6 7: (6 7) last came before 9, but the longer (5 6 7) occurred
+  // too, before 8: the longest n that finds one wins.
+  const std::vector<int> longest = {5, 6, 7, 8, 2, 6, 7, 9, 5, 6, 7};
+  EXPECT_EQ(lookup.propose(longest, 3).tokens, (std::vector<int>{8, 2, 6}))
+      << "n = 3 found (5 6 7), followed by 8: n runs from max_n down, and the first n that finds one wins";
   const std::vector<int> tail = {1, 2, 3, 4, 1, 2};
   EXPECT_EQ(lookup.propose(tail, 8).tokens, (std::vector<int>{3, 4, 1, 2})) << "up to the context's end";
   EXPECT_TRUE(lookup.propose(std::vector<int>{1, 2, 3}, 4).tokens.empty()) << "nothing repeats";
