@@ -3,8 +3,8 @@
 ///
 /// Written plainly, a linear layer is `x * w.transpose()` (tensor.hpp), and every lesson's tests
 /// accept that, but for lesson 03's batched forward, whose test watches linear() read each matrix
-/// once for the batch (set_linear_watch()). The course's reference engine calls linear() instead, which computes the same
-/// product two ways depending on the shape:
+/// once for the batch (set_linear_watch()). The course's reference engine calls linear() instead,
+/// which computes the same product two ways depending on the shape:
 ///
 /// - **Up to kLinearTileRows rows of x** (decode: one row per sequence). At one row the product is
 ///   memory-bound: each weight is used once, so the time is the time to stream W from memory. The

@@ -11,8 +11,8 @@
 //
 // Two models: the bundled one (6.6 MB, it lives in the CPU's caches, so a step's cost grows
 // with the rows in it) and a random one of 24M parameters (96 MB, streamed from memory at every
-// step, so a step's cost grows little with its rows: the regime where batching pays). Writes DIR/batching_summary.csv and
-// DIR/batching_utilization.csv for plot.py.
+// step, so a step's cost grows little with its rows: the regime where batching pays). Writes
+// DIR/batching_summary.csv and DIR/batching_utilization.csv for plot.py.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
