@@ -33,7 +33,7 @@ void apply_rope(MatrixRef x, int head_dim, int start_pos, float theta) {
   for (Eigen::Index t = 0; t < x.rows(); ++t) {
     const double pos = static_cast<double>(start_pos + t);
     for (int i = 0; i < half; ++i) {
-      // Angles in double: at position 200 an angle is ~200 rad, and float would lose digits.
+      // Angles in double: at position 100,000 an angle is ~100,000 rad, where float keeps ~0.008.
       const double angle = pos * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
       const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
       for (Eigen::Index h = 0; h < heads; ++h) {

@@ -37,6 +37,14 @@ GRADED_TEST(Lesson00Ops, RopeMatchesRotateHalfReference, 2) {
   const Matrix want = reference::to_matrix(reference::rope(reference::to_rows(x), 8, 5, 10000.0));
   apply_rope(x, 8, 5, 10000.0f);
   EXPECT_TRUE(all_close(want, x, kAtol, kRtol, "apply_rope on 7 rows of 3 heads (head_dim 8) from position 5"));
+  // Far out (Llama 3's contexts reach 128K positions) the angle is about 100,000 radians: in float
+  // its last digit is worth about 0.008 radians, and cos and sin of it lose the third decimal.
+  Matrix far = reference::random_matrix(3, 2 * 64, 4);
+  const Matrix far_want = reference::to_matrix(reference::rope(reference::to_rows(far), 64, 100000, 500000.0));
+  apply_rope(far, 64, 100000, 500000.0f);
+  EXPECT_TRUE(all_close(far_want, far, kAtol, kRtol,
+                        "apply_rope at positions 100,000 to 100,002 (head_dim 64, rope_theta 500,000): is the angle "
+                        "computed in double?"));
 }
 
 GRADED_TEST(Lesson00Ops, RopePairsElementIWithIPlusHalf, 1) {

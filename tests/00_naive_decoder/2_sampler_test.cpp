@@ -71,6 +71,10 @@ GRADED_TEST(Lesson00Sampler, TopPKeepsTheSmallestSetReachingP, 2) {
   const Vector p90 = sampling_distribution(l, {.top_p = 0.9f});
   EXPECT_TRUE(testing::all_close(vec({0.15f / 0.95f, 0.5f / 0.95f, 0, 0.3f / 0.95f}), p90, 1e-6, 1e-5,
                                  "top_p 0.9 keeps 0.5 + 0.3 + 0.15"));
+  // Reaching counts: two of four equal tokens make exactly 0.5 (0.25 + 0.25, exact in float).
+  const Vector exact = sampling_distribution(vec({1.0f, 1.0f, 1.0f, 1.0f}), {.top_p = 0.5f});
+  EXPECT_EQ((exact.array() > 0).count(), 2)
+      << "top_p 0.5 over four tokens of 0.25: the first two total exactly 0.5, which reaches it (>=, not >)";
 }
 
 GRADED_TEST(Lesson00Sampler, TiesGoToTheSmallerIndex, 1) {
@@ -81,7 +85,13 @@ GRADED_TEST(Lesson00Sampler, TiesGoToTheSmallerIndex, 1) {
   // Four equal tokens: top_p 0.5 is reached by the first two.
   const Vector p50 = sampling_distribution(vec({2.0f, 2.0f, 2.0f, 2.0f}), {.top_p = 0.5f});
   EXPECT_TRUE(testing::all_close(vec({0.5f, 0.5f, 0, 0}), p50, 1e-6, 1e-5,
-                                 "top_p 0.5 over four equal tokens (ties go to the smaller index)"));
+                                 "top_p 0.5 over four equal tokens (0.25 + 0.25 reaches 0.5; of the ties the "
+                                 "smaller indices stay)"));
+  // A hundred equal tokens: a sort that is not stable may keep any five of them.
+  const Vector many = sampling_distribution(Vector::Constant(100, 0.5f), {.top_k = 5});
+  for (int i = 0; i < 100; ++i)
+    ASSERT_EQ(many[i] > 0, i < 5) << "top_k 5 over 100 equal tokens keeps tokens 0 to 4; token " << i << " has "
+                                  << many[i] << " (rank ties by index: a stable sort, or the index as a tie-break)";
 }
 
 GRADED_TEST(Lesson00Sampler, TopPMeasuresWhatTopKLeft, 1) {
@@ -92,6 +102,12 @@ GRADED_TEST(Lesson00Sampler, TopPMeasuresWhatTopKLeft, 1) {
   const Vector p = sampling_distribution(l, {.top_k = 2, .top_p = 0.5f});
   EXPECT_TRUE(testing::all_close(vec({1, 0, 0, 0}), p, 1e-6, 1e-5,
                                  "top_k 2 then top_p 0.5 over probabilities 0.4, 0.3, 0.2, 0.1"));
+  // And what the temperature made: at temperature 0.5 the probabilities are 0.4^2, 0.3^2, ...
+  // over their sum, 0.533, 0.3, 0.133, 0.033, and top_p 0.5 is reached by the first alone.
+  // (Chosen at temperature 1, 0.4 falls short and two tokens would stay.)
+  const Vector tempered = sampling_distribution(l, {.temperature = 0.5f, .top_p = 0.5f});
+  EXPECT_TRUE(testing::all_close(vec({1, 0, 0, 0}), tempered, 1e-6, 1e-5,
+                                 "temperature 0.5 then top_p 0.5: the order is temperature, top-k, top-p"));
 }
 
 GRADED_TEST(Lesson00Sampler, EachTokenOwnsAHalfOpenInterval, 1) {
@@ -112,6 +128,8 @@ GRADED_TEST(Lesson00Sampler, SampleFromInvertsTheCumulativeDistribution, 1) {
   EXPECT_EQ(sample_from(p, 0.999999), 2);
   EXPECT_EQ(sample_from(vec({0, 0.5f, 0, 0.5f, 0}), 0.0), 1) << "zero-probability tokens are never drawn";
   EXPECT_EQ(sample_from(vec({0, 0.5f, 0, 0.5f, 0}), 0.999999), 3) << "zero-probability tokens are never drawn";
+  EXPECT_EQ(sample_from(vec({0.5f, 0.4999f, 0}), 0.99995), 1)
+      << "the probabilities total 0.9999, below u: the last index with non-zero probability, 1, not the last index";
 }
 
 GRADED_TEST(Lesson00Sampler, SampledFrequenciesFollowTheDistribution, 2) {

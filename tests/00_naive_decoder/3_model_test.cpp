@@ -34,13 +34,19 @@ std::vector<int> some_tokens(int n, int vocab, uint64_t seed) {
 }
 
 GRADED_TEST(Lesson00Model, ForwardMatchesReferenceOnRandomModels, 3) {
-  // Multi-head (GQA ratio 1), GQA ratio 3, ratio 4 with a head_dim whose half is odd.
-  for (const auto& c : {small_config(32, 4, 4, 8, 2), small_config(48, 6, 2, 8, 2), small_config(40, 4, 1, 10, 3)}) {
+  // Multi-head (GQA ratio 1), GQA ratio 3, ratio 4 with a head_dim whose half is odd; and one
+  // whose config differs from the usual everywhere a forward might assume it: head_dim 16 where
+  // hidden / heads is 12, Llama 3's rope_theta of 500,000, an rms_norm_eps of 0.01.
+  ModelConfig unusual = small_config(48, 4, 2, 16, 2);
+  unusual.rope_theta = 500000.0f, unusual.rms_norm_eps = 1e-2f;
+  for (const auto& c : {small_config(32, 4, 4, 8, 2), small_config(48, 6, 2, 8, 2), small_config(40, 4, 1, 10, 3), unusual}) {
     const ModelWeights m = random_model(c, 100 + c.num_key_value_heads);
     const auto tokens = some_tokens(11, c.vocab_size, 7);
     EXPECT_TRUE(all_close(reference::forward(m, tokens), forward(m, tokens), 1e-4, 1e-3,
                           cat("logits of a random model with ", c.num_attention_heads, " query heads, ",
-                              c.num_key_value_heads, " K/V heads, head_dim ", c.head_dim)));
+                              c.num_key_value_heads, " K/V heads, head_dim ", c.head_dim, ", hidden ",
+                              c.hidden_size, ", rope_theta ", c.rope_theta, ", rms_norm_eps ", c.rms_norm_eps,
+                              " (each read from the model's config)")));
   }
 }
 
@@ -107,6 +113,13 @@ GRADED_TEST(Lesson00Model, GenerateRefusesToRunPastTheContext, 1) {
       << "60 prompt tokens + 5 new ones do not fit in 64 positions: say so instead of truncating";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { generate(m, std::vector<int>{1, 99}, 1, greedy); },
                                                "vocabulary"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { generate(m, std::vector<int>{1, 4}, -1, greedy); }, ""))
+      << "max_new_tokens -1 is refused, not taken as 0";
+  EXPECT_EQ(generate(m, std::vector<int>(60, 5), 4, greedy).size(), 4u)
+      << "60 prompt tokens + 4 new ones fill the 64 positions exactly: that fits";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward(m, std::vector<int>{}); }, "")) << "forward of no tokens";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward(m, std::vector<int>{1, 40}); }, ""))
+      << "forward of id 40 in a vocabulary of 40";
 }
 
 GRADED_TEST(Lesson00Model, SeededSamplingIsReproducible, 1) {
@@ -117,6 +130,17 @@ GRADED_TEST(Lesson00Model, SeededSamplingIsReproducible, 1) {
   };
   EXPECT_EQ(run(42), run(42)) << "the same seed must give the same tokens";
   EXPECT_NE(run(42), run(43)) << "different seeds should give different samples";
+  // And the same tokens as everyone's with that seed: the loop by hand (your forward, the given
+  // Sampler, one next() per token), so that a seeded text is the same on every machine.
+  std::vector<int> seq = {1, 4}, want;
+  Sampler s({.temperature = 1.0f, .seed = 42});
+  for (int i = 0; i < 30; ++i) {
+    const Matrix logits = forward(m, seq);
+    want.push_back(s.next(logits.row(logits.rows() - 1).transpose()));
+    seq.push_back(want.back());
+    if (want.back() == m.config.eos_token_id) break;
+  }
+  EXPECT_EQ(run(42), want) << "seed 42: one draw of the sampler per token, from the last row of the logits";
 }
 
 }  // namespace
