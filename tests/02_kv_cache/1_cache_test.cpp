@@ -33,6 +33,14 @@ GRADED_TEST(Lesson02Cache, AppendsAndReadsBackEveryRow, 2) {
   v << v1, v2;
   EXPECT_TRUE(testing::all_close(k, cache.keys(1), 0, 0, "layer 1's keys after appending 3 then 2 rows"));
   EXPECT_TRUE(testing::all_close(v, cache.values(2), 0, 0, "layer 2's values after appending 3 then 2 rows"));
+  // keys() is a view of the cache's own rows: it stays what it was when another layer is read.
+  KVCache two(tiny_config(), 4);
+  two.append(0, rows(2, 8, 1), rows(2, 8, 2));
+  two.append(1, rows(2, 8, 5), rows(2, 8, 6));
+  const ConstMatrixRef layer0 = two.keys(0);
+  (void)two.keys(1);
+  EXPECT_TRUE(testing::all_close(rows(2, 8, 1), layer0, 0, 0,
+                                 "layer 0's keys, read before layer 1's were (a view of the cache, not a copy)"));
 }
 
 GRADED_TEST(Lesson02Cache, AppendingPastMaxTokensThrowsAndWritesNothing, 2) {
@@ -86,6 +94,31 @@ GRADED_TEST(Lesson02Int8, RoundTripErrorIsAtMostHalfAStep, 2) {
             << "value row " << r << " head " << h;
       }
     }
+}
+
+GRADED_TEST(Lesson02Int8, ResetAndTruncateLeaveNoStaleRows, 1) {
+  // What a reset or a truncate dropped is gone from every layer: the cache then reads back what a
+  // fresh one holding the same rows does (speculative decoding truncates after every round).
+  const Matrix a = rows(3, 8, 1), b = rows(2, 8, 9);
+  Int8KVCache reused(tiny_config(), 8), fresh(tiny_config(), 8);
+  for (int l = 0; l < 3; ++l) reused.append(l, a, a), fresh.append(l, b, b);
+  for (int l = 0; l < 3; ++l) (void)reused.keys(l);  // read once, so a cache of the read may keep it
+  reused.reset();
+  for (int l = 0; l < 3; ++l) reused.append(l, b, b);
+  for (int l = 0; l < 3; ++l) {
+    EXPECT_EQ(reused.length(l), 2) << "layer " << l << " after reset() and 2 new rows";
+    EXPECT_TRUE(testing::all_close(fresh.keys(l), reused.keys(l), 0, 0, cat("layer ", l, "'s keys after reset()")));
+    EXPECT_TRUE(testing::all_close(fresh.values(l), reused.values(l), 0, 0, cat("layer ", l, "'s values after reset()")));
+  }
+  Int8KVCache cut(tiny_config(), 8), want(tiny_config(), 8);
+  Matrix kept(3, 8);
+  kept << a.topRows(1), b;
+  for (int l = 0; l < 3; ++l) cut.append(l, a, a), want.append(l, kept, kept);
+  for (int l = 0; l < 3; ++l) (void)cut.keys(l);
+  cut.truncate(1);
+  for (int l = 0; l < 3; ++l) cut.append(l, b, b);
+  for (int l = 0; l < 3; ++l)
+    EXPECT_TRUE(testing::all_close(want.keys(l), cut.keys(l), 0, 0, cat("layer ", l, "'s keys after truncate(1) and 2 new rows")));
 }
 
 GRADED_TEST(Lesson02Int8, UsesAQuarterOfTheBytesPlusScales, 1) {

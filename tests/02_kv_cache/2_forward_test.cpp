@@ -82,6 +82,38 @@ GRADED_TEST(Lesson02Forward, EachPositionsKeysAndValuesAreComputedOnce, 3) {
         << ") was run through the model, though no later step reads its K/V";
 }
 
+GRADED_TEST(Lesson02Forward, GenerateCachedIsGenerateWithOnePrefill, 2) {
+  // Same arguments, same results as lesson 00's generate(): sampled with a seed, streamed, ended
+  // by EOS. The prompt goes in as one prefill (its first append to a layer holds every prompt
+  // position), and a cache that is not empty is refused.
+  const ModelWeights& m = testing::bundled_model();
+  const SamplingParams sampled{.temperature = 0.8f, .top_k = 20, .seed = 5};
+  const auto prompt = ByteTokenizer::encode("You will");
+  Sampler naive_sampler(sampled), cached_sampler(sampled);
+  const auto want = generate(m, prompt, 40, naive_sampler);
+  std::vector<int> first_appends;  // rows of each append to layer 0
+  testing::ObservedStore store(m.config, m.config.max_position_embeddings,
+                               [&](int layer, int, int rows) { if (layer == 0) first_appends.push_back(rows); });
+  std::vector<int> streamed;
+  const auto got = generate_cached(m, prompt, 40, cached_sampler, store, [&](int t) { streamed.push_back(t); });
+  EXPECT_EQ(got, want) << "seed 5 at temperature 0.8, top_k 20: lesson 00's generate() wrote \"" << ByteTokenizer::decode(want)
+                       << "\", yours \"" << ByteTokenizer::decode(got) << "\"";
+  EXPECT_EQ(streamed, got) << "on_token sees every token, in order";
+  ASSERT_FALSE(first_appends.empty());
+  EXPECT_EQ(first_appends.front(), static_cast<int>(prompt.size()))
+      << "the prompt's " << prompt.size() << " tokens go in as one prefill (one forward_cached over all of them)";
+  // EOS: this prompt's greedy text ends with EOS after 32 tokens.
+  const auto twain = ByteTokenizer::encode("\t-- Mark Twain\n");
+  Sampler g1({.temperature = 0.0f}), g2({.temperature = 0.0f});
+  KVCache cache(m.config, 256);
+  const auto plain = generate(m, twain, 60, g1);
+  ASSERT_EQ(plain.back(), m.config.eos_token_id) << "the test needs a text that ends with EOS";
+  EXPECT_EQ(generate_cached(m, twain, 60, g2, cache), plain) << "generation stops right after EOS";
+  Sampler g3({.temperature = 0.0f});
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { generate_cached(m, twain, 4, g3, cache); }, ""))
+      << "a cache that holds another sequence's positions is refused (it must start empty)";
+}
+
 GRADED_TEST(Lesson02Forward, GreedyContinuationMatchesTheFixture, 2) {
   const auto golden = testing::load_golden("tiny-fortunes");
   const auto& g = golden.greedy.front();
