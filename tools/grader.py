@@ -511,7 +511,9 @@ def write_junit(path, cases, results):
 def tree_snapshot(source, build):
     """(path -> (mode, size, modification time)) of the course tree, the build directories left
     out: a file saved or written while grading changes its time (a stat, not a read: the tree holds
-    the bundled models' megabytes, and this runs twice a grading)."""
+    the bundled models' megabytes, and this runs twice a grading). Left out too: logs at the top
+    of the tree (*.log, *.out, *.txt but CMakeLists.txt), which nothing builds or reads, where a
+    student's `./course check 02 > check.log` writes the check's own output."""
     snap = {}
     skip = {os.path.abspath(build)}
     for dirpath, dirnames, filenames in os.walk(source):
@@ -520,6 +522,8 @@ def tree_snapshot(source, build):
                        and not (dirpath == source and d in ("build", ".git"))
                        and d != "__pycache__"]
         for f in filenames:
+            if dirpath == source and f != "CMakeLists.txt" and f.endswith((".log", ".out", ".txt")):
+                continue
             p = os.path.join(dirpath, f)
             try:
                 st = os.lstat(p)
