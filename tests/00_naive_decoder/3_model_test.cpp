@@ -103,6 +103,27 @@ GRADED_TEST(Lesson00Model, GenerateStopsRightAfterEosAndStreamsEveryToken, 2) {
   const auto got = generate(m, std::vector<int>{1, 7, 9}, 20, greedy, [&](int t) { streamed.push_back(t); });
   EXPECT_EQ(got, expected) << "generate should stop right after EOS, keeping it as the last token";
   EXPECT_EQ(streamed, got) << "on_token should see every generated token, in order";
+
+  // As soon as it is chosen: when on_token hears the first token, the sampler has drawn once (a
+  // copy of it taken then draws what a fresh one does after one draw), not once per token.
+  const ModelWeights r = random_model(small_config(32, 4, 2, 8, 1), 8);
+  const Vector flat = Vector::Zero(r.config.vocab_size);
+  Sampler sampler({.temperature = 1.0f, .seed = 9});
+  std::vector<int> heard, after_first;
+  const auto sampled = generate(r, std::vector<int>{1, 4}, 20, sampler, [&](int t) {
+    if (heard.empty()) {
+      Sampler copy = sampler;
+      for (int i = 0; i < 8; ++i) after_first.push_back(copy.next(flat));
+    }
+    heard.push_back(t);
+  });
+  ASSERT_GE(sampled.size(), 2u) << "the test needs a generation of more than one token";
+  Sampler fresh({.temperature = 1.0f, .seed = 9});
+  fresh.next(flat);  // the one draw that chose the first token
+  std::vector<int> want;
+  for (int i = 0; i < 8; ++i) want.push_back(fresh.next(flat));
+  EXPECT_EQ(after_first, want) << "on_token heard the first token after the sampler had drawn more than once: call "
+                                  "it as each token is chosen, not after the loop";
 }
 
 GRADED_TEST(Lesson00Model, GenerateRefusesToRunPastTheContext, 1) {
