@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
                    "                      [--weights f32|int8|int4 [--group G]] [--activations int8]\n"
                    "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
                    "                      [--tensor-parallel-size N] [--naive]\n"
-                   "  The OpenAI-compatible server on the bundled model (port 8000). vLLM's names are accepted\n"
+                   "  The OpenAI-compatible server on the bundled model (port 8000; --port 0: a free one, which\n"
+                   "  the first line printed names). vLLM's names are accepted\n"
                    "  too: --max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks-override,\n"
                    "  --no-enable-prefix-caching. Each option: lessons/10_serving/README.md, \"Step 4: serve\".\n";
       return 0;
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
     omp_set_num_threads(static_cast<int>(opts.number("--threads", 1, 1)));
     ServerOptions so;
     so.host = opts.text("--host", "127.0.0.1");
-    so.port = static_cast<int>(opts.number("--port", 8000, 1, 65535));
+    so.port = static_cast<int>(opts.number("--port", 8000, 0, 65535));  // 0: a free one, named by the banner
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
     so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s, kMinRequestTimeout, kMaxRequestTimeout);
     so.max_connections = static_cast<int>(opts.number("--max-connections", so.max_connections, 1));

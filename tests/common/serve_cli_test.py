@@ -9,11 +9,13 @@ under an mpirun that does not pass SIGUSR1 on to its ranks (as one Open MPI 4.1.
 import concurrent.futures
 import json
 import os
+import queue
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -22,43 +24,124 @@ model = os.path.join(root, "models", "tiny-fortunes")
 PROMPTS = ["The ", "A man ", "Never ", "Love is ", "You will ", "It is "]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Started:
+    """A server on a port of its own choosing (--port 0: the banner names it; a port picked here and
+    released could be taken by a parallel test before the server binds it), its stdout read as it
+    comes, and the processes it started (mpirun and the ranks) found by following its children."""
+
+    def __init__(self, *extra):
+        self.extra = list(extra)
+        self.process = subprocess.Popen([binary, "--model", model, "--port", "0"] + self.extra,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        self.out = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.port = None
+        self.tree = set()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.out.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_ready(self):
+        deadline = time.monotonic() + 30
+        while self.port is None and time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            found = re.search(r"^serving .* on http://127\.0\.0\.1:(\d+) ", line)
+            if found:
+                self.port = int(found.group(1))
+        if self.port is None:
+            try:
+                self.process.wait(timeout=5)  # (its stdout closed as it exits)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                sys.exit(f"the server {self.extra} printed no 'serving ... on http://127.0.0.1:PORT' line in 30 s")
+            err = self.process.stderr.read()
+            if "needs MPI" in err and "--tensor-parallel-size" in self.extra:
+                print("serve --tensor-parallel-size 2: refused, this build has no MPI")
+                sys.exit(0)
+            sys.exit(f"the server {self.extra} exited {self.process.returncode}: {err}")
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
+                self.tree = descendants(self.process.pid)
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.kill()
+        sys.exit(f"the server {self.extra} did not answer /health in 30 s")
+
+    def kill(self):
+        """The server, and mpirun and its ranks (a process group of their own) where it started them."""
+        for pid in descendants(self.process.pid) | self.tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.process.kill()
+
+    def stop(self, what):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            sys.exit(f"{what}: still running 30 s after SIGTERM")
+        self.reader.join(timeout=10)
+        if self.process.returncode != 0:
+            sys.exit(f"{what}: exit status {self.process.returncode} after SIGTERM: {self.process.stderr.read()}")
+        return "".join(self.out)
+
+    def all_gone(self):
+        for _ in range(50):
+            left = [pid for pid in self.tree if alive(pid)]
+            if not left:
+                return
+            time.sleep(0.1)
+        sys.exit(f"processes left running after the server stopped: {left}")
 
 
-def processes_with(word):
-    """Processes whose command line holds `word` (the server and its ranks, by their port)."""
-    found = []
+def children():
+    """Each running process's parent: {pid: ppid}."""
+    parent = {}
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if word.encode() in f.read().replace(b"\0", b" "):
-                        found.append(int(pid))
-            except OSError:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
+                parent[int(pid)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
                 pass
+    return parent
+
+
+def descendants(root):
+    parent = children()
+    found, grew = set(), True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if pid not in found and (ppid == root or ppid in found):
+                found.add(pid)
+                grew = True
     return found
 
 
-def start(port, *extra):
-    server = subprocess.Popen([binary, "--model", model, "--port", str(port)] + list(extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for _ in range(300):
-        if server.poll() is not None:
-            err = server.stderr.read()
-            if "needs MPI" in err and "--tensor-parallel-size" in extra:
-                print("serve --tensor-parallel-size 2: refused, this build has no MPI")
-                sys.exit(0)
-            sys.exit(f"the server {list(extra)} exited {server.returncode}: {err}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return server
-        except OSError:
-            time.sleep(0.1)
-    server.kill()
-    sys.exit(f"the server {list(extra)} did not answer /health in 30 s")
+def alive(pid):
+    """Running, not a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def complete(port, prompt):
@@ -72,28 +155,6 @@ def complete(port, prompt):
 def texts(port):
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # all at once: one batch
         return list(pool.map(lambda p: complete(port, p), PROMPTS))
-
-
-def kill_all(server, port):
-    """The server, and mpirun and its ranks (a process group of their own) where it started them."""
-    server.kill()
-    for pid in processes_with(f"--port {port} "):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def stop(server, what, port):
-    server.send_signal(signal.SIGTERM)
-    try:
-        out, err = server.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        kill_all(server, port)
-        sys.exit(f"{what}: still running 30 s after SIGTERM")
-    if server.returncode != 0:
-        sys.exit(f"{what}: exit status {server.returncode} after SIGTERM: {err}")
-    return out
 
 
 refused = subprocess.run([binary, "--model", model, "--tensor-parallel-size", "2", "--naive"],
@@ -111,35 +172,23 @@ for bad, fragment in [(["--cublas"], "needs --device cuda, --weights bf16"),
         sys.exit(f"serve {' '.join(bad)}: expected exit 1 saying {fragment!r}, got {run.returncode}: {run.stderr!r}")
 print("serve --cublas without the GPU's bf16 engine: refused")
 
-port = free_port()
-one = start(port)
-expected = texts(port)
-stop(one, "the single-process server", port)
+one = Started().wait_ready()
+expected = texts(one.port)
+one.stop("the single-process server")
 
-port = free_port()
-ranks = start(port, "--tensor-parallel-size", "2")
-got = texts(port)
+ranks = Started("--tensor-parallel-size", "2").wait_ready()
+got = texts(ranks.port)
 if got != expected:
-    kill_all(ranks, port)
+    ranks.kill()
     sys.exit(f"on 2 ranks the greedy texts differ:\n got      {got}\n expected {expected}")
-if len(processes_with(f"--port {port} --tensor-parallel-size 2")) < 4:  # this server, mpirun, 2 ranks
-    kill_all(ranks, port)
-    sys.exit("the server on 2 ranks should run as itself, mpirun and two ranks")
-out = stop(ranks, "the server on 2 ranks", port)
+names = sorted(open(f"/proc/{pid}/comm").read().strip() for pid in ranks.tree if alive(pid))
+if len(ranks.tree) < 3:  # mpirun and 2 ranks under this server (and perhaps mpirun's helpers)
+    ranks.kill()
+    sys.exit(f"the server on 2 ranks should run mpirun and two ranks under it, found {names}")
+out = ranks.stop("the server on 2 ranks")
 if "tensor parallel over 2 MPI ranks" not in out:
     sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
-
-
-def all_gone(port):
-    for _ in range(50):
-        left = processes_with(f"--port {port} --tensor-parallel-size 2")
-        if not left:
-            return
-        time.sleep(0.1)
-    sys.exit(f"processes left running after the server stopped: {left}")
-
-
-all_gone(port)
+ranks.all_gone()
 
 # An mpirun that keeps SIGUSR1 to itself (ignored, nothing forwarded): the stop must still reach
 # the ranks, which the server tells directly.
@@ -151,21 +200,21 @@ with tempfile.TemporaryDirectory() as bin_dir:
     os.chmod(fake, 0o755)
     path = os.environ["PATH"]
     os.environ["PATH"] = bin_dir + os.pathsep + path
-    port = free_port()
-    ranks = start(port, "--tensor-parallel-size", "2")
+    ranks = Started("--tensor-parallel-size", "2")
     os.environ["PATH"] = path
-    if texts(port) != expected:
-        kill_all(ranks, port)
+    ranks.wait_ready()
+    if texts(ranks.port) != expected:
+        ranks.kill()
         sys.exit("on 2 ranks under an mpirun that forwards no signal, the greedy texts differ")
     # The case's premise: that mpirun neither catches SIGUSR1 (to forward it) nor dies of it.
-    mpirun = [p for p in processes_with(f"--port {port} ") if open(f"/proc/{p}/comm").read().strip() in ("mpirun", "orterun", "prterun")]
+    mpirun = [p for p in ranks.tree if alive(p) and open(f"/proc/{p}/comm").read().strip() in ("mpirun", "orterun", "prterun")]
     masks = {}
     for line in open(f"/proc/{mpirun[0]}/status") if mpirun else []:
         if line.startswith(("SigCgt:", "SigIgn:")):
             masks[line.split(":")[0]] = int(line.split()[1], 16)
     usr1 = 1 << (signal.SIGUSR1 - 1)
     if not mpirun:
-        kill_all(ranks, port)
+        ranks.kill()
         sys.exit(f"the server on 2 ranks under the fake mpirun: no mpirun process found")
     # Open MPI 4.1 (Debian 12's) leaves an ignored SIGUSR1 ignored when told to forward no signal.
     # Some builds install their own handler whatever they are told (one H200 machine's did); there
@@ -175,8 +224,8 @@ with tempfile.TemporaryDirectory() as bin_dir:
         version = subprocess.run([real, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
         print(f"premise not built on this machine: its mpirun ({version[0] if version else real}) catches "
               f"SIGUSR1 even when told to forward no signal ({masks}); stopping it anyway")
-    stop(ranks, "the server on 2 ranks under an mpirun that forwards no signal", port)
-    all_gone(port)
+    ranks.stop("the server on 2 ranks under an mpirun that forwards no signal")
+    ranks.all_gone()
 print(f"serve --tensor-parallel-size 2: {len(PROMPTS)} concurrent greedy requests answered as by one process; "
       "SIGTERM stopped every rank, exit 0, also under an mpirun " +
       ("that forwards no signal" if premise else "told to forward no signal (premise not built, above)"))
