@@ -141,6 +141,9 @@ GRADED_TEST(Lesson00Model, GenerateRefusesToRunPastTheContext, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { forward(m, std::vector<int>{}); }, "")) << "forward of no tokens";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { forward(m, std::vector<int>{1, 40}); }, ""))
       << "forward of id 40 in a vocabulary of 40";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { forward(m, std::vector<int>(65, 5)); }, "context"))
+      << "forward of 65 tokens on a model of 64 positions: refused (RoPE would compute a position the model "
+         "never saw); check_tokens() says so";
 }
 
 GRADED_TEST(Lesson00Model, SeededSamplingIsReproducible, 1) {
