@@ -83,12 +83,18 @@ GRADED_TEST(Lesson04Attention, ReadsTheRowsWhereTheyLieWithoutCopyingThem, 2) {
   const size_t one_head = static_cast<size_t>(length) * hd * sizeof(float);  // one K/V head's rows
   testing::AllocationCounter counter;
   const Matrix out = paged_attention(q, pool, table, 0, length, heads, kv_heads, hd);
-  const size_t largest = counter.largest();
+  const size_t largest = counter.largest(), total = counter.bytes();
   EXPECT_EQ(out.cols(), heads * hd);
   EXPECT_LT(largest, one_head / 2)
       << "a decode step over " << length << " positions allocated " << largest << " bytes in one piece, as much as "
       << largest / (hd * sizeof(float)) << " rows of one K/V head: paged_attention copies the rows out of the pool "
       << "instead of reading each through the block table (scratch the size of one row of scores is fine)";
+  // A copy made in pieces (one block, or one row, at a time) is a copy too.
+  EXPECT_LT(total, one_head)
+      << "a decode step over " << length << " positions allocated " << total << " bytes in all (as much as "
+      << total / (hd * sizeof(float)) << " rows of one K/V head): something copies the rows in pieces, a block or a "
+      << "row at a time (a Matrix or VectorXf made from a block or a row is a copy; read them through a "
+      << "ConstMatrixRef, an Eigen::Map or a pointer, where they lie)";
 }
 
 GRADED_TEST(Lesson04Attention, RefusesATableTooShortForTheLength, 1) {
@@ -99,6 +105,10 @@ GRADED_TEST(Lesson04Attention, RefusesATableTooShortForTheLength, 1) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_attention(q, pool, table, 0, 9, 2, 2, 4); }, "9"))
       << "9 positions need 3 blocks of 4";
   EXPECT_EQ(paged_attention(q, pool, table, 0, 8, 2, 2, 4).rows(), 1) << "8 positions fit in 2 blocks of 4";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { paged_attention(Matrix::Zero(3, 8), pool, table, 0, 2, 2, 2, 4); },
+                                               ""))
+      << "3 queries over 2 stored positions: the queries are the newest positions, so there cannot be more of them "
+         "than positions (refuse it, as the contract says)";
 }
 
 GRADED_TEST(Lesson04Cache, AllocatesABlockExactlyWhenTheLastOneIsFull, 3) {
@@ -111,7 +121,8 @@ GRADED_TEST(Lesson04Cache, AllocatesABlockExactlyWhenTheLastOneIsFull, 3) {
     for (int l = 0; l < 2; ++l) cache.append(l, random_matrix(1, 8, rng), random_matrix(1, 8, rng));
     ASSERT_EQ(cache.length(), n);
     ASSERT_EQ(static_cast<int>(cache.block_table().size()), (n + 3) / 4)
-        << "after " << n << " positions of blocks of 4 (a block is taken only when the last one is full)";
+        << "after " << n << " positions of blocks of 4 (position p takes a new block when p == blocks * 4: when it "
+        << "is written, not as soon as the last block fills)";
     ASSERT_EQ(pool.allocator().num_free(), 10 - (n + 3) / 4);
   }
   PagedKVCache prefilled(pool, 40);  // a prefill ending exactly on a boundary takes no extra block
@@ -148,6 +159,13 @@ GRADED_TEST(Lesson04Cache, ReadsBackEveryRowThroughTheTable, 2) {
     EXPECT_TRUE(testing::all_close(want_a.keys(l), k, 0, 0, cat("sequence a, layer ", l, " keys, values held too")));
     EXPECT_TRUE(testing::all_close(want_a.values(l), v, 0, 0, cat("sequence a, layer ", l, " values, keys held too")));
   }
+  // A forward fills the layers in turn: in between, layer 0 is a position ahead of the others,
+  // and keys(layer) has that layer's length(layer) rows.
+  PagedKVCache c2(pool, 20);
+  c2.append(0, random_matrix(1, 8, rng), random_matrix(1, 8, rng));
+  EXPECT_EQ(c2.keys(0).rows(), 1) << "keys(0) after appending to layer 0 alone: length(0) = 1 rows";
+  EXPECT_EQ(c2.values(0).rows(), 1) << "values(0) after appending to layer 0 alone: length(0) = 1 rows";
+  EXPECT_EQ(c2.keys(1).rows(), 0) << "keys(1) before layer 1's append: length(1) = 0 rows";
 }
 
 GRADED_TEST(Lesson04Cache, AnExhaustedPoolThrowsAndWritesNothing, 2) {
@@ -181,6 +199,12 @@ GRADED_TEST(Lesson04Cache, AReserveTakesAllItsBlocksOrNone, 1) {
   EXPECT_TRUE(second.block_table().empty()) << "a refused reserve leaves the table as it was";
   second.reserve(4);
   EXPECT_EQ(pool.allocator().num_free(), 0) << "4 positions fit in the last free block";
+  PagedKVPool roomy(c, 8, 4);
+  PagedKVCache small(roomy, 8);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { small.reserve(12); }, "12"))
+      << "reserve(12) on a sequence of max_tokens 8: refused, not 3 blocks taken";
+  EXPECT_EQ(roomy.allocator().num_free(), 8) << "a refused reserve takes no block";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { small.reserve(-1); }, "-1"));
 }
 
 GRADED_TEST(Lesson04Cache, ReservesLessThanABlockMoreThanItUsesAndGivesEveryBlockBack, 2) {

@@ -95,6 +95,31 @@ GRADED_TEST(Lesson04Fork, ReserveMakesTheCopyBeforeAnyWrite, 2) {
   EXPECT_EQ(pool.allocator().num_free(), free_before) << "reserving positions already stored takes nothing";
 }
 
+GRADED_TEST(Lesson04Fork, AForkOfATableReservedAheadCopiesEveryBlockItWrites, 2) {
+  // The table may run ahead of the length (the engine reserves a prompt's blocks when it admits
+  // it): a fork then shares blocks nobody has written yet, and a write may fall in several
+  // shared blocks at once. Each is copied, not only the one the first new position lies in.
+  PagedKVPool pool(config(), 10, 4);
+  PagedKVCache parent(pool, 64);
+  parent.reserve(12);  // 3 blocks
+  append_all(parent, rows(5, 1), rows(5, 2));  // positions 0..4: block 1 partly written, block 2 not yet
+  auto child = parent.fork();
+  const std::vector<int> shared = parent.block_table();
+  parent.reserve(12);  // positions 5..11 lie in shared blocks 1 and 2
+  for (int j = 1; j < 3; ++j) {
+    EXPECT_NE(parent.block_table()[j], shared[j]) << "the parent's block " << j << " is shared with its fork and "
+                                                  << "positions 5..11 will be written into it: reserve() copies it";
+    EXPECT_EQ(pool.allocator().ref_count(parent.block_table()[j]), 1) << "block " << j << " of the parent after reserve(12)";
+  }
+  append_all(*child, rows(7, 30), rows(7, 40));  // the child first: its rows must survive the parent's
+  append_all(parent, rows(7, 10), rows(7, 20));
+  Matrix want_parent(12, 8), want_child(12, 8);
+  want_parent << rows(5, 1), rows(7, 10);
+  want_child << rows(5, 1), rows(7, 30);
+  EXPECT_TRUE(testing::all_close(want_parent, parent.keys(0), 0, 0, "the parent's keys after both wrote positions 5..11"));
+  EXPECT_TRUE(testing::all_close(want_child, child->keys(0), 0, 0, "the child's keys after both wrote positions 5..11"));
+}
+
 GRADED_TEST(Lesson04Fork, ForkingOnABlockBoundaryCopiesNothing, 2) {
   PagedKVPool pool(config(), 8, 4);
   PagedKVCache parent(pool, 64);

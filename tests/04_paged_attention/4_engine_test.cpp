@@ -154,6 +154,61 @@ GRADED_TEST(Lesson04Engine, ASharedLastBlockNeedsACopyUntilItsCoHolderIsPreempte
   }
 }
 
+GRADED_TEST(Lesson04Engine, PreemptionCountsWhatTheVictimsFreeTogether, 2) {
+  const ModelConfig& c = testing::small_model().config;
+  auto grow = [&](KVStore& s, int n) {
+    for (int l = 0; l < c.num_hidden_layers; ++l) s.append(l, Matrix::Ones(n, 16), Matrix::Ones(n, 16));
+  };
+  {
+    // A store just opened for an 8-token prompt in a block of 16: its table is ahead of its
+    // length, and its next position (0) lies in a block it holds alone. It needs nothing.
+    PagedKVManager memory(c, 1, 16);
+    auto a = memory.open(8);
+    ASSERT_NE(a, nullptr);
+    const std::vector<const KVStore*> running = {a.get()};
+    EXPECT_EQ(memory.preemptions_needed(running), 0)
+        << "a store opened for 8 positions in its one block of 16, nothing written yet: position 0 lies in its own "
+           "block, so it needs no free block (a block is needed when the next position lies past the table, not "
+           "whenever it starts a block)";
+  }
+  {
+    // fill and a hold a block each; b holds 2 positions in a block c (its fork) shares. No free
+    // block. fill's next position opens a block; b's and c's fall in their shared block.
+    // Preempting c frees nothing (b still holds the block) but leaves it b's alone; preempting b
+    // as well frees it: 2 preemptions, and fill's block fits.
+    PagedKVManager memory(c, 3, 4);
+    auto fill = memory.open(4), a = memory.open(2), b = memory.open(2);
+    grow(*fill, 4), grow(*a, 2), grow(*b, 2);
+    auto fork = dynamic_cast<PagedKVCache&>(*b).fork();
+    const std::vector<const KVStore*> running = {fill.get(), a.get(), b.get(), fork.get()};
+    EXPECT_EQ(memory.preemptions_needed(running), 2)
+        << "b and its fork share a block: preempting both frees it (holds are dropped by every victim together, "
+           "not judged one victim at a time), and fill's next block fits; a need not go";
+  }
+  {
+    // a holds 8 positions in 2 full blocks, c (its fork) shares both; 1 free block. Each needs
+    // a new block. Preempting c frees nothing, and then only a's need counts: it fits.
+    PagedKVManager memory(c, 3, 4);
+    auto a = memory.open(8);
+    grow(*a, 8);
+    auto fork = dynamic_cast<PagedKVCache&>(*a).fork();
+    const std::vector<const KVStore*> running = {a.get(), fork.get()};
+    EXPECT_EQ(memory.preemptions_needed(running), 1)
+        << "with the fork preempted, only a's next block is needed, and one is free (a preempted sequence needs "
+           "nothing any more)";
+  }
+  {
+    PagedKVManager memory(c, 4, 4), other(c, 4, 4);
+    auto a = memory.open(2), stranger = other.open(2);
+    KVCache flat(c, 16);
+    const std::vector<const KVStore*> unpaged = {a.get(), &flat}, foreign = {a.get(), stranger.get()};
+    EXPECT_TRUE(testing::throws_error_mentioning([&] { memory.preemptions_needed(unpaged); }, ""))
+        << "a store that is not paged: refused, not skipped";
+    EXPECT_TRUE(testing::throws_error_mentioning([&] { memory.preemptions_needed(foreign); }, ""))
+        << "a store of another pool: refused, not counted against this one";
+  }
+}
+
 GRADED_TEST(Lesson04Engine, WithRoomToSpareThePagedEngineEqualsTheSlotEngine, 2) {
   const auto reqs = requests(30, 3, false);
   std::vector<EngineStepLog> log;
