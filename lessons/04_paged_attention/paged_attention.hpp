@@ -147,8 +147,8 @@ class PagedKVPool final : public KVBlockPool {
 /// Causal attention like causal_attention(q, K, V, ...), where K and V are the first `length`
 /// positions of `layer`, found through `block_table`: position p is row `p % B` of block
 /// `block_table[p / B]`. Reads the rows where they lie: no copy of the sequence's rows, not even
-/// of one head's (the tests measure the largest allocation of a decode step; scratch the size of
-/// one row of scores is fine). q holds the queries of the newest q.rows() positions: row i is
+/// of one head's, whole or in pieces (the tests measure the largest allocation of a decode step
+/// and the total; scratch the size of one row of scores is fine). q holds the queries of the newest q.rows() positions: row i is
 /// position length - q.rows() + i.
 /// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks, or if
 ///         q.rows() > length.
@@ -271,6 +271,9 @@ class PagedKVManager final : public KVManager {
   /// Over `pool`, wherever its rows live (lesson 08 passes a GPU's). Throws for a null pool. Given.
   explicit PagedKVManager(std::unique_ptr<KVBlockPool> pool);
 
+  /// A PagedKVCache of max_tokens = the model's context with its first `tokens` positions
+  /// reserved, or nullptr when they need more blocks than are free (nothing taken). Throws for
+  /// tokens outside [0, capacity_tokens()].
   std::unique_ptr<KVStore> open(int tokens) override;
   /// Destroys the store (freeing its blocks). Throws for a store that is not one of its pool's.
   /// Given.
