@@ -213,6 +213,58 @@ GRADED_TEST(Lesson05Evict, TheLeastRecentlyUsedLeafGoesFirst, 2) {
   EXPECT_EQ(a.num_free(), 16 - 3) << "the evicted block went back to the pool";
 }
 
+GRADED_TEST(Lesson05Evict, EveryMatchAndInsertMakesItsWholePathTheMostRecent, 2) {
+  // Capacity 2 runs of one block: each case inserts or matches in some order, then a third run
+  // makes one go; the one that must go is the one used least recently.
+  auto fresh = [](BlockAllocator& a) { return std::make_unique<RadixCache>(a, B, 2); };
+  const std::vector<int> A = run(4, 100), Bs = run(4, 200), C = run(4, 300);
+  {
+    BlockAllocator a(16);
+    auto c = fresh(a);
+    put(a, *c, A), put(a, *c, Bs);
+    c->match(A);  // A is now more recent than B
+    put(a, *c, C);
+    EXPECT_EQ(c->match(A).tokens, 4) << "insert A, insert B, match A, insert C: B goes, A stays (a match is a use, "
+                                        "later than the insert before it: it moves the clock)";
+  }
+  {
+    BlockAllocator a(16);
+    auto c = fresh(a);
+    put(a, *c, A);
+    c->match(A);
+    put(a, *c, Bs);  // B is now more recent than A
+    put(a, *c, C);
+    EXPECT_EQ(c->match(Bs).tokens, 4) << "insert A, match A, insert B, insert C: A goes, B stays (the run an insert "
+                                         "adds is used at that insert)";
+  }
+  {
+    BlockAllocator a(16);
+    auto c = fresh(a);
+    put(a, *c, A), put(a, *c, Bs);
+    put(a, *c, A);  // already cached: inserting it again is a use of its path
+    put(a, *c, C);
+    EXPECT_EQ(c->match(A).tokens, 4) << "insert A, insert B, insert A again, insert C: B goes (an insert makes every "
+                                        "node on its path the most recent, not only a new leaf)";
+  }
+  {
+    // [x y] and [x z] share x; a match of [x y] uses x as well as y. Once y and z are evicted, x
+    // is a leaf, used more recently than L.
+    BlockAllocator a(32);
+    RadixCache c(a, B, 8);
+    std::vector<int> xy = run(8, 100), xz = run(4, 100), L = run(4, 900);
+    xz.insert(xz.end(), {7, 7, 7, 7});
+    put(a, c, xy), put(a, c, xz), put(a, c, L);
+    const auto ml = c.match(L);  // L is used here, after the match of [x y]...
+    c.lock(ml.node);
+    c.match(xy);  // ...and [x y] again after it
+    EXPECT_EQ(c.evict_to(2), 2) << "with L locked, the leaves y and z go";
+    c.unlock(ml.node);
+    EXPECT_EQ(c.evict_to(1), 1);
+    EXPECT_EQ(c.match(run(4, 100)).tokens, 4) << "x was used by the last match of [x y], after L: L goes, x stays (a "
+                                                 "match makes every node on its path the most recent)";
+  }
+}
+
 GRADED_TEST(Lesson05Evict, LockedNodesAndTheirAncestorsAreNeverEvicted, 2) {
   BlockAllocator a(32);
   RadixCache c(a, B, 32);
@@ -236,6 +288,12 @@ GRADED_TEST(Lesson05Evict, LockedNodesAndTheirAncestorsAreNeverEvicted, 2) {
   const auto leaf = c.match(run(8));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { c.unlock(leaf.node); }, "not locked"))
       << "a leaf nobody locked";
+  EXPECT_EQ(c.evict_to(0), 2) << "evict_to returns blocks, not nodes";
+  put(run(12, 500));  // one node of 3 blocks
+  EXPECT_EQ(c.evict_to(0), 3) << "one node of 3 blocks evicted: evict_to returns the blocks it let go of (3), not the "
+                                 "nodes (1)";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { c.lock(leaf.node); }, "")) << "locking a node that was evicted";
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { c.lock(1000); }, "")) << "locking a node that never existed";
 }
 
 GRADED_TEST(Lesson05Evict, TheDestructorGivesEveryBlockBack, 1) {

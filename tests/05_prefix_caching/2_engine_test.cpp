@@ -112,6 +112,17 @@ GRADED_TEST(Lesson05HitRate, HitsCountWholeBlocksOnly, 1) {
   const HitRates twice = prefix_hit_rates(reqs, 4, 0);
   EXPECT_EQ(twice.matched_tokens, 8);
   EXPECT_DOUBLE_EQ(twice.request_hit_rate, 0.5);
+  EXPECT_EQ(twice.prompt_tokens, 18) << "prompt tokens count every token of each prompt, the partial block's too";
+  // A request that hits is inserted whole: what follows its match is cached for the next one.
+  reqs = {{{1, 2, 3, 4, 5, 6, 7, 8, 9}}, {{1, 2, 3, 4, 20, 21, 22, 23, 9}}, {{1, 2, 3, 4, 20, 21, 22, 23, 9}}};
+  EXPECT_EQ(prefix_hit_rates(reqs, 4, 0).matched_tokens, 0 + 4 + 8)
+      << "the second request matches the first block and adds its own second one: the third matches both";
+  // Unbounded is unbounded: 300 different one-block prompts, then the same 300 again.
+  reqs.clear();
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 300; ++i) reqs.push_back({{1000 + i, 1, 2, 3}});
+  EXPECT_DOUBLE_EQ(prefix_hit_rates(reqs, 4, 0).request_hit_rate, 0.5)
+      << "capacity 0 (unbounded) holds all 300 blocks: every request of the second round hits";
 }
 
 // -------------------------------------------------------------------- engine --
@@ -284,6 +295,62 @@ GRADED_TEST(Lesson05Engine, BlocksInUseAreNeverTheOnesEvicted, 2) {
   EXPECT_EQ(again->length(), 8) << "P, in use when memory ran short, must still be cached";
   mem.close(std::move(again));
   mem.close(std::move(running));
+}
+
+GRADED_TEST(Lesson05Engine, OpenForMakesRoomByTheShortfallAndNeverFromItsOwnMatch, 2) {
+  const ModelWeights& m = testing::bundled_model();
+  auto fill = [&](KVStore& store, const std::vector<int>& tokens) {
+    forward_cached(m, std::span(tokens).subspan(static_cast<size_t>(store.length())), store);
+  };
+  auto cache = [&](PrefixKVManager& mem, const std::vector<int>& tokens) {
+    auto s = mem.open_for(tokens);
+    ASSERT_NE(s, nullptr);
+    fill(*s, tokens);
+    mem.release(std::move(s), tokens);
+  };
+  const std::vector<int> P = {1, 50, 51, 52, 53, 54, 55, 56, 57}, Q = {1, 70, 71, 72, 73, 74, 75, 76, 77};
+  {
+    // 5 blocks of 4: P cached (2 blocks), another sequence running (1 block), 2 free. A request
+    // of 17 tokens that starts with P's 8 needs 3 more: the only thing evictable is its own
+    // match, which it locked before making room. It waits (nullptr), and P stays cached.
+    PrefixKVManager mem(m.config, 5, 4);
+    cache(mem, P);
+    auto other = mem.open_for(std::vector<int>{1, 200, 201});
+    ASSERT_NE(other, nullptr);
+    std::vector<int> big(P.begin(), P.end() - 1);
+    for (int i = 0; i < 9; ++i) big.push_back(300 + i);
+    const long matched = mem.matched_tokens(), requested = mem.requested_tokens();
+    std::unique_ptr<KVStore> got;
+    try {
+      got = mem.open_for(big);
+    } catch (const Error& e) {
+      FAIL() << "open_for threw \"" << e.what() << "\": it evicted the blocks it had just matched (lock the match before "
+             << "making room, so that evict_to() cannot take it)";
+    }
+    EXPECT_EQ(got, nullptr) << "3 blocks needed, 2 free, nothing else evictable: wait";
+    EXPECT_EQ(mem.cache().cached_blocks(), 2) << "P, the refused request's own match, stays cached";
+    EXPECT_EQ(mem.cache().evictable_blocks(), 2) << "a refused open_for leaves no lock behind";
+    EXPECT_EQ(mem.matched_tokens(), matched) << "a refused open_for counts nothing (it will be asked again)";
+    EXPECT_EQ(mem.requested_tokens(), requested) << "a refused open_for counts nothing (it will be asked again)";
+    mem.close(std::move(other));
+  }
+  {
+    // 6 blocks of 4: P and Q cached (2 blocks each), 2 free. A new 12-token request needs 3
+    // blocks: one short. The least recently used entry (P) goes, and Q stays.
+    PrefixKVManager mem(m.config, 6, 4);
+    cache(mem, P);
+    cache(mem, Q);
+    auto r = mem.open_for(std::vector<int>{1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100});
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(mem.cache().cached_blocks(), 2) << "one block short: the cache gives up one entry (2 blocks), not all";
+    mem.close(std::move(r));
+    std::vector<int> q = Q;
+    q.push_back(5);
+    auto again = mem.open_for(q);
+    ASSERT_NE(again, nullptr);
+    EXPECT_EQ(again->length(), 8) << "Q, the more recent entry, is still cached";
+    mem.close(std::move(again));
+  }
 }
 
 GRADED_TEST(Lesson05Engine, BadArgumentsAreRefused, 1) {
