@@ -71,7 +71,8 @@ class RadixCache {
   /// path becomes the most recently used; then the cache evicts down to its capacity. Where the
   /// tokens leave a node's run partway, that node is split there as match() splits it: the first
   /// part becomes a new node above, and the node's id stays with the rest of its run. Returns
-  /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short.
+  /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short or a
+  /// block is free (count 0: nobody's K/V is in it).
   int insert(std::span<const int> tokens, std::span<const int> blocks);
 
   /// Raises the lock count of `node` and of every ancestor: a running request uses them.
