@@ -311,7 +311,34 @@ GRADED_TEST(Lesson10Engine, AStepFillsItsBudgetWhileWorkWaits, 1) {
   const EngineStepLog& first = engine->log().front();
   EXPECT_EQ(first.decodes + first.prefill_tokens, 64)
       << "the first step fed " << first.decodes + first.prefill_tokens << " tokens, with 88 waiting and a budget of 64";
+  ASSERT_GE(engine->log().size(), 2u);
+  const EngineStepLog& second = engine->log()[1];
+  EXPECT_EQ(second.decodes + second.prefill_tokens, 26)
+      << "the second step fed " << second.decodes + second.prefill_tokens << " tokens: 2 decodes, the 2 tokens left of "
+      << "the third prompt, and the fourth prompt's 22 (a newcomer is admitted while budget is left, also while a "
+      << "prompt is under way)";
   expect_solo_tokens(m, reqs, results);
+
+  // The budget's last token: a 15-token prompt and a 5-token one, budget 16: the first step
+  // feeds 15 + 1.
+  std::vector<int> p15 = ByteTokenizer::encode("Fifteen tokens."), p5 = ByteTokenizer::encode("Five");
+  ASSERT_EQ(p15.size(), 16u);
+  p15.resize(15);
+  const auto tight = serving_engine(m, {.max_running = 8, .token_budget = 16});
+  tight->submit({10, p15, 2, {.temperature = 0.0f}, 0});
+  tight->submit({11, p5, 2, {.temperature = 0.0f}, 0});
+  run_bounded(*tight);
+  EXPECT_EQ(tight->log().front().prefill_tokens, 16) << "15 + 5 tokens waiting, budget 16: the first step feeds 16";
+
+  // No cap of its own on a chunk: a 200-token prompt with a budget of 256 goes in one step.
+  std::vector<int> p200(200, 'a');
+  p200[0] = 1;
+  const auto roomy = serving_engine(m, {.max_running = 8, .token_budget = 256});
+  roomy->submit({12, p200, 2, {.temperature = 0.0f}, 0});
+  const auto one = run_bounded(*roomy);
+  EXPECT_EQ(roomy->log().front().prefill_tokens, 200) << "a chunk is min(what the prompt has left, what the budget "
+                                                         "leaves): 200 tokens, budget 256";
+  EXPECT_EQ(one[0].first_token_step, 0);
 }
 
 GRADED_TEST(Lesson10Engine, AnIdleEngineDoesNothing, 1) {

@@ -24,6 +24,12 @@ struct Bad {
 
 std::string long_prompt(size_t bytes) { return std::string(bytes, 'a'); }
 
+/// A user message whose chat prompt takes every position of the context (256), BOS included.
+std::string filling_chat_content() {
+  const size_t frame = ByteTokenizer::encode(chat_prompt({{"user", ""}})).size();
+  return long_prompt(256 - frame);
+}
+
 std::vector<Bad> bad_requests() {
   const auto C = Endpoint::Completions, Chat = Endpoint::ChatCompletions;
   return {
@@ -103,6 +109,25 @@ std::vector<Bad> bad_requests() {
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": []}]})", 400, "messages"},
       {"chat: content of the wrong type", Chat,
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": 5}]})", 400, "messages"},
+      {"chat: a role that is not a string (named as the messages' mistake)", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": 5, "content": "hi"}]})", 400, "messages"},
+      {"n of 0", C, R"({"model": "tiny-fortunes", "prompt": "hi", "n": 0})", 400, "n"},
+      {"an empty stop string", C, R"({"model": "tiny-fortunes", "prompt": "hi", "stop": ""})", 400, "stop"},
+      {"stream_options not an object", C,
+       R"({"model": "tiny-fortunes", "prompt": "hi", "stream": true, "stream_options": true})", 400, "stream_options"},
+      {"negative logprobs", C, R"({"model": "tiny-fortunes", "prompt": "hi", "logprobs": -1})", 400, "logprobs"},
+      {"chat: negative top_logprobs", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+           "top_logprobs": -3})", 400, "top_logprobs"},
+      {"chat: logprobs with a stream", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+           "stream": true})", 400, "logprobs"},
+      {"chat: a prompt that fills the context exactly (nothing left to write)", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": ")" + filling_chat_content() + R"("}]})",
+       400, "messages", "context_length_exceeded"},
+      {"chat: max_completion_tokens over what the context leaves (named as sent)", Chat,
+       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000})",
+       400, "max_completion_tokens", "context_length_exceeded"},
       {"chat: negative max_completion_tokens", Chat,
        R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})",
        400, "max_completion_tokens"},
@@ -197,6 +222,18 @@ GRADED_TEST(Lesson10Api, GoodRequestsBecomeEngineRequests, 3) {
   const CompletionRequest rest = parse_completion_request(
       R"({"model": "tiny-fortunes", "messages": [{"role": "user", "content": "Why?"}]})", Endpoint::ChatCompletions, model);
   EXPECT_EQ(rest.max_tokens, 256 - static_cast<int>(rest.prompt.size())) << "chat: max_tokens defaults to what the context leaves";
+
+  EXPECT_EQ(parse_completion_request(chat_hi + R"(, "max_tokens": 3, "max_completion_tokens": 7})",
+                                     Endpoint::ChatCompletions, model).max_tokens, 3)
+      << "max_tokens and max_completion_tokens both given: max_tokens counts";
+  const int huge_k = parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "top_k": 4294967297})",
+                                              Endpoint::Completions, model).sampling.top_k;
+  EXPECT_TRUE(huge_k == 0 || huge_k >= model.config.vocab_size)
+      << "top_k 4294967297, above the vocabulary, keeps every token (0, or the vocabulary's size), got " << huge_k
+      << " (an int it wrapped to? 1 is greedy)";
+  EXPECT_FLOAT_EQ(parse_completion_request(R"({"model": "tiny-fortunes", "prompt": "Hi", "temperature": 2.00000001})",
+                                           Endpoint::Completions, model).sampling.temperature, 2.0f)
+      << "temperature 2.00000001 is 2 as the sampler's float: accepted";
 }
 
 }  // namespace
