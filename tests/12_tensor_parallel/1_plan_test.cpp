@@ -62,10 +62,21 @@ GRADED_TEST(Lesson12Plan, RanksThatOutnumberTheKvHeadsShareThemInOrder, 2) {
 GRADED_TEST(Lesson12Plan, GroupsThatCannotSplitTheModelAreRefused, 1) {
   const ModelConfig c = gqa_config(8, 2, 64);
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(c, 0, 3); }, "3"));      // 8 heads over 3
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(c, 0, 3); }, "8")) << "the message gives the count too";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(c, 0, 0); }, "0"));      // no ranks
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(c, 2, 2); }, "rank"));   // past the group
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(c, -1, 2); }, "rank"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(gqa_config(8, 2, 60), 0, 8); }, "60"));  // units
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(gqa_config(8, 2, 60), 0, 8); }, "8"))
+      << "the message gives the world too";
+  // 6 query heads over 4 ranks (which share the 2 K/V heads evenly): heads 4 and 5 would be
+  // nobody's.
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(gqa_config(6, 2, 64), 0, 4); }, "6"))
+      << "4 ranks do not divide 6 query heads, though they share 2 K/V heads evenly";
+  // 20 query heads, 4 K/V heads (5 queries each), 5 ranks of 4 queries: a rank's queries would
+  // straddle two K/V heads in a proportion no rank's K/V slice lines up with.
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(gqa_config(20, 4, 60), 0, 5); }, "K/V"))
+      << "5 ranks neither divide 4 K/V heads nor are a multiple of them";
   // 12 query heads, 3 K/V heads, 2 ranks: each rank would hold half of K/V head 1.
   EXPECT_TRUE(testing::throws_error_mentioning([&] { shard_plan(gqa_config(12, 3, 64), 0, 2); }, "K/V"));
 }

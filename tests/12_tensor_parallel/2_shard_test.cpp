@@ -102,7 +102,7 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
   for (int world : {1, 2, 4}) {
     const long cols = 40 / world;
     std::vector<Matrix> got(world), added(world), part(world);
-    std::vector<long> reduces(world);
+    std::vector<long> reduces(world), floats(world);
     run_ranks(world, [&](Communicator& comm) {
       const int r = comm.rank();
       const Matrix mine = w.middleCols(r * cols, cols), xr = x.middleCols(r * cols, cols);
@@ -114,6 +114,10 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
       part[r] = y0;
       p.rows_into(xr, part[r], 8, 4, true);
       reduces[r] = comm.stats().all_reduces;
+      floats[r] = comm.stats().floats_reduced;
+      Matrix wrong(3, 30);
+      EXPECT_TRUE(testing::throws_error_mentioning([&] { p.rows_into(xr, wrong, 0, 24, false); }, ""))
+          << "y of [3, 30] for a W of 24 rows: refused";
     });
     for (int r = 0; r < world; ++r) {
       const std::string where = cat("rank ", r, " of ", world);
@@ -123,6 +127,8 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
       want_part.middleCols(8, 4) += want.middleCols(8, 4);
       EXPECT_TRUE(testing::all_close(want_part, part[r], 1e-5, 1e-5, where + ": rows 8..11 of W only"));
       EXPECT_EQ(reduces[r], 3) << where << ": one all-reduce per product";
+      EXPECT_EQ(floats[r], 3 * 24 + 3 * 24 + 3 * 4) << where << ": each all-reduce of x.rows * count floats (the "
+                                                       "rows asked for, not the whole partial product)";
       EXPECT_EQ(got[r], got[0]) << where << ": every rank holds the same sums";
     }
   }

@@ -22,7 +22,7 @@ namespace {
 /// A prompt of two sequences, then a decode of both, as two steps of the engine; rows of logits.
 struct TwoSteps {
   Matrix prefill, decode;
-  long all_reduces = 0;  // of rank 0, in the two steps
+  long all_reduces = 0, broadcasts = 0;  // of this rank, in the two steps
 };
 
 TwoSteps two_steps(const ModelWeights& shard, const ModelProjections& projections, Communicator* comm) {
@@ -33,7 +33,7 @@ TwoSteps two_steps(const ModelWeights& shard, const ModelProjections& projection
   out.prefill = forward_step(shard, projections, StepInput{{{a, &ca}, {b, &cb}}});
   const std::vector<int> next_a = {ByteTokenizer::encode(" j", false)[0]}, next_b = {ByteTokenizer::encode(" a", false)[0]};
   out.decode = forward_step(shard, projections, StepInput{{{next_a, &ca}, {next_b, &cb}}});
-  if (comm) out.all_reduces = comm->stats().all_reduces;
+  if (comm) out.all_reduces = comm->stats().all_reduces, out.broadcasts = comm->stats().broadcasts;
   return out;
 }
 
@@ -60,14 +60,19 @@ GRADED_TEST(Lesson12Model, LogitsAtOneTwoAndFourRanksEqualTheWholeModels, 4) {
 GRADED_TEST(Lesson12Model, AStepCostsExactlyTwoAllReducesALayer, 2) {
   // One after attention's O, one after the MLP's down: everything else a rank computes alone.
   const ModelWeights& model = testing::bundled_model();
-  std::vector<long> reduces(2);
+  std::vector<long> reduces(2), broadcasts(2);
   run_ranks(2, [&](Communicator& comm) {
     auto source = memory_weights(model);
     const ModelWeights shard = load_shard(*source, shard_plan(model.config, comm.rank(), 2));
-    reduces[comm.rank()] = two_steps(shard, tensor_parallel(float_projections(shard), comm), &comm).all_reduces;
+    const TwoSteps t = two_steps(shard, tensor_parallel(float_projections(shard), comm), &comm);
+    reduces[comm.rank()] = t.all_reduces;
+    broadcasts[comm.rank()] = t.broadcasts;
   });
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(reduces[r], 2L * 2 * model.config.num_hidden_layers) << "rank " << r << ", two steps";
+    EXPECT_EQ(broadcasts[r], 0) << "rank " << r << ", two steps: the forward itself broadcasts nothing (every rank "
+                                   "holds the step's input already; the all-reduce leaves the sum on every rank)";
+  }
 }
 
 GRADED_TEST(Lesson12Model, EachRanksKvCacheHoldsItsOwnHeads, 1) {
