@@ -35,6 +35,8 @@ GRADED_TEST(Lesson11Format, BytesPerWeightCountTheScales, 1) {
   EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::int4, 768, 32), 0.5 + 4.0 / 32);
   EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::int4, 768, 128), 0.5 + 4.0 / 128);
   EXPECT_TRUE(testing::throws_error_mentioning([&] { bytes_per_weight(WeightFormat::int4, 768, 100); }, "100"));
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { bytes_per_weight(WeightFormat::int4, 768, 3); }, "3"))
+      << "3 divides 768, but an odd group has no pairs to pack";
   EXPECT_TRUE(testing::throws_error_mentioning([&] { bytes_per_weight(WeightFormat::int8, 0, 32); }, "0"));
 }
 
@@ -59,16 +61,18 @@ GRADED_TEST(Lesson11Format, Int8ScaleIsEachRowsLargestMagnitudeOver127, 2) {
 
 GRADED_TEST(Lesson11Format, Int8RoundsToTheNearestStep, 2) {
   // Scale 1/127 for a row whose largest magnitude is 1: 0.6 and 0.4 steps round to 1 and 0, -0.6
-  // to -1, and 2.5 steps away from zero to 3 (truncation gives 0, 0, 0 and 2).
+  // to -1, and 2.5 steps away from zero to 3, -2.5 to -3 (truncation gives 0, 0, 0, 2 and -2;
+  // floor(v + 0.5) gives -2 for the last).
   const float step = 1.0f / 127.0f;
-  Matrix w(1, 5);
-  w << 1.0f, 0.6f * step, 0.4f * step, -0.6f * step, 2.5f * step;
+  Matrix w(1, 6);
+  w << 1.0f, 0.6f * step, 0.4f * step, -0.6f * step, 2.5f * step, -2.5f * step;
   const QuantizedMatrix q = quantize_int8(w);
-  ASSERT_EQ(q.q.size(), 5u);
+  ASSERT_EQ(q.q.size(), 6u);
   EXPECT_EQ(int{q.q[1]}, 1) << "0.6 of a step rounds to 1 (to the nearest step, not by truncation)";
   EXPECT_EQ(int{q.q[2]}, 0) << "0.4 of a step rounds to 0";
   EXPECT_EQ(int{q.q[3]}, -1) << "-0.6 of a step rounds to -1";
   EXPECT_EQ(int{q.q[4]}, 3) << "2.5 steps round away from zero, to 3";
+  EXPECT_EQ(int{q.q[5]}, -3) << "-2.5 steps round away from zero, to -3";
   const Matrix big = random_matrix(37, 91, 11);
   EXPECT_TRUE(within_half_a_step(big, quantize_int8(big)));
 }
@@ -101,6 +105,14 @@ GRADED_TEST(Lesson11Format, Int4PacksTwoValuesPerByteInTheDocumentedOrder, 2) {
   EXPECT_TRUE(q.q.empty());
   EXPECT_EQ(q.bytes(), 2 + 4);
   EXPECT_TRUE(testing::all_close(w, dequantize(q), 0, 1e-6, "one group read back"));
+  // Ties round away from zero in INT4 too (scale 1): 2.5 to 3, -2.5 to -3 (to even would give 2, -2).
+  Matrix ties(1, 4);
+  ties << 7.0f, 2.5f, -2.5f, 0.0f;
+  const QuantizedMatrix t = quantize_int4(ties, 4);
+  ASSERT_EQ(t.packed.size(), 2u);
+  EXPECT_EQ(t.packed[0] & 0xF, 7 + 8);
+  EXPECT_EQ(t.packed[1] & 0xF, 3 + 8) << "value 1: 2.5 steps round away from zero, to 3";
+  EXPECT_EQ(t.packed[0] >> 4, -3 + 8) << "value 2: -2.5 steps round away from zero, to -3";
 }
 
 GRADED_TEST(Lesson11Format, Int4EachGroupOfEachRowHasItsOwnScale, 2) {

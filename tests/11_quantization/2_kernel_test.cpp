@@ -35,16 +35,18 @@ QuantizedMatrix quantize(WeightFormat format, ConstMatrixRef w, int group) {
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductEqualsDequantizeThenMultiply, 3) {
-  // Odd shapes (rows not a multiple of 4, columns not a multiple of a SIMD width or of 256), the
-  // batches of decode (1, 3, 8) and one past the decode path (80 rows: prefill); INT4 groups of 8
-  // (narrower than a SIMD packet of bytes), 32 and 128.
+  // Odd shapes (rows not a multiple of 4; INT8's 100 columns not a multiple of a SIMD width, 16
+  // bytes, or of 256), the batches of decode (1, 3, 8) and one past the decode path (80 rows:
+  // prefill); INT4 groups of 8 (narrower than a SIMD packet of bytes), 16 and 48 (half a group,
+  // 8 or 24 bytes, is no whole number of 16-byte packets), 32 and 128, over 384 columns.
   for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
-    for (int group : {8, 32, 128}) {
+    for (int group : {8, 16, 32, 48, 128}) {
       if (format == WeightFormat::int8 && group != 32) continue;
-      const Matrix w = random_matrix(45, 384, 7 + group);
+      const long cols = format == WeightFormat::int8 ? 100 : 384;
+      const Matrix w = random_matrix(45, cols, 7 + group);
       const QuantizedMatrix q = quantize(format, w, group);
       for (long n : {1L, 3L, 8L, 80L}) {
-        const Matrix x = random_matrix(n, 384, 100 + n, 1.0f);
+        const Matrix x = random_matrix(n, cols, 100 + n, 1.0f);
         Matrix y = Matrix::Constant(n, 45, 99.0f);
         const Matrix before = y;
         linear_quantized_rows_into(x, q, y, 0, 45, false);
@@ -56,43 +58,57 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductEqualsDequantizeThenMultiply, 3) {
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductWritesOnlyItsRowsAndAccumulates, 2) {
   // A thread's share: rows [first, first + count) of W into the same columns of y, with and
-  // without accumulate; every other column untouched.
+  // without accumulate; every other column untouched. Every path: INT8, INT4 in groups of 32 and
+  // of 8 (narrower than a packet), decode (5 rows of x) and prefill (80).
   const Matrix w = random_matrix(30, 96, 3);
-  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4}) {
-    const QuantizedMatrix q = quantize(format, w, 32);
-    const Matrix x = random_matrix(5, 96, 4, 1.0f);
-    for (bool accumulate : {false, true}) {
-      Matrix y = random_matrix(5, 30, 5, 1.0f);
-      const Matrix before = y;
-      linear_quantized_rows_into(x, q, y, 7, 13, accumulate);
-      EXPECT_TRUE(matches_reference(x, q, y, 7, 13, before, accumulate))
-          << weight_format_name(format) << (accumulate ? ", accumulating" : "");
+  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
+    for (int group : {32, 8}) {
+      if (format == WeightFormat::int8 && group != 32) continue;
+      const QuantizedMatrix q = quantize(format, w, group);
+      for (long n : {5L, 80L}) {
+        const Matrix x = random_matrix(n, 96, 4, 1.0f);
+        for (bool accumulate : {false, true}) {
+          Matrix y = random_matrix(n, 30, 5, 1.0f);
+          const Matrix before = y;
+          linear_quantized_rows_into(x, q, y, 7, 13, accumulate);
+          EXPECT_TRUE(matches_reference(x, q, y, 7, 13, before, accumulate))
+              << weight_format_name(format) << " group " << q.group << ", " << n << " rows of x"
+              << (accumulate ? ", accumulating" : "");
+        }
+      }
     }
-  }
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductNeverMakesAFloatCopyOfW, 3) {
   // The lesson's point: the bytes saved are saved only if the product reads W as stored. A product
   // that reads W back into floats first (dequantize, then multiply) gives the right numbers and
   // reads 4 (int8) or 6.4 (int4) times the bytes. W here is 1024 x 2048: a float copy of it, or of
-  // a quarter of it, is 2 to 8 MB; the call may allocate up to 64 KB (a tile, a row's scratch).
+  // a quarter of it, is 2 to 8 MB; a decode call may allocate up to 64 KB (a tile, a row's
+  // scratch). A prefill call (80 rows of x) may read W back a block of rows at a time and hand it
+  // to Eigen's product, whose packing buffers are bounded by its operands: under half a float copy
+  // of W (the reference: a block of 64 rows, 512 KB, and 1.8 MB in all). Every path: INT8, INT4
+  // in groups of 32 and of 8 (narrower than a packet).
   if (!testing::AllocationCounter::available()) GTEST_SKIP() << "allocation counting is off in this build";
   const Matrix w = random_matrix(1024, 2048, 9);
-  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4}) {
-    const QuantizedMatrix q = quantize(format, w, 32);
-    for (long n : {1L, 8L}) {
-      const Matrix x = random_matrix(n, 2048, 10, 1.0f);
-      Matrix y(n, 1024);
-      size_t bytes = 0;
-      {
-        testing::AllocationCounter counter;
-        linear_quantized_rows_into(x, q, y, 0, 1024, false);
-        bytes = counter.bytes();
+  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
+    for (int group : {32, 8}) {
+      if (format == WeightFormat::int8 && group != 32) continue;
+      const QuantizedMatrix q = quantize(format, w, group);
+      for (long n : {1L, 8L, 80L}) {
+        const Matrix x = random_matrix(n, 2048, 10, 1.0f);
+        Matrix y(n, 1024);
+        size_t bytes = 0;
+        {
+          testing::AllocationCounter counter;
+          linear_quantized_rows_into(x, q, y, 0, 1024, false);
+          bytes = counter.bytes();
+        }
+        const size_t limit = n > 8 ? w.size() * sizeof(float) / 2 : 64u * 1024u;
+        EXPECT_LE(bytes, limit) << weight_format_name(format) << " group " << q.group << ", " << n
+                                << " rows of x: the product allocated " << bytes << " bytes; a float copy of W is "
+                                << w.size() * 4 << " bytes";
       }
-      EXPECT_LE(bytes, 64u * 1024u) << weight_format_name(format) << ", " << n << " rows of x: the product allocated "
-                                    << bytes << " bytes; a float copy of W is " << w.size() * 4 << " bytes";
     }
-  }
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductRefusesMismatchedShapes, 1) {
@@ -105,6 +121,9 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductRefusesMismatchedShapes, 1) {
       [&] { linear_quantized_rows_into(Matrix::Zero(2, 64), q, wrong_y, 0, 8, false); }, "7"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { linear_quantized_rows_into(Matrix::Zero(2, 64), q, y, 4, 5, false); },
                                                "9"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { linear_quantized_rows_into(Matrix::Zero(2, 64), q, y, -2, 3, false); }, "-2"))
+      << "rows [-2, 1) of W: refused, not written before y's first column";
 }
 
 }  // namespace
