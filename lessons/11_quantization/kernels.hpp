@@ -45,7 +45,9 @@
 /// another order), on shapes whose rows and cols are not multiples of 16 or 32, INT4 groups of 8,
 /// 32, 64 and 128, batches of 1, 3, 8, 9 and 17, with y filled with NaN first. W is handed over in
 /// device buffers of exactly its bytes: `./course gpu-check` runs them under compute-sanitizer,
-/// whose memcheck reports a read past them.
+/// whose memcheck reports a read past them. And each call is captured once into a CUDA graph and
+/// replayed, as the engine's decode step is: a call launches its kernels and nothing else (no
+/// cudaMalloc, cudaFree, copy or synchronisation, which a capture refuses).
 ///
 /// This header needs no CUDA: the tests and the bench are plain C++ that call these functions.
 #pragma once

@@ -171,6 +171,61 @@ TEST(GivenTensorGemm, QuantizedFormatsMatchTheReference) {
   EXPECT_FALSE(tensor_gemm_int8_runs(31, 64)) << "fewer than 32 rows";
 }
 
+GRADED_TEST(Lesson11Gpu, TheGemvsAllocateNothingAndCanBeCapturedInAGraph, 1) {
+  // The point of the lesson on the device: W is read as stored, with no float copy of it made
+  // even for a moment. A call captured into a CUDA graph may launch kernels and nothing else: a
+  // cudaMalloc (of a float copy, say), a cudaFree or a copy makes the capture fail. The decode
+  // step is captured this way by the engine (--cuda-graphs), so the GEMVs must allow it.
+  REQUIRE_DEVICE();
+  const QuantizedMatrix m8 = random_int8(45, 384, 230), m4 = random_int4(45, 640, 32, 231),
+                        narrow = random_int4(45, 640, 8, 232);
+  const int batch = 3;
+  const std::vector<float> x8 = random_values(static_cast<size_t>(batch) * 384, 233),
+                           x4 = random_values(static_cast<size_t>(batch) * 640, 234);
+  DeviceArray<int8_t> q8(m8.q);
+  DeviceArray<uint8_t> p4(m4.packed), pn(narrow.packed);
+  DeviceArray<float> s8(m8.scales), s4(m4.scales), sn(narrow.scales), dx8(x8), dx4(x4);
+  DeviceArray<float> y8 = poisoned(static_cast<size_t>(batch) * 45), y4 = poisoned(static_cast<size_t>(batch) * 45),
+                     yn = poisoned(static_cast<size_t>(batch) * 45);
+  INFER_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads done before the capture starts
+  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+  std::string failed;
+  cudaGraph_t graph = nullptr;
+  try {
+    gemv_int8(q8.get(), s8.get(), dx8.get(), y8.get(), 45, 384, batch);
+    gemv_int4(p4.get(), s4.get(), dx4.get(), y4.get(), 45, 640, 32, batch);
+    gemv_int4(pn.get(), sn.get(), dx4.get(), yn.get(), 45, 640, 8, batch);
+  } catch (const NotImplemented&) {
+    (void)cudaStreamEndCapture(cudaStreamPerThread, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  const cudaError_t ended = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+  (void)cudaGetLastError();
+  if (!(failed.empty() && ended == cudaSuccess) && graph) cudaGraphDestroy(graph);
+  ASSERT_TRUE(failed.empty() && ended == cudaSuccess)
+      << "the GEMVs could not be captured in a CUDA graph (" << (failed.empty() ? cudaGetErrorString(ended) : failed)
+      << "): a call launches its kernels and nothing else; no cudaMalloc (no float copy of W, not even for a "
+         "moment), no cudaFree, no copy, no synchronisation";
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  INFER_CUDA_CHECK(made);
+  INFER_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
+  INFER_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaGraphExecDestroy(exec);
+  const double atol8 = 1e-5 * std::sqrt(384.0), atol4 = 1e-5 * std::sqrt(640.0);
+  EXPECT_TRUE(testing::all_close(reference(m8, x8, batch), Eigen::Map<const Matrix>(y8.download().data(), batch, 45),
+                                 atol8, 1e-4, "gemv_int8, replayed from its graph"));
+  EXPECT_TRUE(testing::all_close(reference(m4, x4, batch), Eigen::Map<const Matrix>(y4.download().data(), batch, 45),
+                                 atol4, 1e-4, "gemv_int4 (groups of 32), replayed from its graph"));
+  EXPECT_TRUE(testing::all_close(reference(narrow, x4, batch),
+                                 Eigen::Map<const Matrix>(yn.download().data(), batch, 45), atol4, 1e-4,
+                                 "gemv_int4 (groups of 8), replayed from its graph"));
+}
+
 GRADED_TEST(Lesson11Gpu, BadArgumentsThrowBeforeLaunching, 1) {
   REQUIRE_DEVICE();
   DeviceArray<int8_t> q(64);
