@@ -16,26 +16,14 @@ PY=$(command -v python3 || echo /usr/bin/python3)
 mkdir -p "$out"
 rm -f "$out/load.csv"
 
-wait_healthy() {  # LOG PID: the port the server's first line names, once /health answers 200 (60 s
-  local i port=""  # at most), or nothing if the server dies. (--port 0: a port picked here and
-  for i in $(seq 1 600); do  # released could be taken by something else before the server binds it.)
-    kill -0 "$2" 2>/dev/null || return 1
-    [ -z "$port" ] && port=$(sed -nE 's|^serving .* on http://127\.0\.0\.1:([0-9]+) .*|\1|p' "$1" | head -n 1)
-    if [ -n "$port" ] && "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null; then
-      echo "$port"
-      return 0
-    fi
-    sleep 0.1
-  done
-  return 1
-}
+. "$(dirname "$0")/server_port.sh"
 
 for mode in naive engine; do
   extra=()
   [ "$mode" = naive ] && extra=(--naive)
   "$bin/lesson10_serve" --port 0 "${extra[@]}" "${serve_args[@]}" >"$out/serve-$mode.log" 2>&1 &
   pid=$!
-  if ! port=$(wait_healthy "$out/serve-$mode.log" "$pid"); then
+  if ! port=$(server_port "$out/serve-$mode.log" "$pid"); then
     cat "$out/serve-$mode.log" >&2
     echo "load_table: the $mode server did not start" >&2
     kill "$pid" 2>/dev/null

@@ -181,10 +181,9 @@ got = texts(ranks.port)
 if got != expected:
     ranks.kill()
     sys.exit(f"on 2 ranks the greedy texts differ:\n got      {got}\n expected {expected}")
-names = sorted(open(f"/proc/{pid}/comm").read().strip() for pid in ranks.tree if alive(pid))
 if len(ranks.tree) < 3:  # mpirun and 2 ranks under this server (and perhaps mpirun's helpers)
     ranks.kill()
-    sys.exit(f"the server on 2 ranks should run mpirun and two ranks under it, found {names}")
+    sys.exit(f"the server on 2 ranks should run mpirun and two ranks under it, found processes {sorted(ranks.tree)}")
 out = ranks.stop("the server on 2 ranks")
 if "tensor parallel over 2 MPI ranks" not in out:
     sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
