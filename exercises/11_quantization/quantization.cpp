@@ -57,7 +57,7 @@ void linear_quantized_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, Matr
                                 bool accumulate) {
   // y[:, first + i] = x dequantize(w)[first + i]^T for i in [0, count) (+= with accumulate), on
   // this thread. What it keeps true: W is read in its small format, once per call whatever the
-  // rows of x; the floats it multiplies by exist a small tile at a time, never as a float copy
+  // rows of x (a few rows of W meet every row of x before the next are read); the floats it multiplies by exist a small tile at a time, never as a float copy
   // of W (no heap allocation that grows with W). Any number of rows of x (a prefill's many too).
   // Refuses mismatched shapes, rows outside W, and a format other than int8 and int4.
   (void)x, (void)w, (void)y, (void)first, (void)count, (void)accumulate;

@@ -87,7 +87,8 @@ Matrix dequantize(const QuantizedMatrix& w);
 /// decode step's few (up to kLinearTileRows, where the care below pays), and a prefill's many.
 ///
 /// What it keeps true: W is read in its small format, once per call whatever the rows of x
-/// (a batch of 8 reads the same bytes as a batch of 1), and never turned into a float copy of
+/// (a batch of 8 reads the same bytes as a batch of 1: a few rows of W at a time meet every row
+/// of x before the next rows of W are read), and never turned into a float copy of
 /// itself: the floats it multiplies by exist only a tile at a time (a few KB, in the L1 cache),
 /// so a decode call allocates nothing on the heap that grows with W (a prefill, compute-bound,
 /// may read back a block of rows at a time: 64 rows of W serve all its rows of x). Equals dequantize-then-multiply

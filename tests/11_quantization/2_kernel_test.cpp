@@ -3,8 +3,10 @@
 #include <cmath>
 
 #include "common/testing/allocations.hpp"
+#include "common/linear.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/page_reads.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "random_matrix.hpp"
@@ -107,6 +109,39 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductNeverMakesAFloatCopyOfW, 3) {
         EXPECT_LE(bytes, limit) << weight_format_name(format) << " group " << q.group << ", " << n
                                 << " rows of x: the product allocated " << bytes << " bytes; a float copy of W is "
                                 << w.size() * 4 << " bytes";
+      }
+    }
+}
+
+GRADED_TEST(Lesson11Kernel, QuantizedProductReadsWOnceWhateverTheRowsOfX, 2) {
+  // The lesson's point for a batch: W is read once per call, so a batch of 8 reads the bytes a
+  // batch of 1 does. A product that goes through x a few rows at a time, reading the whole of W
+  // for each few, gives the right numbers and reads W twice at 8 rows of x (in fours), or 8 times
+  // (one at a time). The counter (common/testing/page_reads.hpp) watches W's bytes page by page
+  // with a working set of 32 pages (128 KB): re-reading a few rows of W for every row of x is
+  // free, walking the whole of W again is not. W is 1024 x 2048 (2 MB in INT8, 1 MB in INT4, well
+  // past the working set); every path: INT8, INT4 in groups of 32 and of 8 (narrower than a
+  // packet), at 1, 8 and 64 rows of x (kLinearTileRows: the most a decode call takes).
+  const Matrix w = random_matrix(1024, 2048, 9);
+  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
+    for (int group : {32, 8}) {
+      if (format == WeightFormat::int8 && group != 32) continue;
+      const QuantizedMatrix q = quantize(format, w, group);
+      const void* bytes = format == WeightFormat::int8 ? static_cast<const void*>(q.q.data()) : q.packed.data();
+      const size_t size = format == WeightFormat::int8 ? q.q.size() : q.packed.size();
+      for (long n : {1L, 8L, static_cast<long>(kLinearTileRows)}) {
+        const Matrix x = random_matrix(n, 2048, 10, 1.0f);
+        Matrix y(n, 1024);
+        double passes = 0;
+        {
+          testing::PageReadCounter reads(bytes, size);
+          linear_quantized_rows_into(x, q, y, 0, 1024, false);
+          passes = reads.passes();
+        }
+        EXPECT_LE(passes, 1.25) << weight_format_name(format) << " group " << q.group << ", " << n
+                                << " rows of x: the product walked W " << passes
+                                << " times; it must read W once, a few rows of W meeting every row of x before "
+                                   "the next rows of W are read";
       }
     }
 }
