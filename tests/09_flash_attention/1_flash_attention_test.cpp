@@ -52,6 +52,13 @@ GRADED_TEST(Lesson09Softmax, AddKeepsTheMaxAndTheRescaledSum, 2) {
   EXPECT_NEAR(s.sum, std::exp(-2.0f) + 1.0f + std::exp(-1.0f), 1e-6);
   s.add(-kInf);  // a masked score adds nothing
   EXPECT_NEAR(s.sum, std::exp(-2.0f) + 1.0f + std::exp(-1.0f), 1e-6);
+  OnlineSoftmax first_masked;  // -infinity into an empty state: still empty (-inf - -inf is NaN)
+  first_masked.add(-kInf);
+  EXPECT_EQ(first_masked.max, -kInf);
+  EXPECT_EQ(first_masked.sum, 0.0f) << "add(-infinity) on an empty state must add nothing, not NaN";
+  first_masked.add(2.0f);
+  EXPECT_EQ(first_masked.max, 2.0f);
+  EXPECT_NEAR(first_masked.sum, 1.0f, 1e-7) << "an empty state that saw -infinity, then 2";
   OnlineSoftmax huge;  // scores whose exp overflows float: never exponentiated
   for (float x : {1000.0f, 2000.0f, 2000.0f, -3000.0f}) huge.add(x);
   EXPECT_EQ(huge.max, 2000.0f);
@@ -140,26 +147,44 @@ GRADED_TEST(Lesson09Tiled, LargeScoresStayFinite, 1) {
   const Matrix got = tiled_attention(q, k, v, 2, 1, 16, 5, 7);
   ASSERT_TRUE(got.allFinite());
   EXPECT_TRUE(testing::all_close(want, got, 1e-5, 1e-4, "tiled attention with scores in the hundreds"));
+  // Every score far below zero (-200: exp of it is 0 in float): a running max that starts at 0
+  // instead of -infinity never rises to the scores, every exp(s - m) underflows, l stays 0 and
+  // out = 0 / 0.
+  const Matrix q_low = Matrix::Constant(6, 2 * 4, 10.0f), k_low = Matrix::Constant(6, 4, -10.0f);
+  const Matrix v_low = random_matrix(6, 4, 44);
+  const Matrix want_low = causal_attention(q_low, k_low, v_low, 2, 1, 4);
+  const Matrix got_low = tiled_attention(q_low, k_low, v_low, 2, 1, 4, 2, 3);
+  ASSERT_TRUE(got_low.allFinite()) << "every score is -200: the running max must start at -infinity";
+  EXPECT_TRUE(testing::all_close(want_low, got_low, 1e-5, 1e-4, "tiled attention with every score -200"));
 }
 
 GRADED_TEST(Lesson09Tiled, ScratchDoesNotGrowWithTheSequence, 3) {
   // The lesson's point. Extra heap bytes (all the call allocates, less its result) at 256 and at
   // 1,024 positions, with the same tiles: a tiled call's scratch is the same for both. A call that
   // builds the T x S scores (or a row of S scores per query, or a new scratch per tile) allocates
-  // more at 1,024, and loses these points.
+  // more at 1,024, and loses these points. The same at 2 and at 8 query heads (the scratch is
+  // allocated once per call, not once per head), and the tiles are the ones asked for: 64 x 64
+  // tiles hold 16 KB of scores, 8 x 8 tiles 256 bytes.
   if (!testing::AllocationCounter::available()) GTEST_SKIP() << "allocation counting is off in this build";
-  auto extra_bytes = [](int n) {
-    const Matrix q = random_matrix(n, 2 * 16, 51), k = random_matrix(n, 16, 52), v = random_matrix(n, 16, 53);
+  auto extra_bytes = [](int n, int heads, int tile) {
+    const Matrix q = random_matrix(n, heads * 16, 51), k = random_matrix(n, 16, 52), v = random_matrix(n, 16, 53);
     testing::AllocationCounter counter;
-    const Matrix out = tiled_attention(q, k, v, 2, 1, 16, 32, 32);
+    const Matrix out = tiled_attention(q, k, v, heads, 1, 16, tile, tile);
     const size_t result = sizeof(float) * out.size();
     return counter.bytes() - std::min(counter.bytes(), result);
   };
-  const size_t small = extra_bytes(256), large = extra_bytes(1024);
+  const size_t small = extra_bytes(256, 2, 32), large = extra_bytes(1024, 2, 32);
   EXPECT_LE(large, small + 1024) << "heap bytes the call allocated (all of them, freed or not), less its result: "
                                  << large << " at 1,024 positions, " << small << " at 256; the scratch must not "
                                  << "depend on the sequence's length, and must be allocated once per call";
   EXPECT_LT(large, 64u << 10) << "a call with 32 x 32 tiles and head_dim 16 needs far less than 64 KiB of scratch";
+  const size_t more_heads = extra_bytes(256, 8, 32);
+  EXPECT_LE(more_heads, small + 1024) << "heap bytes less the result: " << more_heads << " with 8 query heads, "
+                                      << small << " with 2; the scratch is allocated once per call, not per head";
+  const size_t narrow = extra_bytes(256, 2, 8), wide = extra_bytes(256, 2, 64);
+  EXPECT_LE(narrow + 8192, wide) << "heap bytes less the result: " << narrow << " with 8 x 8 tiles, " << wide
+                                 << " with 64 x 64 (whose scores alone are 16 KB): the call must compute in the "
+                                 << "tiles tile_q and tile_k ask for";
 }
 
 GRADED_TEST(Lesson09Tiled, BadArgumentsAreRefused, 1) {
@@ -173,6 +198,9 @@ GRADED_TEST(Lesson09Tiled, BadArgumentsAreRefused, 1) {
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, narrow, 2, 1, 16, 4, 4); }, "value width"));
   const Matrix short_k = random_matrix(3, 16, 64), short_v = random_matrix(3, 16, 65);
   EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, short_k, short_v, 2, 1, 16, 4, 4); }, "rows"));
+  const Matrix shorter_v = random_matrix(5, 16, 67);  // 6 keys, 5 values
+  EXPECT_TRUE(throws_error_mentioning([&] { tiled_attention(q, k, shorter_v, 2, 1, 16, 4, 4); }, "rows"))
+      << "k with 6 rows, v with 5";
 }
 
 }  // namespace
