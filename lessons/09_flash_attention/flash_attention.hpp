@@ -55,7 +55,8 @@ Vector online_softmax(const Vector& x);
 /// The lesson's point, which the tests measure: besides the returned [T, heads * head_dim]
 /// matrix, the call's heap allocations are scratch whose size depends on tile_q, tile_k and
 /// head_dim only, never on T or S (the scores of one tile, each tile row's m and l and its
-/// accumulator). Allocate that scratch once per call and reuse it for every tile: an Eigen
+/// accumulator; a tile larger than the sequence may be cut to it). Allocate that scratch once per
+/// call (not per head) and reuse it for every tile: an Eigen
 /// product with a fresh result allocates, so write products into the scratch
 /// (`scores.noalias() = ...`). The tests count every byte the call allocates, freed or not.
 ///

@@ -22,11 +22,13 @@
 ///   the probabilities P rounded to bfloat16 in shared memory, products accumulated in float32
 ///   (WMMA fragments of 16 x 16 x 16), the softmax in float32. Needs head_dim a multiple of 16,
 ///   a device of compute capability 8.0 or later and room for its tiles in the device's shared
-///   memory (a head_dim of 256 needs 143,616 bytes: an A100 or H100 has it, an RTX 4090 not);
-///   otherwise it runs version 2.
+///   memory (the reference's layout needs 143,616 bytes at a head_dim of 256: an A100 or H100 has
+///   it, an RTX 4090 not); otherwise it runs version 2.
 ///
-/// The tests compare versions 1 and 2 with tiled_attention within 1e-5 + 1e-4 |ref|, and version
-/// 3 within 2e-2 + 2e-2 |ref| (bf16 keeps 8 bits of mantissa), each output poisoned with NaN first.
+/// The tests compare versions 1 and 2 with lesson 00's causal_attention within 1e-5 + 1e-4 |ref|,
+/// and version 3 within 2e-2 + 2e-2 |ref| (bf16 keeps 8 bits of mantissa), each output poisoned
+/// with NaN first; version 1's workspace too, which must hold no NaN afterwards; and version 3's
+/// outputs must show bf16's rounding (some output more than 1e-4 from the float32 reference).
 ///
 /// This header needs no CUDA.
 #pragma once
