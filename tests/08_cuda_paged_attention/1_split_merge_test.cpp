@@ -221,6 +221,10 @@ GRADED_TEST(Lesson08Cpu, BadShapesAreRefused, 1) {
   const AttentionPartial b{Matrix::Zero(4, 16), Vector::Zero(4)};
   const std::vector<AttentionPartial> mixed{a, b};
   EXPECT_TRUE(throws_error_mentioning([&] { merge_partials(mixed); }, "partial 1"));
+  const AttentionPartial short_lse{a.out, a.lse.head(5)};  // the outputs agree, the lse does not
+  const std::vector<AttentionPartial> short_second{a, short_lse};
+  EXPECT_TRUE(throws_error_mentioning([&] { merge_partials(short_second); }, "partial 1"))
+      << "a partial whose lse has 5 rows where its output has 8";
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 // Lesson 08 on a CUDA device: the paged kernels against lesson 04's CPU paged attention, over
 // shuffled block tables (no sequence's blocks in order), block sizes 8, 16 and 32, lengths that
-// are not multiples of the block size, grouped-query ratios 1 to 12, head dims 24, 64 and 128, a
-// batch of sequences of different lengths in one launch. Outputs are poisoned with NaN first.
+// are not multiples of the block size, grouped-query ratios 1 to 12, head dims 24 to 256, scores
+// in the hundreds, a batch of sequences of different lengths in one launch (counted: each call is
+// captured in a CUDA graph). Outputs are poisoned with NaN first.
 // Tolerance 1e-5 + 1e-4 |ref| (float32 sums in another order). Without a device every case skips.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
+#include "common/errors.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
@@ -100,6 +104,12 @@ struct PagedFixture {
     return want;
   }
 
+  /// Multiplies every query by `factor` (on the host and the device): scores grow by it.
+  void scale_queries(float factor) {
+    for (float& x : q) x *= factor;
+    dq = DeviceArray<float>(q);
+  }
+
   Matrix download(const DeviceArray<float>& out) const {
     const auto got = out.download();
     return Eigen::Map<const Matrix>(got.data(), batch(), s.heads * s.head_dim);
@@ -121,6 +131,32 @@ GRADED_TEST(Lesson08Kernels, PagedAttentionMatchesLesson04, 4) {
                                      "paged_decode_attention against lesson 04's paged_attention"));
     }
   }
+  // The widest heads the contract allows (256) and one between the common sizes (160).
+  for (const Shape s : {Shape{4, 2, 256}, Shape{2, 1, 160}}) {
+    PagedFixture f(s, 16, {1, 17, 40}, seed += 10);
+    SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim));
+    DeviceArray<float> out = poisoned(f.out_size());
+    paged_decode_attention(f.args(out.get()));
+    ASSERT_TRUE(testing::all_close(f.reference(), f.download(out), 1e-5, 1e-4,
+                                   "paged_decode_attention against lesson 04's paged_attention"));
+  }
+}
+
+GRADED_TEST(Lesson08Kernels, ScoresInTheHundredsStayFinite, 1) {
+  // Queries 60 times larger: scores of a few hundred, whose exp() overflows float. Every softmax on
+  // the way (each warp's, the block's merge of its warps, the splits' merge) must subtract its max.
+  REQUIRE_DEVICE();
+  PagedFixture f({8, 2, 64}, 16, {1, 30, 200}, 61);
+  f.scale_queries(60.0f);
+  const Matrix want = f.reference();
+  ASSERT_TRUE(want.allFinite());
+  DeviceArray<float> out = poisoned(f.out_size());
+  paged_decode_attention(f.args(out.get()));
+  ASSERT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "paged_decode_attention, scores in the hundreds"));
+  const size_t rows = static_cast<size_t>(f.batch()) * 8;
+  DeviceArray<float> split = poisoned(f.out_size()), po = poisoned(rows * 3 * 64), pl = poisoned(rows * 3);
+  paged_decode_attention_split(f.args(split.get()), 3, po.get(), pl.get());
+  ASSERT_TRUE(testing::all_close(want, f.download(split), 1e-5, 1e-4, "3 splits, scores in the hundreds"));
 }
 
 GRADED_TEST(Lesson08Kernels, LongContextsMatchLesson04, 2) {
@@ -174,6 +210,9 @@ GRADED_TEST(Lesson08Kernels, EachSplitsPartialMatchesTheCpuPartial, 2) {
         const float lse = lses[row * splits + sp];
         if (std::isinf(want.lse[h])) {
           ASSERT_TRUE(std::isinf(lse) && lse < 0) << "an empty split's lse must be -infinity, got " << lse;
+          const Vector got = Eigen::Map<const Vector>(parts.data() + (row * splits + sp) * s.head_dim, s.head_dim);
+          ASSERT_TRUE(got.isZero(0.0f)) << "an empty split's partial output must be written as zeros (the workspace "
+                                           "was poisoned with NaN), got " << got.transpose();
           continue;
         }
         ASSERT_NEAR(lse, want.lse[h], 1e-4 + 1e-5 * std::abs(want.lse[h])) << "the split's lse";
@@ -251,9 +290,94 @@ GRADED_TEST(Lesson08Kernels, BadArgumentsAreRefusedBeforeLaunching, 1) {
   a = f.args(out.get());
   EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 0, po.get(), pl.get()); }, "num_splits"));
   EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 2, nullptr, pl.get()); }, "null"));
+  a.kv_heads = 3;  // the split path checks the batch as the unsplit one does
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 2, po.get(), pl.get()); }, "kv_heads"));
+  a = f.args(out.get()), a.head_dim = 300;
+  EXPECT_TRUE(throws_error_mentioning([&] { paged_decode_attention_split(a, 2, po.get(), pl.get()); }, "head_dim"));
   EXPECT_TRUE(throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), out.get(), 0, 2, 8); }, "rows"));
+  EXPECT_TRUE(
+      throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), out.get(), 4, 0, 8); }, "num_splits"));
+  EXPECT_TRUE(
+      throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), out.get(), 4, 2, 0); }, "head_dim"));
+  EXPECT_TRUE(throws_error_mentioning([&] { merge_attention_partials(po.get(), pl.get(), nullptr, 4, 2, 8); }, "null"));
   EXPECT_TRUE(throws_error_mentioning([&] { write_kv_slots(po.get(), po.get(), po.get(), po.get(), nullptr, 1, 8); },
                                       "null"));
+}
+
+/// Captures `call` into a CUDA graph and returns its launches (the graph's nodes), or fails the
+/// test if it could not be captured (a cudaMalloc, a copy, a wait inside the call).
+size_t launches_in_graph(const std::string& what, const std::function<void()>& call) {
+  INFER_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads done before the capture starts
+  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+  std::string failed;
+  cudaGraph_t graph = nullptr;
+  try {
+    call();
+  } catch (const NotImplemented&) {
+    (void)cudaStreamEndCapture(cudaStreamPerThread, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  const cudaError_t ended = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+  (void)cudaGetLastError();
+  size_t nodes = 0;
+  if (failed.empty() && ended == cudaSuccess) {
+    INFER_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    cudaGraphExec_t exec = nullptr;
+    INFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    INFER_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
+    INFER_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaGraphExecDestroy(exec);
+  }
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_TRUE(failed.empty() && ended == cudaSuccess)
+      << what << " could not be captured in a CUDA graph (" << (failed.empty() ? cudaGetErrorString(ended) : failed)
+      << "): a call launches its kernels and nothing else; no cudaMalloc (no gathered copy of the rows), no "
+         "cudaFree, no copy to or from the host, no synchronisation";
+  return nodes;
+}
+
+GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
+  // The engine captures its decode step in a CUDA graph (--cuda-graphs), and the contract counts
+  // the launches: the whole batch's attention in one, the split version in two (the partials,
+  // their merge), the merge in one, the slot write in one. A call that gathers the rows into a
+  // fresh copy, or launches per sequence, or copies per row from the host, gives the right numbers
+  // and breaks both. Each call is captured alone, replayed, and its result checked.
+  REQUIRE_DEVICE();
+  PagedFixture f({8, 2, 64}, 16, {1, 30, 70, 5}, 77);
+  const Matrix want = f.reference();
+  DeviceArray<float> out = poisoned(f.out_size());
+  EXPECT_EQ(launches_in_graph("paged_decode_attention", [&] { paged_decode_attention(f.args(out.get())); }), 1u)
+      << "paged_decode_attention: every sequence of the batch in one launch";
+  EXPECT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "paged_decode_attention, replayed"));
+  const size_t rows = static_cast<size_t>(f.batch()) * 8;
+  DeviceArray<float> split = poisoned(f.out_size()), po = poisoned(rows * 4 * 64), pl = poisoned(rows * 4);
+  EXPECT_EQ(launches_in_graph("paged_decode_attention_split",
+                              [&] { paged_decode_attention_split(f.args(split.get()), 4, po.get(), pl.get()); }),
+            2u)
+      << "paged_decode_attention_split: one launch for every partial, one for their merge";
+  EXPECT_TRUE(testing::all_close(want, f.download(split), 1e-5, 1e-4, "4 splits, replayed"));
+  DeviceArray<float> merged = poisoned(f.out_size());
+  EXPECT_EQ(launches_in_graph("merge_attention_partials",
+                              [&] { merge_attention_partials(po.get(), pl.get(), merged.get(), rows, 4, 64); }),
+            1u);
+  EXPECT_TRUE(testing::all_close(want, f.download(merged), 1e-5, 1e-4, "the merge, replayed"));
+  const int kvd = 2 * 64, batch = 5;
+  const std::vector<int> slots{9, 0, 33, 4, 20};
+  const auto k = random_values(static_cast<size_t>(batch) * kvd, 78), v = random_values(k.size(), 79);
+  const auto pool0 = random_values(static_cast<size_t>(40) * kvd, 80);
+  DeviceArray<float> dk(k), dv(v), kp(pool0), vp(pool0);
+  DeviceArray<int> ds(slots);
+  EXPECT_EQ(launches_in_graph("write_kv_slots",
+                              [&] { write_kv_slots(dk.get(), dv.get(), kp.get(), vp.get(), ds.get(), batch, kvd); }),
+            1u)
+      << "write_kv_slots: the whole batch in one launch";
+  auto want_k = pool0;
+  for (int i = 0; i < batch; ++i)
+    std::copy_n(k.begin() + static_cast<long>(i) * kvd, kvd, want_k.begin() + static_cast<long>(slots[i]) * kvd);
+  EXPECT_EQ(kp.download(), want_k) << "write_kv_slots, replayed: each row in its slot";
 }
 
 // Given code, not graded: the chunk kernel the GPU forward runs for a step's prompt chunks
