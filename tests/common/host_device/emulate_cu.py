@@ -6,7 +6,7 @@
 Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp (WMMA included);
 `__CUDA_ARCH__` the emulated device's 900; `extern
 __shared__ T name[];` a pointer to the block's dynamic shared memory; other `__shared__` arrays
-statics (one block runs at a time), refilled with 0xFF for each block; `kernel<<<grid, block[,
+statics (one block runs at a time; several names in one declaration, each its own), refilled with 0xFF for each block; `kernel<<<grid, block[,
 shared]>>>(args);` a call of emu::launch(). A launch with a stream, or a __shared__ declaration
 outside a function, is refused with a message. Everything else compiles as it is, with the header's definitions. Line numbers are
 kept (#line), so that a compiler error or a failed check names the .cu file's own line.
@@ -54,10 +54,23 @@ def rewrite(src, path):
                  r"\1* \2 = reinterpret_cast<\1*>(::emu::dynamic_shared());", src)
     # __shared__ T name[...];: a static of the function, one per host thread, refilled with 0xFF for
     # each block (a GPU's shared memory starts as garbage, not zeros).
-    src = re.sub(r"\b__shared__\s+(__align__\(\d+\)\s+)?([\w:][\w: ]*?)\s+(\w+)((?:\[[^\]]*\])*);",
-                 r"\1static thread_local \2 \3\4; ::emu::fresh_shared(&\3, sizeof(\3));", src)
-    if "__shared__" in src:
-        raise SystemExit(f"emulate_cu.py: {path}: a __shared__ declaration it could not rewrite")
+    # Several names in one declaration (__shared__ float a[4], b[4];) become one static each.
+    def shared(match):
+        align, type_, names = match.group(1) or "", match.group(2), split_top_level(match.group(3))
+        out = []
+        for decl in names:
+            name = re.match(r"\w+", decl).group(0)
+            out.append(f"{align}static thread_local {type_} {decl}; ::emu::fresh_shared(&{name}, sizeof({name}));")
+        return " ".join(out)
+
+    src = re.sub(r"\b__shared__\s+(__align__\(\d+\)\s+)?([\w:][\w: ]*?)\s+"
+                 r"(\w+(?:\[[^\]]*\])*(?:\s*,\s*\w+(?:\[[^\]]*\])*)*)\s*;", shared, src)
+    for number, line in enumerate(src.splitlines(), 1):
+        if "__shared__" in line.split("//")[0]:
+            raise SystemExit(f"{path}:{number}: error: emulate_cu.py cannot rewrite this __shared__ declaration for the "
+                             f"emulator: {line.strip()}\n  (it takes `__shared__ T name[N]...;`, several names in one, "
+                             f"and `extern __shared__ T name[];`, each on one line, inside a function; an initializer "
+                             f"is not allowed in CUDA either)")
     src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", launch, src, flags=re.S)
     if any("<<<" in line.split("//")[0] for line in src.splitlines()):
         raise SystemExit(f"emulate_cu.py: {path}: a launch it could not rewrite")
