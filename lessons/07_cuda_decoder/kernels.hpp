@@ -54,8 +54,9 @@ void gemv_bf16(int version, const uint16_t* w, const float* x, float* y, int row
 /// Y = X W^T for a batch of vectors: x [batch, cols] (row b is sequence b's input), y [batch, rows],
 /// y[b, r] = sum over c of W[r, c] * x[b, c]; W [rows, cols] float32. What batched decode needs:
 /// the point is that W is read from memory once for several batch rows, not once per row, so a
-/// decode step of 8 sequences costs about what one costs. Each batch row must equal gemv_f32 of
-/// that row alone, within the GEMV tolerance. Throws for batch below 1, or rows or cols below 1.
+/// decode step of 8 sequences costs about what one costs. The whole batch in one launch. Each batch
+/// row must equal gemv_f32 of that row alone, within the GEMV tolerance. Throws for batch below 1,
+/// or rows or cols below 1.
 void gemv_batch_f32(const float* w, const float* x, float* y, int rows, int cols, int batch);
 
 /// The same with bfloat16 weights (rows * cols uint16_t, row-major), float32 x, y and sums.

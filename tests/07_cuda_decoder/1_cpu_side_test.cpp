@@ -120,6 +120,9 @@ GRADED_TEST(Lesson07Reference, Bf16GemvWidensEachWeight, 1) {
   EXPECT_TRUE(testing::all_close(gemv_reference(widened, x), gemv_bf16_reference(b, 5, 24, x), 1e-6, 1e-6,
                                  "the bf16 reference against the float reference over the widened weights"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_bf16_reference(b, 5, 25, x); }, "weights"));
+  const Vector x23 = random_matrix(23, 1, 5).col(0);
+  EXPECT_TRUE(testing::throws_error_mentioning([&] { gemv_bf16_reference(b, 5, 23, x23); }, "weights"))
+      << "120 weights for a 5 x 23 matrix: too many is refused too";
 }
 
 GRADED_TEST(Lesson07Reference, SoftmaxRowsIsStable, 1) {

@@ -143,6 +143,21 @@ size_t launches_in(const std::function<void()>& work) {
   return nodes;
 }
 
+GRADED_TEST(Lesson07Kernels, BatchedGemvIsOneLaunchForTheBatch, 1) {
+  // The batched GEMV's point: W read once for the batch's rows. Calling the one-vector GEMV once
+  // per batch row gives the same numbers and reads W batch times over; its launches show it.
+  REQUIRE_DEVICE();
+  const int rows = 130, cols = 264;
+  DeviceArray<float> w(static_cast<size_t>(rows) * cols), x(17 * cols), y(17 * rows);
+  DeviceArray<uint16_t> wb(static_cast<size_t>(rows) * cols);
+  for (const int batch : {1, 8, 17}) {
+    EXPECT_EQ(launches_in([&] { gemv_batch_f32(w.get(), x.get(), y.get(), rows, cols, batch); }), 1u)
+        << "gemv_batch_f32 at batch " << batch << ": the whole batch in one launch, not one per row";
+    EXPECT_EQ(launches_in([&] { gemv_batch_bf16(wb.get(), x.get(), y.get(), rows, cols, batch); }), 1u)
+        << "gemv_batch_bf16 at batch " << batch << ": the whole batch in one launch, not one per row";
+  }
+}
+
 GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
   // The point of the skinny GEMM: a weight read once for up to 16 batch rows, in one launch. A
   // GEMV launched once per batch row gives the same numbers and reads W batch times over; its
@@ -317,25 +332,36 @@ GRADED_TEST(Lesson07Kernels, RmsNormMatchesLesson00, 2) {
     ASSERT_TRUE(testing::all_close(want, as_matrix(dy.download(), s.rows, s.cols), 1e-5, 1e-4,
                                    cat("rms_norm on ", s.rows, " x ", s.cols)));
   }
+  // eps is the caller's: values of about 0.1 with an eps of 0.05 (where it weighs as much as x).
+  const auto x = random_values(3 * 40, 52, 0.1), w = random_values(40, 62);
+  const Matrix want = ::infer::rms_norm(as_matrix(x, 3, 40), as_matrix(w, 40, 1).col(0), 0.05f);
+  DeviceArray<float> dx(x), dw(w);
+  DeviceArray<float> dy = poisoned(x.size());
+  gpu::rms_norm(dx.get(), dw.get(), dy.get(), 3, 40, 0.05f);
+  ASSERT_TRUE(testing::all_close(want, as_matrix(dy.download(), 3, 40), 1e-5, 1e-4, "rms_norm with eps 0.05"));
 }
 
 GRADED_TEST(Lesson07Kernels, RopeMatchesLesson00AtEachRowsPosition, 2) {
+  // Positions in the tens of thousands (where an angle in float is off by a hundredth of a radian)
+  // and Llama 3's theta of 500,000 besides the usual 10,000.
   REQUIRE_DEVICE();
-  for (const int head_dim : {24, 64, 128}) {
-    const int rows = 3, heads = 5;
-    const std::vector<int> positions = {0, 7, 250};
-    const auto x = random_values(static_cast<size_t>(rows) * heads * head_dim, 70 + head_dim);
-    Matrix want = as_matrix(x, rows, heads * head_dim);
-    for (int r = 0; r < rows; ++r) {
-      auto row = want.row(r);
-      apply_rope(row, head_dim, positions[r], 10000.0f);
+  for (const float theta : {10000.0f, 500000.0f})
+    for (const int head_dim : {24, 64, 128}) {
+      const int rows = 5, heads = 5;
+      const std::vector<int> positions = {0, 7, 250, 5000, 60000};
+      const auto x = random_values(static_cast<size_t>(rows) * heads * head_dim, 70 + head_dim);
+      Matrix want = as_matrix(x, rows, heads * head_dim);
+      for (int r = 0; r < rows; ++r) {
+        auto row = want.row(r);
+        apply_rope(row, head_dim, positions[r], theta);
+      }
+      DeviceArray<float> dx(x);
+      DeviceArray<int> dpos(positions);
+      rope(dx.get(), dpos.get(), rows, heads, head_dim, theta);
+      ASSERT_TRUE(testing::all_close(want, as_matrix(dx.download(), rows, heads * head_dim), 1e-5, 1e-4,
+                                     cat("rope, head_dim ", head_dim, ", theta ", theta,
+                                         ", positions 0, 7, 250, 5000, 60000")));
     }
-    DeviceArray<float> dx(x);
-    DeviceArray<int> dpos(positions);
-    rope(dx.get(), dpos.get(), rows, heads, head_dim, 10000.0f);
-    ASSERT_TRUE(testing::all_close(want, as_matrix(dx.download(), rows, heads * head_dim), 1e-5, 1e-4,
-                                   cat("rope, head_dim ", head_dim, ", positions 0, 7, 250")));
-  }
 }
 
 GRADED_TEST(Lesson07Kernels, SwigluAddAndSoftmaxMatchTheirReferences, 2) {
@@ -375,11 +401,12 @@ GRADED_TEST(Lesson07Kernels, EmbeddingCopiesRowsAndMarksBadIds, 1) {
   embedding(dt.get(), dids.get(), dout.get(), static_cast<int>(ids.size()), vocab, hidden);
   const Matrix want = embedding_reference(as_matrix(table, vocab, hidden), ids);
   ASSERT_TRUE(testing::all_close(want, as_matrix(dout.download(), 5, hidden), 0, 0, "embedding rows"));
-  DeviceArray<int> bad(std::vector<int>{3, 259});
-  embedding(dt.get(), bad.get(), dout.get(), 2, vocab, hidden);
+  DeviceArray<int> bad(std::vector<int>{3, 259, -1});
+  embedding(dt.get(), bad.get(), dout.get(), 3, vocab, hidden);
   const auto got = dout.download();
   EXPECT_FALSE(std::isnan(got[0])) << "id 3 is in the vocabulary";
   EXPECT_TRUE(std::isnan(got[hidden])) << "id 259 is outside a vocabulary of 259: its row must be NaN";
+  EXPECT_TRUE(std::isnan(got[2 * hidden])) << "id -1 is outside the vocabulary: its row must be NaN";
 }
 
 GRADED_TEST(Lesson07Kernels, DecodeAttentionMatchesLesson00, 3) {
@@ -388,10 +415,12 @@ GRADED_TEST(Lesson07Kernels, DecodeAttentionMatchesLesson00, 3) {
     int length, heads, kv_heads, head_dim;
   };
   // (13,000 positions: 52 KB of scores, past the 48 KiB a kernel gets unless its limit is raised)
+  // (the last: a query 60 times larger, scores of a few hundred, whose exp() overflows float)
   for (const Case c : {Case{1, 8, 2, 24}, Case{37, 8, 2, 24}, Case{256, 4, 4, 64}, Case{1000, 8, 1, 128},
-                       Case{5000, 2, 2, 64}, Case{13000, 2, 1, 16}}) {
+                       Case{5000, 2, 2, 64}, Case{13000, 2, 1, 16}, Case{300, 4, 2, 64}}) {
     const int kv_dim = c.kv_heads * c.head_dim;
-    const auto q = random_values(static_cast<size_t>(c.heads) * c.head_dim, 110), k = random_values(
+    const double q_scale = c.length == 300 ? 60.0 : 1.0;
+    const auto q = random_values(static_cast<size_t>(c.heads) * c.head_dim, 110, q_scale), k = random_values(
         static_cast<size_t>(c.length) * kv_dim, 111), v = random_values(static_cast<size_t>(c.length) * kv_dim, 112);
     const Matrix want = causal_attention(as_matrix(q, 1, c.heads * c.head_dim), as_matrix(k, c.length, kv_dim),
                                          as_matrix(v, c.length, kv_dim), c.heads, c.kv_heads, c.head_dim);
