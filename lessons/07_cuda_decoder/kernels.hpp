@@ -111,7 +111,8 @@ void embedding(const float* table, const int* ids, float* out, int n, int vocab,
 /// stable softmax. out [heads * head_dim]. One block per query head, its scores in shared memory:
 /// above 48 KiB of it (about 12,000 positions) the kernel's limit must be raised
 /// (cudaFuncSetAttribute), and a length the device cannot hold throws (lesson 08 splits long
-/// contexts). Throws for length < 1, or heads not a multiple of kv_heads.
+/// contexts): the scores and the query head in dynamic shared memory, plus the kernel's own static
+/// shared memory (its reductions' slots), must fit the device's opt-in limit per block. Throws for length < 1, or heads not a multiple of kv_heads.
 void decode_attention(const float* q, const float* k, const float* v, float* out, int length, int heads,
                       int kv_heads, int head_dim);
 
