@@ -123,6 +123,7 @@ struct StepCost {
 /// tokens' K and V to the cache. A simplification, on the high side: a step reads only its
 /// tokens' rows of the embedding table, not all of it (the table is 1.5% of Llama 3 70B's
 /// parameters, and 15% of the bundled model's; a tied table is read whole anyway, as lm_head).
+/// The weights in `weights`' bytes, the K/V in `kv`'s. Throws infer::Error for T < 1.
 StepCost prefill_cost(const ModelShape& shape, int T, DType weights, DType kv);
 
 /// One decode step for a batch of `batch` sequences, each `context` tokens long including
@@ -131,7 +132,8 @@ StepCost prefill_cost(const ModelShape& shape, int T, DType weights, DType kv);
 /// FLOPs: 2 * matmul_parameter_count per sequence, plus attention over `context` keys.
 /// Bytes: every parameter read once for the whole batch (that is batching's point; the same
 /// simplification about the embedding table as prefill_cost), plus, per sequence, reading
-/// `context - 1` cached tokens' K and V and writing the new token's.
+/// `context - 1` cached tokens' K and V and writing the new token's. The weights in `weights`'
+/// bytes, the K/V in `kv`'s. Throws infer::Error for context < 1 or batch < 1.
 StepCost decode_cost(const ModelShape& shape, int context, int batch, DType weights, DType kv);
 
 // ============================================================= the roofline ==
@@ -226,10 +228,12 @@ struct Capacity {
   bool fits = false;           ///< whether anything is left for the KV cache after weights and overhead
 };
 
-/// Weights, overhead and KV budget of a deployment, and the tokens of KV it can hold.
+/// Weights, overhead and KV budget of a deployment, and the tokens of KV it can hold. Throws
+/// infer::Error for no GPU, no memory, or an overhead_fraction outside [0, 1).
 Capacity capacity(const ModelShape& shape, const MemoryBudget& budget, DType weights, DType kv);
 
 /// Concurrent users, each holding `context` tokens of KV: max_tokens / context, rounded down.
+/// Throws infer::Error for context < 1.
 long max_users(const Capacity& cap, int context);
 
 // ================================================== this machine's roofs (given) ==

@@ -51,6 +51,14 @@ GRADED_TEST(Lesson01Memory, CapacityLeavesWhatWeightsAndOverheadDoNotTake, 2) {
   const Capacity one = capacity(llama3_70b(), {.gpu_bytes = 80 * kGiB, .num_gpus = 1}, DType::BF16, DType::BF16);
   EXPECT_FALSE(one.fits) << "141 GB of BF16 weights do not fit on one 80 GiB GPU";
   EXPECT_EQ(one.max_tokens, 0);
+  EXPECT_EQ(one.kv_budget_bytes, 0.0) << "the weights do not fit: nothing is left for the KV cache, not less than nothing";
+  // Whole tokens, rounded down: 10.75 tokens' worth of budget holds 10 (not 11).
+  ModelShape hand{"hand", 2, 4, 2, 1, 2, 8, 10, false, 0, false};
+  hand.parameters = 388;  // 1,552 bytes in float32; 32 bytes of K/V a token
+  const Capacity tight = capacity(hand, {.gpu_bytes = 1552 + 344, .num_gpus = 1, .overhead_fraction = 0},
+                                  DType::F32, DType::F32);
+  EXPECT_NEAR(tight.kv_budget_bytes, 344.0, 1e-9);
+  EXPECT_EQ(tight.max_tokens, 10) << "344 bytes of budget at 32 a token: 10 whole tokens";
 }
 
 GRADED_TEST(Lesson01Memory, Int4KvServesAboutFourTimesTheUsers, 2) {

@@ -52,6 +52,32 @@ GRADED_TEST(Lesson01Cost, DecodeReadsTheWeightsOncePerBatch, 2) {
   EXPECT_DOUBLE_EQ(c.bytes, 1552.0 + 4 * (128.0 + 32.0));
 }
 
+GRADED_TEST(Lesson01Cost, WeightsAndCacheEachHaveTheirOwnFormatAndCount, 1) {
+  // The published parameter count, not the dense count (they differ for a model with parts the
+  // dense formula leaves out, as GPT-4-class estimates do), and the K/V in their own format.
+  ModelShape s = hand_shape();
+  s.parameters = 1000;
+  // weights 1000 x 2 bytes (bf16); K/V of 3 tokens in float32: 3 x 32
+  EXPECT_DOUBLE_EQ(prefill_cost(s, 3, DType::BF16, DType::F32).bytes, 2000.0 + 96.0)
+      << "prefill: shape.parameters x the weights' bytes, the K/V in the cache's own format";
+  // weights once, 2000; per sequence 4 cached tokens read and 1 written, in float32
+  EXPECT_DOUBLE_EQ(decode_cost(s, 5, 4, DType::BF16, DType::F32).bytes, 2000.0 + 4 * (128.0 + 32.0))
+      << "decode: shape.parameters x the weights' bytes, the K/V in the cache's own format";
+  // bf16 K/V under float32 weights: 2 bytes a value
+  EXPECT_DOUBLE_EQ(decode_cost(hand_shape(), 5, 4, DType::F32, DType::BF16).bytes, 1552.0 + 4 * (64.0 + 16.0));
+}
+
+GRADED_TEST(Lesson01Cost, SizesBelowOneAreRefused, 1) {
+  using testing::throws_error_mentioning;
+  EXPECT_TRUE(throws_error_mentioning([] { prefill_cost(hand_shape(), 0, DType::F32, DType::F32); }, "T"));
+  EXPECT_TRUE(throws_error_mentioning([] { decode_cost(hand_shape(), 0, 1, DType::F32, DType::F32); }, "context"));
+  EXPECT_TRUE(throws_error_mentioning([] { decode_cost(hand_shape(), 5, 0, DType::F32, DType::F32); }, "batch"));
+  const StepCost d = decode_cost(hand_shape(), 5, 4, DType::F32, DType::F32);
+  EXPECT_TRUE(throws_error_mentioning([&] { max_tokens_per_second(d, 0, a100_80gb()); }, "batch"));
+  const Capacity c = capacity(llama3_8b(), {}, DType::BF16, DType::BF16);
+  EXPECT_TRUE(throws_error_mentioning([&] { max_users(c, 0); }, "context"));
+}
+
 GRADED_TEST(Lesson01Cost, IntensityGrowsWithBatchAndPromptLength, 1) {
   double last = 0;
   for (int b : {1, 2, 8, 32, 128, 512}) {
