@@ -28,15 +28,12 @@ Watch g_watch;
 std::atomic<bool> g_active{false};
 std::atomic_flag g_lock = ATOMIC_FLAG_INIT;
 
-void on_fault(int sig, siginfo_t* info, void* context) {
+void on_fault(int, siginfo_t* info, void*) {
   const auto addr = reinterpret_cast<std::uintptr_t>(info->si_addr);
   if (!g_active.load(std::memory_order_acquire) || addr < g_watch.lo || addr >= g_watch.hi) {
-    // Not ours: the next fault (the same instruction, run again) goes to the previous handler.
-    if (g_watch.previous.sa_flags & SA_SIGINFO) {
-      g_watch.previous.sa_sigaction(sig, info, context);
-    } else {
-      sigaction(SIGSEGV, &g_watch.previous, nullptr);
-    }
+    // Not ours: the previous handler back in place, the access runs again and faults into it, with
+    // its own flags (a handler that reports and then lets the default action kill the process).
+    sigaction(SIGSEGV, &g_watch.previous, nullptr);
     return;
   }
   while (g_lock.test_and_set(std::memory_order_acquire)) {
