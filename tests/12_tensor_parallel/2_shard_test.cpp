@@ -90,6 +90,26 @@ GRADED_TEST(Lesson12Shard, EachRankReadsOnlyItsOwnBytesFromTheFile, 2) {
   }
 }
 
+/// A FloatProjection that counts the rows of W its products compute: what a wrapper asks of it.
+class CountingProjection final : public Projection {
+ public:
+  explicit CountingProjection(Matrix w) : w_(std::move(w)), inner_(w_) {}
+  long rows() const override { return inner_.rows(); }
+  long cols() const override { return inner_.cols(); }
+  long bytes() const override { return inner_.bytes(); }
+  void rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const override {
+    rows_computed_ += count;
+    inner_.rows_into(x, y, first, count, accumulate);
+  }
+  Matrix to_float() const override { return inner_.to_float(); }
+  long rows_computed() const { return rows_computed_; }
+
+ private:
+  Matrix w_;
+  FloatProjection inner_;  // over w_, kept by reference
+  mutable long rows_computed_ = 0;
+};
+
 GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
   // W [24, 40] split by columns over the ranks, x [3, 40] likewise: each rank's product by its
   // slice, all-reduced, is x W^T (1e-5 + 1e-5 |y|: float32 sums in another order), on every rank;
@@ -102,11 +122,13 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
   for (int world : {1, 2, 4}) {
     const long cols = 40 / world;
     std::vector<Matrix> got(world), added(world), part(world);
-    std::vector<long> reduces(world), floats(world);
+    std::vector<long> reduces(world), floats(world), computed(world);
     run_ranks(world, [&](Communicator& comm) {
       const int r = comm.rank();
       const Matrix mine = w.middleCols(r * cols, cols), xr = x.middleCols(r * cols, cols);
-      const RowParallelProjection p(std::make_unique<FloatProjection>(mine), comm);
+      auto counting = std::make_unique<CountingProjection>(mine);
+      const CountingProjection& shard = *counting;
+      const RowParallelProjection p(std::move(counting), comm);
       got[r] = Matrix::Constant(3, 24, NAN);
       p.rows_into(xr, got[r], 0, 24, false);
       added[r] = y0;
@@ -115,6 +137,7 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
       p.rows_into(xr, part[r], 8, 4, true);
       reduces[r] = comm.stats().all_reduces;
       floats[r] = comm.stats().floats_reduced;
+      computed[r] = shard.rows_computed();
       Matrix wrong(3, 30);
       EXPECT_TRUE(testing::throws_error_mentioning([&] { p.rows_into(xr, wrong, 0, 24, false); }, ""))
           << "y of [3, 30] for a W of 24 rows: refused";
@@ -130,6 +153,8 @@ GRADED_TEST(Lesson12Shard, RowParallelProductIsTheWholeProductOnEveryRank, 3) {
       EXPECT_EQ(floats[r], 3 * 24 + 3 * 24 + 3 * 4) << where << ": each all-reduce of x.rows * count floats (the "
                                                        "rows asked for, not the whole partial product)";
       EXPECT_EQ(got[r], got[0]) << where << ": every rank holds the same sums";
+      EXPECT_EQ(computed[r], 24 + 24 + 4) << where << ": rows of W the shard's products computed; a product asked "
+                                             "for rows [first, first + count) asks its shard for those rows alone";
     }
   }
 }
