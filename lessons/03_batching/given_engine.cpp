@@ -569,7 +569,16 @@ std::vector<TokenEvent> Engine::step() {
   current_.occupied = static_cast<int>(running_.size());
   // Memory for what each sequence feeds is taken now, while planning (make_room() left enough):
   // a paged store takes its new blocks and copies a shared one here, and the forward only writes.
-  for (const Planned& p : plan) p.seq->cache->reserve(p.seq->computed() + p.tokens);
+  for (const Planned& p : plan) {
+    try {
+      p.seq->cache->reserve(p.seq->computed() + p.tokens);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("out of KV blocks") == std::string::npos) throw;
+      throw Error(cat("Engine: the plan feeds request ", p.seq->request.id, " positions ", p.seq->computed(), " to ",
+                      p.seq->computed() + p.tokens, " and the memory cannot hold them (did the planner call "
+                      "make_room() first, and plan no more than the room it left?): ", e.what()));
+    }
+  }
 
   // 2. Run: every planned sequence feeds its next uncomputed tokens, all in one forward; a decode
   //    with a speculator feeds its guesses too, with logits at each of them.

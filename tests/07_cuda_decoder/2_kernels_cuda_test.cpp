@@ -12,6 +12,7 @@
 #include "common/cuda_check.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/device.hpp"
+#include "common/testing/graph_capture.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
@@ -123,24 +124,9 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmEqualsOneGemvPerRow, 2) {
 }
 
 /// The kernel launches `work` makes, counted by capturing it in a CUDA graph (its nodes) instead of
-/// running it. Kernels launch on the calling thread's default stream (the course builds with
-/// --default-stream per-thread), which is what this captures.
+/// running it.
 size_t launches_in(const std::function<void()>& work) {
-  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
-  try {
-    work();
-  } catch (...) {
-    cudaGraph_t dropped = nullptr;
-    cudaStreamEndCapture(cudaStreamPerThread, &dropped);
-    if (dropped) cudaGraphDestroy(dropped);
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  INFER_CUDA_CHECK(cudaStreamEndCapture(cudaStreamPerThread, &graph));
-  size_t nodes = 0;
-  INFER_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
-  INFER_CUDA_CHECK(cudaGraphDestroy(graph));
-  return nodes;
+  return testing::captured_launches("the call", work, /*replay=*/false);
 }
 
 GRADED_TEST(Lesson07Kernels, BatchedGemvIsOneLaunchForTheBatch, 1) {

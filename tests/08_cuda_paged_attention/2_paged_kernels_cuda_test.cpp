@@ -6,8 +6,6 @@
 // Tolerance 1e-5 + 1e-4 |ref| (float32 sums in another order). Without a device every case skips.
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <string>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -17,9 +15,9 @@
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/device.hpp"
+#include "common/testing/graph_capture.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
-#include "common/errors.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
@@ -304,41 +302,6 @@ GRADED_TEST(Lesson08Kernels, BadArgumentsAreRefusedBeforeLaunching, 1) {
                                       "null"));
 }
 
-/// Captures `call` into a CUDA graph and returns its launches (the graph's nodes), or fails the
-/// test if it could not be captured (a cudaMalloc, a copy, a wait inside the call).
-size_t launches_in_graph(const std::string& what, const std::function<void()>& call) {
-  INFER_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads done before the capture starts
-  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
-  std::string failed;
-  cudaGraph_t graph = nullptr;
-  try {
-    call();
-  } catch (const NotImplemented&) {
-    (void)cudaStreamEndCapture(cudaStreamPerThread, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  } catch (const std::exception& e) {
-    failed = e.what();
-  }
-  const cudaError_t ended = cudaStreamEndCapture(cudaStreamPerThread, &graph);
-  (void)cudaGetLastError();
-  size_t nodes = 0;
-  if (failed.empty() && ended == cudaSuccess) {
-    INFER_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
-    cudaGraphExec_t exec = nullptr;
-    INFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    INFER_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-    INFER_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaGraphExecDestroy(exec);
-  }
-  if (graph) cudaGraphDestroy(graph);
-  EXPECT_TRUE(failed.empty() && ended == cudaSuccess)
-      << what << " could not be captured in a CUDA graph (" << (failed.empty() ? cudaGetErrorString(ended) : failed)
-      << "): a call launches its kernels and nothing else; no cudaMalloc (no gathered copy of the rows), no "
-         "cudaFree, no copy to or from the host, no synchronisation";
-  return nodes;
-}
-
 GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
   // The engine captures its decode step in a CUDA graph (--cuda-graphs), and the contract counts
   // the launches: the whole batch's attention in one, the split version in two (the partials,
@@ -349,18 +312,18 @@ GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
   PagedFixture f({8, 2, 64}, 16, {1, 30, 70, 5}, 77);
   const Matrix want = f.reference();
   DeviceArray<float> out = poisoned(f.out_size());
-  EXPECT_EQ(launches_in_graph("paged_decode_attention", [&] { paged_decode_attention(f.args(out.get())); }), 1u)
+  EXPECT_EQ(testing::captured_launches("paged_decode_attention", [&] { paged_decode_attention(f.args(out.get())); }), 1u)
       << "paged_decode_attention: every sequence of the batch in one launch";
   EXPECT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "paged_decode_attention, replayed"));
   const size_t rows = static_cast<size_t>(f.batch()) * 8;
   DeviceArray<float> split = poisoned(f.out_size()), po = poisoned(rows * 4 * 64), pl = poisoned(rows * 4);
-  EXPECT_EQ(launches_in_graph("paged_decode_attention_split",
+  EXPECT_EQ(testing::captured_launches("paged_decode_attention_split",
                               [&] { paged_decode_attention_split(f.args(split.get()), 4, po.get(), pl.get()); }),
             2u)
       << "paged_decode_attention_split: one launch for every partial, one for their merge";
   EXPECT_TRUE(testing::all_close(want, f.download(split), 1e-5, 1e-4, "4 splits, replayed"));
   DeviceArray<float> merged = poisoned(f.out_size());
-  EXPECT_EQ(launches_in_graph("merge_attention_partials",
+  EXPECT_EQ(testing::captured_launches("merge_attention_partials",
                               [&] { merge_attention_partials(po.get(), pl.get(), merged.get(), rows, 4, 64); }),
             1u);
   EXPECT_TRUE(testing::all_close(want, f.download(merged), 1e-5, 1e-4, "the merge, replayed"));
@@ -370,7 +333,7 @@ GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
   const auto pool0 = random_values(static_cast<size_t>(40) * kvd, 80);
   DeviceArray<float> dk(k), dv(v), kp(pool0), vp(pool0);
   DeviceArray<int> ds(slots);
-  EXPECT_EQ(launches_in_graph("write_kv_slots",
+  EXPECT_EQ(testing::captured_launches("write_kv_slots",
                               [&] { write_kv_slots(dk.get(), dv.get(), kp.get(), vp.get(), ds.get(), batch, kvd); }),
             1u)
       << "write_kv_slots: the whole batch in one launch";

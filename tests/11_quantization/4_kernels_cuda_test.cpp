@@ -17,6 +17,7 @@
 #include "common/rng.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/device.hpp"
+#include "common/testing/graph_capture.hpp"
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
@@ -187,35 +188,12 @@ GRADED_TEST(Lesson11Gpu, TheGemvsAllocateNothingAndCanBeCapturedInAGraph, 1) {
   DeviceArray<float> s8(m8.scales), s4(m4.scales), sn(narrow.scales), dx8(x8), dx4(x4);
   DeviceArray<float> y8 = poisoned(static_cast<size_t>(batch) * 45), y4 = poisoned(static_cast<size_t>(batch) * 45),
                      yn = poisoned(static_cast<size_t>(batch) * 45);
-  INFER_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads done before the capture starts
-  INFER_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
-  std::string failed;
-  cudaGraph_t graph = nullptr;
-  try {
+  testing::captured_launches("the GEMVs (no float copy of W, not even for a moment)", [&] {
     gemv_int8(q8.get(), s8.get(), dx8.get(), y8.get(), 45, 384, batch);
     gemv_int4(p4.get(), s4.get(), dx4.get(), y4.get(), 45, 640, 32, batch);
     gemv_int4(pn.get(), sn.get(), dx4.get(), yn.get(), 45, 640, 8, batch);
-  } catch (const NotImplemented&) {
-    (void)cudaStreamEndCapture(cudaStreamPerThread, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  } catch (const std::exception& e) {
-    failed = e.what();
-  }
-  const cudaError_t ended = cudaStreamEndCapture(cudaStreamPerThread, &graph);
-  (void)cudaGetLastError();
-  if (!(failed.empty() && ended == cudaSuccess) && graph) cudaGraphDestroy(graph);
-  ASSERT_TRUE(failed.empty() && ended == cudaSuccess)
-      << "the GEMVs could not be captured in a CUDA graph (" << (failed.empty() ? cudaGetErrorString(ended) : failed)
-      << "): a call launches its kernels and nothing else; no cudaMalloc (no float copy of W, not even for a "
-         "moment), no cudaFree, no copy, no synchronisation";
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  INFER_CUDA_CHECK(made);
-  INFER_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-  INFER_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaGraphExecDestroy(exec);
+  });
+  if (HasFailure()) return;
   const double atol8 = 1e-5 * std::sqrt(384.0), atol4 = 1e-5 * std::sqrt(640.0);
   EXPECT_TRUE(testing::all_close(reference(m8, x8, batch), Eigen::Map<const Matrix>(y8.download().data(), batch, 45),
                                  atol8, 1e-4, "gemv_int8, replayed from its graph"));
