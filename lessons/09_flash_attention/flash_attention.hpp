@@ -61,8 +61,8 @@ Vector online_softmax(const Vector& x);
 /// (`scores.noalias() = ...`). The tests count every byte the call allocates, freed or not.
 ///
 /// A key tile that lies wholly after a query tile's last position must be skipped, not computed
-/// and masked: that halves the work of a causal prefill. (No test can see the difference in the
-/// output; `./course bench 09` times it.)
+/// and masked: that halves the work of a causal prefill. (No output shows the difference: the
+/// tests count the reads of K instead, and `./course bench 09` times it.)
 /// @throws infer::Error for tile_q or tile_k below 1 (the message names "tile_q" or "tile_k"), and
 ///         for the shapes causal_attention refuses: heads not a positive multiple of kv_heads
 ///         ("kv_heads"), q not heads * head_dim wide ("query width"), k not kv_heads * head_dim

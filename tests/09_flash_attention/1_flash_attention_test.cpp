@@ -11,6 +11,7 @@
 #include "common/testing/allocations.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/page_reads.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/09_flash_attention/flash_attention.hpp"
@@ -185,6 +186,29 @@ GRADED_TEST(Lesson09Tiled, ScratchDoesNotGrowWithTheSequence, 3) {
   EXPECT_LE(narrow + 8192, wide) << "heap bytes less the result: " << narrow << " with 8 x 8 tiles, " << wide
                                  << " with 64 x 64 (whose scores alone are 16 KB): the call must compute in the "
                                  << "tiles tile_q and tile_k ask for";
+}
+
+GRADED_TEST(Lesson09Tiled, KeyTilesPastTheDiagonalAreSkipped, 1) {
+  // Causality halves a prefill's work only if a query tile never touches the key tiles after its
+  // last position. No output shows it; the reads of K do. A prompt of 1,024 tokens in tiles of
+  // 64: 16 query tiles, each seeing 1 to 16 key tiles of 64 rows (64 KB of K each, at head_dim
+  // 256). K's pages are watched (common/testing/page_reads.hpp, a working set of 32 pages): a
+  // call that skips fetches K's pages about 8.5 times over (136 key tiles of 256), one that
+  // computes every tile and masks it 16 times.
+  const int n = 1024, d = 256, tile = 64;
+  const Matrix q = random_matrix(n, d, 71), k = random_matrix(n, d, 72), v = random_matrix(n, d, 73);
+  double passes = 0;
+  Matrix got;
+  {
+    testing::PageReadCounter reads(k.data(), sizeof(float) * k.size());
+    got = tiled_attention(q, k, v, 1, 1, d, tile, tile);
+    passes = reads.passes();
+  }
+  const double every_tile = n / tile;  // each query tile walking all of K
+  EXPECT_LE(passes, 0.6 * every_tile) << "K was walked " << passes << " times; a call that computes every key tile "
+                                      << "walks it " << every_tile << " times, one that skips those past each query "
+                                      << "tile's last position about " << (every_tile + 1) / 2;
+  EXPECT_TRUE(testing::all_close(causal_attention(q, k, v, 1, 1, d), got, 1e-5, 1e-4, "1,024 tokens in tiles of 64"));
 }
 
 GRADED_TEST(Lesson09Tiled, BadArgumentsAreRefused, 1) {
