@@ -67,7 +67,11 @@ PageReadCounter::PageReadCounter(const void* begin, std::size_t bytes, int windo
   sigemptyset(&action.sa_mask);
   require(sigaction(SIGSEGV, &action, &g_watch.previous) == 0, "PageReadCounter: sigaction failed");
   g_active.store(true, std::memory_order_release);
-  require(mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE) == 0, "PageReadCounter: mprotect failed");
+  if (mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE) != 0) {
+    g_active.store(false, std::memory_order_release);
+    sigaction(SIGSEGV, &g_watch.previous, nullptr);
+    throw Error("PageReadCounter: mprotect failed");
+  }
 }
 
 PageReadCounter::~PageReadCounter() {
