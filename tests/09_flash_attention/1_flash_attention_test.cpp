@@ -193,8 +193,8 @@ GRADED_TEST(Lesson09Tiled, KeyTilesPastTheDiagonalAreSkipped, 1) {
   // last position. No output shows it; the reads of K do. A prompt of 1,024 tokens in tiles of
   // 64: 16 query tiles, each seeing 1 to 16 key tiles of 64 rows (64 KB of K each, at head_dim
   // 256). K's pages are watched (common/testing/page_reads.hpp, a working set of 32 pages): a
-  // call that skips fetches K's pages about 8.5 times over (136 tile pairs of 256; the reference 8.3), one that
-  // computes every tile and masks it 16 times.
+  // call that skips fetches K's pages about 8.5 times over (136 tile pairs of 256; the reference
+  // 8.3), one that computes every tile and masks it 16 times.
   const int n = 1024, d = 256, tile = 64;
   const Matrix q = random_matrix(n, d, 71), k = random_matrix(n, d, 72), v = random_matrix(n, d, 73);
   double passes = 0;
