@@ -572,8 +572,9 @@ std::vector<TokenEvent> Engine::step() {
   for (const Planned& p : plan) {
     try {
       p.seq->cache->reserve(p.seq->computed() + p.tokens);
+    } catch (const NotImplemented&) {
+      throw;  // a lesson's unfinished store says so itself
     } catch (const Error& e) {
-      if (std::string(e.what()).find("out of KV blocks") == std::string::npos) throw;
       throw Error(cat("Engine: the plan feeds request ", p.seq->request.id, " positions ", p.seq->computed(), " to ",
                       p.seq->computed() + p.tokens, " and the memory cannot hold them (did the planner call "
                       "make_room() first, and plan no more than the room it left?): ", e.what()));

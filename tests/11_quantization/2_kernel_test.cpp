@@ -1,6 +1,7 @@
 // Lesson 11: the decode product over quantized weights, against dequantize-then-multiply, and
 // the lesson's point: it never builds a float copy of W.
 #include <cmath>
+#include <utility>
 
 #include "common/testing/allocations.hpp"
 #include "common/linear.hpp"
@@ -17,6 +18,11 @@ namespace {
 QuantizedMatrix quantize(WeightFormat format, ConstMatrixRef w, int group) {
   return format == WeightFormat::int8 ? quantize_int8(w) : quantize_int4(w, group);
 }
+
+/// Each path of the product: INT8, INT4 in groups of 32 (whole packets) and of 8 (narrower than a
+/// packet). (INT8's group is its row; the 32 is not read.)
+const std::pair<WeightFormat, int> kEveryPath[] = {
+    {WeightFormat::int8, 32}, {WeightFormat::int4, 32}, {WeightFormat::int4, 8}};
 
 /// The product against dequantize(W) in double: within 1e-5 sqrt(cols) + 1e-5 |y| (linear()'s
 /// bound: the same float sums in another order).
@@ -63,22 +69,20 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductWritesOnlyItsRowsAndAccumulates, 2) 
   // without accumulate; every other column untouched. Every path: INT8, INT4 in groups of 32 and
   // of 8 (narrower than a packet), decode (5 rows of x) and prefill (80).
   const Matrix w = random_matrix(30, 96, 3);
-  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
-    for (int group : {32, 8}) {
-      if (format == WeightFormat::int8 && group != 32) continue;
-      const QuantizedMatrix q = quantize(format, w, group);
-      for (long n : {5L, 80L}) {
-        const Matrix x = random_matrix(n, 96, 4, 1.0f);
-        for (bool accumulate : {false, true}) {
-          Matrix y = random_matrix(n, 30, 5, 1.0f);
-          const Matrix before = y;
-          linear_quantized_rows_into(x, q, y, 7, 13, accumulate);
-          EXPECT_TRUE(matches_reference(x, q, y, 7, 13, before, accumulate))
-              << weight_format_name(format) << " group " << q.group << ", " << n << " rows of x"
-              << (accumulate ? ", accumulating" : "");
-        }
+  for (const auto& [format, group] : kEveryPath) {
+    const QuantizedMatrix q = quantize(format, w, group);
+    for (long n : {5L, 80L}) {
+      const Matrix x = random_matrix(n, 96, 4, 1.0f);
+      for (bool accumulate : {false, true}) {
+        Matrix y = random_matrix(n, 30, 5, 1.0f);
+        const Matrix before = y;
+        linear_quantized_rows_into(x, q, y, 7, 13, accumulate);
+        EXPECT_TRUE(matches_reference(x, q, y, 7, 13, before, accumulate))
+            << weight_format_name(format) << " group " << q.group << ", " << n << " rows of x"
+            << (accumulate ? ", accumulating" : "");
       }
     }
+  }
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductNeverMakesAFloatCopyOfW, 3) {
@@ -92,25 +96,23 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductNeverMakesAFloatCopyOfW, 3) {
   // in groups of 32 and of 8 (narrower than a packet).
   if (!testing::AllocationCounter::available()) GTEST_SKIP() << "allocation counting is off in this build";
   const Matrix w = random_matrix(1024, 2048, 9);
-  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
-    for (int group : {32, 8}) {
-      if (format == WeightFormat::int8 && group != 32) continue;
-      const QuantizedMatrix q = quantize(format, w, group);
-      for (long n : {1L, 8L, 80L}) {
-        const Matrix x = random_matrix(n, 2048, 10, 1.0f);
-        Matrix y(n, 1024);
-        size_t bytes = 0;
-        {
-          testing::AllocationCounter counter;
-          linear_quantized_rows_into(x, q, y, 0, 1024, false);
-          bytes = counter.bytes();
-        }
-        const size_t limit = n > 8 ? w.size() * sizeof(float) / 2 : 64u * 1024u;
-        EXPECT_LE(bytes, limit) << weight_format_name(format) << " group " << q.group << ", " << n
-                                << " rows of x: the product allocated " << bytes << " bytes; a float copy of W is "
-                                << w.size() * 4 << " bytes";
+  for (const auto& [format, group] : kEveryPath) {
+    const QuantizedMatrix q = quantize(format, w, group);
+    for (long n : {1L, 8L, 80L}) {
+      const Matrix x = random_matrix(n, 2048, 10, 1.0f);
+      Matrix y(n, 1024);
+      size_t bytes = 0;
+      {
+        testing::AllocationCounter counter;
+        linear_quantized_rows_into(x, q, y, 0, 1024, false);
+        bytes = counter.bytes();
       }
+      const size_t limit = n > 8 ? w.size() * sizeof(float) / 2 : 64u * 1024u;
+      EXPECT_LE(bytes, limit) << weight_format_name(format) << " group " << q.group << ", " << n
+                              << " rows of x: the product allocated " << bytes << " bytes; a float copy of W is "
+                              << w.size() * 4 << " bytes";
     }
+  }
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductReadsWOnceWhateverTheRowsOfX, 2) {
@@ -123,27 +125,25 @@ GRADED_TEST(Lesson11Kernel, QuantizedProductReadsWOnceWhateverTheRowsOfX, 2) {
   // past the working set); every path: INT8, INT4 in groups of 32 and of 8 (narrower than a
   // packet), at 1, 8 and 64 rows of x (kLinearTileRows: the most a decode call takes).
   const Matrix w = random_matrix(1024, 2048, 9);
-  for (WeightFormat format : {WeightFormat::int8, WeightFormat::int4})
-    for (int group : {32, 8}) {
-      if (format == WeightFormat::int8 && group != 32) continue;
-      const QuantizedMatrix q = quantize(format, w, group);
-      const void* bytes = format == WeightFormat::int8 ? static_cast<const void*>(q.q.data()) : q.packed.data();
-      const size_t size = format == WeightFormat::int8 ? q.q.size() : q.packed.size();
-      for (long n : {1L, 8L, static_cast<long>(kLinearTileRows)}) {
-        const Matrix x = random_matrix(n, 2048, 10, 1.0f);
-        Matrix y(n, 1024);
-        double passes = 0;
-        {
-          testing::PageReadCounter reads(bytes, size);
-          linear_quantized_rows_into(x, q, y, 0, 1024, false);
-          passes = reads.passes();
-        }
-        EXPECT_LE(passes, 1.25) << weight_format_name(format) << " group " << q.group << ", " << n
-                                << " rows of x: the product walked W " << passes
-                                << " times; it must read W once, a few rows of W meeting every row of x before "
-                                   "the next rows of W are read";
+  for (const auto& [format, group] : kEveryPath) {
+    const QuantizedMatrix q = quantize(format, w, group);
+    const void* bytes = format == WeightFormat::int8 ? static_cast<const void*>(q.q.data()) : q.packed.data();
+    const size_t size = format == WeightFormat::int8 ? q.q.size() : q.packed.size();
+    for (long n : {1L, 8L, static_cast<long>(kLinearTileRows)}) {
+      const Matrix x = random_matrix(n, 2048, 10, 1.0f);
+      Matrix y(n, 1024);
+      double passes = 0;
+      {
+        testing::PageReadCounter reads(bytes, size);
+        linear_quantized_rows_into(x, q, y, 0, 1024, false);
+        passes = reads.passes();
       }
+      EXPECT_LE(passes, 1.25) << weight_format_name(format) << " group " << q.group << ", " << n
+                              << " rows of x: the product walked W " << passes
+                              << " times; it must read W once, a few rows of W meeting every row of x before "
+                                 "the next rows of W are read";
     }
+  }
 }
 
 GRADED_TEST(Lesson11Kernel, QuantizedProductRefusesMismatchedShapes, 1) {
