@@ -28,6 +28,11 @@ import sys
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The states of a case this machine cannot grade, left out of its grade (neither earned nor lost):
+# a CUDA case where there is no device ("no gpu"), and on a GPU a case that watches what a kernel
+# reads, which only the kernel emulator can see ("emulator only": `./course check NN --emulate`).
+UNGRADED = ("no gpu", "emulator only")
 GRADED = re.compile(r"^\s*GRADED_TEST\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\d+)\s*\)", re.M)
 
 
@@ -124,7 +129,7 @@ def build_report(cases, results):
         row = lessons.setdefault(lesson, {"lesson": lesson, "earned": 0, "total": 0, "passed": 0,
                                           "cases": 0, "ungraded": 0, "tests": []})
         earned = points if state == "passed" else 0
-        if state == "no gpu":  # a CUDA case on a machine without a device: not part of this grade
+        if state in UNGRADED:  # not part of this machine's grade
             row["ungraded"] += points
         else:
             row["earned"] += earned
@@ -163,9 +168,14 @@ def print_table(report, colour):
               f"{paint(bar, code)}")
     t = report
     print(f"{'total':<28} {t['earned']:>4}/{t['total']:<4}")
-    if t.get("ungraded"):
-        print(f"(and {t['ungraded']} points of CUDA cases, graded only on a machine with a CUDA device; "
+    left_out = {state: sum(u["points"] for r in t["lessons"] for u in r["tests"] if u["status"] == state)
+                for state in UNGRADED}
+    if left_out["no gpu"]:
+        print(f"(and {left_out['no gpu']} points of CUDA cases, graded only on a machine with a CUDA device; "
               "without one, ./course check NN --emulate runs them on the processor where the CUDA toolkit is)")
+    if left_out["emulator only"]:
+        print(f"(and {left_out['emulator only']} points of cases that watch what a kernel reads, which only the "
+              "kernel emulator can see: ./course check NN --emulate grades them)")
     print(f"graded: {describe_code(t.get('student_code'))}, against the course at {describe_code(t.get('course_code'))}")
 
 
@@ -207,7 +217,7 @@ def classroom_results(report):
     for r in report["lessons"]:
         tests = []
         for t in r["tests"]:
-            if t["status"] == "no gpu":
+            if t["status"] in UNGRADED:
                 continue
             tests.append({"name": t["name"], "status": "pass" if t["status"] == "passed" else "fail",
                           "score": t["earned"], "message": (t.get("message") or "").splitlines()[0]
@@ -240,9 +250,9 @@ def print_first_failure(report, results, root=ROOT):
     """Prints the first case that does not pass, what it said and where to read; True if any."""
     for r in report["lessons"]:
         for t in r["tests"]:
-            if t["status"] in ("passed", "no gpu"):
+            if t["status"] == "passed" or t["status"] in UNGRADED:
                 continue
-            failing = [u for u in r["tests"] if u["status"] not in ("passed", "no gpu")]
+            failing = [u for u in r["tests"] if u["status"] != "passed" and u["status"] not in UNGRADED]
             print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
                   + ", ".join(u["name"].split(".")[-1] for u in failing))
             print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")

@@ -250,6 +250,10 @@ def run_program(sandbox, argv, timeout, with_record):
             "records": records, "bytes": total}
 
 
+# What REQUIRE_EMULATOR() (common/testing/device.hpp) says when it skips a case on a GPU.
+EMULATOR_ONLY = "[emulator only]"
+
+
 def judge(name, run, timeout, max_output_mb):
     """(status, message) for one case from what its process did."""
     verdicts = {r[1]: r[0] for r in run["records"] if len(r) == 2}
@@ -492,7 +496,7 @@ def write_junit(path, cases, results):
             tc = ET.SubElement(suite, "testcase", name=name, classname=lesson, time=f"{r.get('time', 0):.3f}")
             if r["status"] == "passed":
                 tc.set("status", "run")
-            elif r["status"] in ("skipped", "no gpu"):
+            elif r["status"] == "skipped" or r["status"] in grade_report.UNGRADED:
                 tc.set("status", "run")
                 ET.SubElement(tc, "skipped", message=r.get("message") or "skipped")
             else:
@@ -695,9 +699,14 @@ def grade(args):
             # Emulated, a CUDA case that skips asks for what only a GPU shows: it waits for one,
             # as every CUDA case does on a machine without emulation.
             status, message = "no gpu", "not graded here: it needs a GPU (the kernels are emulated in this build)"
+        elif status == "skipped" and binary in cuda_binaries and EMULATOR_ONLY in run["output"]:
+            # On a GPU, a case that watches what a kernel reads (only the emulator can) skips:
+            # graded where the kernels are emulated, not part of this grade.
+            status, message = "emulator only", ("not graded here: it watches what the kernel reads, which only the "
+                                                "kernel emulator can see (./course check NN --emulate grades it)")
         if status == "failed" and message is None:
             message = grade_report.failure_message(run["output"])
-        if args.stop_at_first_loss and status not in ("passed", "skipped", "no gpu"):
+        if args.stop_at_first_loss and status not in ("passed", "skipped") and status not in grade_report.UNGRADED:
             lost.set()
         return name, {"status": status, "message": message, "output": run["output"],
                       "time": time.monotonic() - t0}

@@ -21,7 +21,9 @@ lesson's one student file, the course headers it includes are precompiled once p
 An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
 the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded
 tests); a line "Not emulated: why" above its diff keeps it for a GPU (a mistake only a GPU shows:
-a race the emulator's one-lane-at-a-time order hides, a speed).
+a race the emulator's one-lane-at-a-time order hides, a speed); a line "Emulated only: why" keeps
+it from a GPU (a mistake only the emulator shows: what a kernel reads, counted by watching the
+host memory the emulated device's buffers are; on a GPU its catching case is not graded).
 
 Write one by changing the reference, then `git diff solutions/ > tests/NN_topic/known_wrong/NAME.patch`,
 `git checkout solutions/`, and put the mistake in a line or two above the diff.
@@ -67,7 +69,18 @@ NOT_EMULATED = "Not emulated: "
 
 def describe(path):
     """What mistake the patch stands for (the lines above the diff, but its Caught-by and Not-emulated lines)."""
-    return " ".join(l for l in header(path) if not l.startswith((CAUGHT_BY, NOT_EMULATED)))
+    return " ".join(l for l in header(path) if not l.startswith((CAUGHT_BY, NOT_EMULATED, EMULATED_ONLY)))
+
+
+EMULATED_ONLY = "Emulated only: "
+
+
+def emulated_only(path):
+    """Why only the kernel emulator shows the patch's mistake (its "Emulated only: ..." line), or None."""
+    for line in header(path):
+        if line.startswith(EMULATED_ONLY):
+            return line[len(EMULATED_ONLY):]
+    return None
 
 
 def not_emulated(path):
@@ -113,6 +126,12 @@ def patch_hash(path):
         return diff_hash(f.read())
 
 
+def changed_files(path):
+    """The files a patch changes, sorted."""
+    with open(path, encoding="utf-8") as f:
+        return sorted(line[4:].strip() for line in f if line.startswith("+++ "))
+
+
 def touches(path):
     """Whether a patch changes a CUDA kernel (a .cu file)."""
     with open(path, encoding="utf-8") as f:
@@ -138,6 +157,27 @@ def cuda_headers():
     if nvcc:
         roots.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
     return any(r and os.path.exists(os.path.join(r, "include", "cuda_runtime.h")) for r in roots)
+
+
+def restore(reference, copy):
+    """Makes the lesson's copy the reference again, rewriting only the files that differ (those the
+    last patch changed, and any it added or removed). The files left alone keep their times, so
+    the build recompiles what a patch touches, not the lesson's every file: lesson 07's entries
+    each compiled both of its files (2 and 3 s), the kernels' rewrite for the emulator included.
+    A rewritten file is newer than its object, so that object is rebuilt."""
+    want = {os.path.relpath(os.path.join(d, f), reference) for d, _, fs in os.walk(reference) for f in fs}
+    have = {os.path.relpath(os.path.join(d, f), copy) for d, _, fs in os.walk(copy) for f in fs} \
+        if os.path.isdir(copy) else set()
+    for rel in have - want:
+        os.remove(os.path.join(copy, rel))
+    for rel in want:
+        src, dst = os.path.join(reference, rel), os.path.join(copy, rel)
+        if rel in have:
+            with open(src, "rb") as a, open(dst, "rb") as b:
+                if a.read() == b.read():
+                    continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(src, dst)
 
 
 def current_commit():
@@ -245,6 +285,10 @@ def main():
             record(i, lesson, name, "-", f"needs a CUDA device ({not_emulated(patch)}): checked by ./course gpu-check",
                    "not emulated, needs a CUDA device")
             continue
+        if touches_kernels and kernels == "device" and emulated_only(patch):
+            record(i, lesson, name, "-", f"shown only with the kernels emulated ({emulated_only(patch)}): checked by CI",
+                   "emulated only, not graded on a GPU")
+            continue
         if touches_kernels and kernels == "skip":
             # A mistake in a kernel shows only where the kernel runs: ./course gpu-check checks it.
             record(i, lesson, name, "-", "needs a CUDA device or the CUDA headers: checked by ./course gpu-check",
@@ -260,6 +304,9 @@ def main():
     # tree's first entry of a lesson compiles what the lesson's entries share (its other student
     # files, the kernels' host rewrites, its CUDA tests), and with two workers only the lesson
     # where they meet is compiled in both trees.
+    # A lesson's entries that change the same files one after another: between two of them the
+    # build recompiles those files alone (restore() below).
+    todo.sort(key=lambda entry: (entry[1], changed_files(entry[3]), entry[2]))
     workers = max(1, min(args.workers, len(todo)))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     queue = collections.deque(todo)
@@ -295,8 +342,7 @@ def main():
             if last and last != lesson:
                 drop_pch(last)
             last = lesson
-            shutil.rmtree(os.path.join(student, lesson))
-            shutil.copytree(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
+            restore(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
             # GIT_CEILING_DIRECTORIES: git apply works on the copy as on a plain directory, never
             # on the repository the build directory sits in.
             applied = subprocess.run(["git", "apply", patch], cwd=work, capture_output=True, text=True,
@@ -318,7 +364,11 @@ def main():
             expected = [] if args.record_caught_by else caught_by(patch)
             cmd += [f"--first={c}" for c in expected]
             cmd += [f"--cmake-arg={a}" for a in args.cmake_arg]
-            graded = subprocess.run(cmd, capture_output=True, text=True)
+            # The course headers precompiled for the student file (COURSE_STUDENT_PCH) stop ccache
+            # from caching that file's compile unless told that nothing but the header's bytes
+            # matter (it hashes the .gch): with it, a file restored to the reference is a cache hit.
+            graded = subprocess.run(cmd, capture_output=True, text=True, env=dict(
+                os.environ, CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"))
             configured = True
             seconds = time.monotonic() - t0
             if graded.returncode != 0:
@@ -329,7 +379,7 @@ def main():
                 r = json.load(f)
             # The cases that lost it points, in the report's order ("not run": stopped before them).
             lost_cases = [t for l in r["lessons"] for t in l["tests"]
-                          if t["status"] not in ("passed", "no gpu", "skipped", "not run")]
+                          if t["status"] not in ("passed", "no gpu", "emulator only", "skipped", "not run")]
             caught = [t["name"].split(".", 1)[1] + (" (did not build)" if t["status"] == "not built" else "")
                       for t in lost_cases]
             # Stopped at the first lost case, the points earned say nothing more than "fewer".

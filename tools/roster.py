@@ -80,12 +80,12 @@ def summarize(report):
     notes = []
     for p in report.get("problems", []):
         notes.append("grading not complete: " + p.splitlines()[0][:200])
-    graded = [t for r in report["lessons"] for t in r["tests"] if t["status"] != "no gpu"]
+    graded = [t for r in report["lessons"] for t in r["tests"] if t["status"] not in grade_report.UNGRADED]
     if graded and all("not implemented" in (t.get("message") or "") for t in graded):
         return "; ".join(notes + ["every graded case says not implemented (the starters as given)"])
     for r in report["lessons"]:
         nn = r["lesson"][:2]
-        states = [t for t in r["tests"] if t["status"] not in ("passed", "no gpu")]
+        states = [t for t in r["tests"] if t["status"] != "passed" and t["status"] not in grade_report.UNGRADED]
         if not states:
             continue
         if any(t["status"] == "not built" for t in states):
@@ -95,7 +95,7 @@ def summarize(report):
             continue
         timed = sum("timed out" in (t.get("message") or "") for t in states)
         ended = sum("in the middle of the test" in (t.get("message") or "") for t in states)
-        what = [f"{len(states)} of {sum(t['status'] != 'no gpu' for t in r['tests'])} cases lost"]
+        what = [f"{len(states)} of {sum(t['status'] not in grade_report.UNGRADED for t in r['tests'])} cases lost"]
         if timed:
             what.append(f"{timed} timed out")
         if ended:

@@ -18,6 +18,18 @@
 #define REQUIRE_DEVICE() \
   if (!::infer::cuda_device_available()) GTEST_SKIP() << "no CUDA device here: this case runs on a GPU machine"
 
+/// Defined where the kernels run emulated (tests/common/host_device/emulated_cuda.cpp), absent
+/// on a GPU and on the stand-in device.
+extern "C" const char* course_emulated_where() __attribute__((weak));
+
+/// Skips the case unless the kernels run emulated (COURSE_CUDA=EMULATE): for a case that watches
+/// what a kernel reads (common/testing/page_reads.hpp), which a GPU's memory does not let the host
+/// see. The grader leaves such a case out of a GPU machine's grade (its "[emulator only]"
+/// status); `./course check NN --emulate` grades it.
+#define REQUIRE_EMULATOR()        \
+  if (course_emulated_where == nullptr) \
+  GTEST_SKIP() << "[emulator only] this case watches what the kernel reads, which only the kernel emulator can see"
+
 namespace infer::testing {
 
 /// n values from a normal distribution of standard deviation `scale`, the same for the same seed.

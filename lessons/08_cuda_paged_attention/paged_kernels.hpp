@@ -15,7 +15,10 @@
 /// `table` is row i of `block_tables`.
 ///
 /// The tests compare with lesson 04's paged_attention (the CPU reference) within
-/// 1e-5 + 1e-4 |ref|, every output poisoned with NaN first; write_kv_slots exactly.
+/// 1e-5 + 1e-4 |ref|, every output poisoned with NaN first; write_kv_slots exactly. With the kernels
+/// emulated (`./course check 08 --emulate`) one case also watches the pages of K while 8 query
+/// heads on one K/V head go through: they must read it about once between them (the emulator's
+/// device memory is the host's, so a test can watch it; on a GPU that case is not graded).
 ///
 /// This header needs no CUDA: plain C++ calls these functions (the engine's paged attention does).
 #pragma once

@@ -29,6 +29,10 @@
 /// and version 3 within 2e-2 + 2e-2 |ref| (bf16 keeps 8 bits of mantissa), each output poisoned
 /// with NaN first; version 1's workspace too, which must hold no NaN afterwards; and version 3's
 /// outputs must show bf16's rounding (some output more than 1e-4 from the float32 reference).
+/// With the kernels emulated (`./course check 09 --emulate`) one case also watches the pages of K:
+/// versions 2 and 3 must read its last quarter (seen by the last queries alone) at most half as
+/// often as its first (the emulator's device memory is the host's, so a test can watch it; on a GPU
+/// that case is not graded).
 ///
 /// This header needs no CUDA.
 #pragma once

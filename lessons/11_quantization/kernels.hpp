@@ -47,7 +47,10 @@
 /// device buffers of exactly its bytes: `./course gpu-check` runs them under compute-sanitizer,
 /// whose memcheck reports a read past them. And each call is captured once into a CUDA graph and
 /// replayed, as the engine's decode step is: a call launches its kernels and nothing else (no
-/// cudaMalloc, cudaFree, copy or synchronisation, which a capture refuses).
+/// cudaMalloc, cudaFree, copy or synchronisation, which a capture refuses). With the kernels
+/// emulated (`./course check 11 --emulate`) one case also watches W's pages through batches of 1,
+/// 8 and 16: W read at most once per 8 rows of x (the emulator's device memory is the host's, so a
+/// test can watch it; on a GPU that case is not graded).
 ///
 /// This header needs no CUDA: the tests and the bench are plain C++ that call these functions.
 #pragma once

@@ -17,6 +17,7 @@
 #include "common/testing/device.hpp"
 #include "common/testing/graph_capture.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/page_reads.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/08_cuda_paged_attention/chunk_attention.hpp"
@@ -163,6 +164,27 @@ GRADED_TEST(Lesson08Kernels, LongContextsMatchLesson04, 2) {
   DeviceArray<float> out = poisoned(f.out_size());
   paged_decode_attention(f.args(out.get()));
   ASSERT_TRUE(testing::all_close(f.reference(), f.download(out), 1e-5, 1e-4, "5,000 positions in one pass"));
+}
+
+GRADED_TEST(Lesson08Kernels, QueryHeadsOfAKvHeadReadItTogether, 2) {
+  // Grouped-query attention saves a decode step's reads only if the query heads of one K/V head
+  // read its keys together: one block for the group, not one per query head. No output shows it;
+  // the reads of K do. One sequence of 2,048 positions, 8 query heads on 1 K/V head of 128 dims:
+  // K is 1 MB, 256 pages, watched (common/testing/page_reads.hpp, a working set of 32 pages). The
+  // reference walks it 0.98 times (emulated); with a block per query head it walked it 7.82 times.
+  REQUIRE_DEVICE();
+  REQUIRE_EMULATOR();
+  PagedFixture f({8, 1, 128}, 16, {2048}, 91);
+  DeviceArray<float> out = poisoned(f.out_size());
+  double passes = 0;
+  {
+    testing::PageReadCounter reads(f.dk.get(), sizeof(float) * f.dk.size());
+    paged_decode_attention(f.args(out.get()));
+    passes = reads.passes();
+  }
+  EXPECT_LE(passes, 2.0) << "K was walked " << passes << " times for 8 query heads on 1 K/V head: the query heads "
+                         << "of a K/V head read each key once between them, not once each";
+  EXPECT_TRUE(testing::all_close(f.reference(), f.download(out), 1e-5, 1e-4, "8 query heads on 1 K/V head"));
 }
 
 GRADED_TEST(Lesson08Kernels, SplitEqualsUnsplitForEverySplitCount, 3) {

@@ -15,6 +15,7 @@
 #include "common/testing/compare.hpp"
 #include "common/testing/device.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/page_reads.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 #include "lessons/09_flash_attention/prefill_kernels.hpp"
@@ -97,6 +98,36 @@ GRADED_TEST(Lesson09Kernels, TensorCoreAttentionMatchesTheReference, 4) {
                              << " of the float32 reference: no bf16 rounding shows, so its products did not run "
                                 "on bf16 tensor cores (where head_dim is a multiple of 16, version 3 must not run "
                                 "version 2)";
+}
+
+GRADED_TEST(Lesson09Kernels, KeyTilesPastTheDiagonalAreSkipped, 2) {
+  // Causality halves a prefill's work only if a query tile never reads the key tiles after its last
+  // position. No output shows it; the reads of K do, whatever the kernel's tile sizes: the keys of
+  // K's first quarter are seen by every query, those of its last quarter by the last quarter of the
+  // queries alone. So a kernel that skips walks the last quarter a fraction of the times it walks
+  // the first (the reference: about 1/6), and one that reads every tile and masks it as often.
+  // 512 tokens, 2 query heads on 1 K/V head of 64 dims: K is 128 KB, a quarter 8 pages, each
+  // quarter watched in its own run with a working set of 4 pages (common/testing/page_reads.hpp).
+  REQUIRE_DEVICE();
+  REQUIRE_EMULATOR();
+  const int T = 512, heads = 2, d = 64;
+  const auto q = random_values(static_cast<size_t>(T) * heads * d, 81), k = random_values(static_cast<size_t>(T) * d, 82),
+             v = random_values(k.size(), 83);
+  DeviceArray<float> dq(q), dk(k), dv(v), out(q.size());
+  const size_t quarter = k.size() / 4;
+  for (int version = 2; version <= prefill_attention_versions(); ++version) {
+    double passes[2] = {0, 0};  // the first quarter of K, the last
+    for (int which = 0; which < 2; ++which) {
+      testing::PageReadCounter reads(dk.get() + which * 3 * quarter, sizeof(float) * quarter, 4);
+      prefill_attention(version, dq.get(), dk.get(), dv.get(), out.get(), T, T, heads, 1, d, nullptr);
+      passes[which] = reads.passes();
+    }
+    std::printf("version %d: K's first quarter walked %.2f times, its last %.2f\n", version, passes[0], passes[1]);
+    EXPECT_LE(passes[1], 0.5 * passes[0])
+        << "version " << version << " walked K's first quarter " << passes[0] << " times and its last " << passes[1]
+        << " times: a kernel that skips the key tiles past each query tile's last position reads the last "
+           "quarter a fraction as often (only the last queries see it)";
+  }
 }
 
 GRADED_TEST(Lesson09Kernels, BadArgumentsAreRefusedBeforeLaunching, 1) {

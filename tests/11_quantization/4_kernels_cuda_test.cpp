@@ -19,6 +19,7 @@
 #include "common/testing/device.hpp"
 #include "common/testing/graph_capture.hpp"
 #include "common/testing/graded.hpp"
+#include "common/testing/page_reads.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/11_quantization/kernels.hpp"
@@ -150,6 +151,42 @@ GRADED_TEST(Lesson11Gpu, BatchedGemvReadsEveryRowOfX, 2) {
     ASSERT_TRUE(gemv_matches(random_int4(45, 640, 32, 110), batch, 120 + batch));
     ASSERT_TRUE(gemv_matches(random_int4(45, 640, 8, 130), batch, 140 + batch));
     ASSERT_TRUE(gemv_matches(random_int4(130, 4096, 128, 150), batch, 160 + batch));
+  }
+}
+
+GRADED_TEST(Lesson11Gpu, BatchedGemvReadsWOnceForEightRowsOfX, 2) {
+  // A decode step of 8 sequences reads the bytes of one only if every weight byte meets all 8 rows
+  // of x once it is loaded. No output shows it; the reads of W do. W of 512 x 4,096 (INT8: 2 MB;
+  // INT4, groups of 32: 1 MB) is watched (common/testing/page_reads.hpp, a working set of 32
+  // pages) while batches of 1, 8 and 16 go through: the reference walks it once per 8 rows of x
+  // (1, 1 and 2 times), a kernel that takes a row of x per pass over W 1, 8 and 16 times.
+  REQUIRE_DEVICE();
+  REQUIRE_EMULATOR();
+  const int rows = 512, cols = 4096;
+  for (const WeightFormat format : {WeightFormat::int8, WeightFormat::int4}) {
+    const QuantizedMatrix m = format == WeightFormat::int8 ? random_int8(rows, cols, 170) : random_int4(rows, cols, 32, 171);
+    DeviceArray<int8_t> dq(m.q);
+    DeviceArray<uint8_t> dp(m.packed);
+    DeviceArray<float> ds(m.scales);
+    for (const int batch : {1, 8, 16}) {
+      const std::vector<float> x = random_values(static_cast<size_t>(batch) * cols, 180 + batch);
+      DeviceArray<float> dx(x), dy = poisoned(static_cast<size_t>(batch) * rows);
+      double passes = 0;
+      {
+        const void* w = format == WeightFormat::int8 ? static_cast<const void*>(dq.get()) : dp.get();
+        testing::PageReadCounter reads(w, format == WeightFormat::int8 ? m.q.size() : m.packed.size());
+        if (format == WeightFormat::int8) gemv_int8(dq.get(), ds.get(), dx.get(), dy.get(), rows, cols, batch);
+        else gemv_int4(dp.get(), ds.get(), dx.get(), dy.get(), rows, cols, m.group, batch);
+        passes = reads.passes();
+      }
+      const char* name = format == WeightFormat::int8 ? "gemv_int8" : "gemv_int4";
+      const double allowed = (batch + 7) / 8 + 0.25;
+      std::printf("%s, batch %d: W walked %.2f times\n", name, batch, passes);
+      EXPECT_LE(passes, allowed) << name << " at a batch of " << batch << " walked W " << passes
+                                 << " times; each weight byte must meet 8 rows of x once loaded (W once per 8 rows)";
+      const Matrix got = Eigen::Map<const Matrix>(dy.download().data(), batch, rows);
+      EXPECT_TRUE(testing::all_close(reference(m, x, batch), got, 1e-5 * std::sqrt(cols), 1e-4, cat(name, ", batch ", batch)));
+    }
   }
 }
 
