@@ -703,7 +703,8 @@ def grade(args):
             # On a GPU, a case that watches what a kernel reads (only the emulator can) skips:
             # graded where the kernels are emulated, not part of this grade.
             status, message = "emulator only", ("not graded here: it watches what the kernel reads, which only the "
-                                                "kernel emulator can see (./course check NN --emulate grades it)")
+                                                f"kernel emulator can see (./course check {cases[name][0][:2]} "
+                                                "--emulate grades it)")
         if status == "failed" and message is None:
             message = grade_report.failure_message(run["output"])
         if args.stop_at_first_loss and status not in ("passed", "skipped") and status not in grade_report.UNGRADED:
