@@ -158,8 +158,10 @@ GRADED_TEST(Lesson11Gpu, BatchedGemvReadsWOnceForEightRowsOfX, 2) {
   // A decode step of 8 sequences reads the bytes of one only if every weight byte meets all 8 rows
   // of x once it is loaded. No output shows it; the reads of W do. W of 512 x 4,096 (INT8: 2 MB;
   // INT4, groups of 32: 1 MB) is watched (common/testing/page_reads.hpp, a working set of 32
-  // pages) while batches of 1, 8 and 16 go through: the reference walks it once per 8 rows of x
-  // (1, 1 and 2 times), a kernel that takes a row of x per pass over W 1, 8 and 16 times.
+  // pages) while batches of 1, 8 and 16 go through, and at most one walk per 8 rows of x is
+  // allowed. The reference, emulated, walked it once at every batch (a warp keeps its rows of W
+  // while both chunks of 8 go through); a gemv_int8 that launches the batch-1 kernel for each row
+  // of x walked it 1, 8 and 16 times.
   REQUIRE_DEVICE();
   REQUIRE_EMULATOR();
   const int rows = 512, cols = 4096;
