@@ -40,6 +40,8 @@ import sys
 import threading
 import time
 
+from grade_report import UNGRADED  # the states a machine leaves out of its grade
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -65,29 +67,21 @@ def header(path):
 
 
 NOT_EMULATED = "Not emulated: "
-
-
-def describe(path):
-    """What mistake the patch stands for (the lines above the diff, but its Caught-by and Not-emulated lines)."""
-    return " ".join(l for l in header(path) if not l.startswith((CAUGHT_BY, NOT_EMULATED, EMULATED_ONLY)))
-
-
 EMULATED_ONLY = "Emulated only: "
 
 
-def emulated_only(path):
-    """Why only the kernel emulator shows the patch's mistake (its "Emulated only: ..." line), or None."""
-    for line in header(path):
-        if line.startswith(EMULATED_ONLY):
-            return line[len(EMULATED_ONLY):]
-    return None
+def describe(path):
+    """What mistake the patch stands for (the lines above the diff, but its Caught-by, Not-emulated
+    and Emulated-only lines)."""
+    return " ".join(l for l in header(path) if not l.startswith((CAUGHT_BY, NOT_EMULATED, EMULATED_ONLY)))
 
 
-def not_emulated(path):
-    """Why the kernel emulator cannot show the patch's mistake (its "Not emulated: ..." line), or None."""
+def marked(path, mark):
+    """The rest of the patch's line that starts with `mark` (NOT_EMULATED: why only a GPU shows the
+    mistake; EMULATED_ONLY: why only the kernel emulator does), or None."""
     for line in header(path):
-        if line.startswith(NOT_EMULATED):
-            return line[len(NOT_EMULATED):]
+        if line.startswith(mark):
+            return line[len(mark):]
     return None
 
 
@@ -126,12 +120,6 @@ def patch_hash(path):
         return diff_hash(f.read())
 
 
-def changed_files(path):
-    """The files a patch changes, sorted."""
-    with open(path, encoding="utf-8") as f:
-        return sorted(line[4:].strip() for line in f if line.startswith("+++ "))
-
-
 def touches(path):
     """Whether a patch changes a CUDA kernel (a .cu file)."""
     with open(path, encoding="utf-8") as f:
@@ -157,27 +145,6 @@ def cuda_headers():
     if nvcc:
         roots.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
     return any(r and os.path.exists(os.path.join(r, "include", "cuda_runtime.h")) for r in roots)
-
-
-def restore(reference, copy):
-    """Makes the lesson's copy the reference again, rewriting only the files that differ (those the
-    last patch changed, and any it added or removed). The files left alone keep their times, so
-    the build recompiles what a patch touches, not the lesson's every file (ccache gave those back
-    in 0.05 s, but a kernel file was rewritten for the emulator anew each time). A rewritten file
-    is newer than its object, so that object is rebuilt."""
-    want = {os.path.relpath(os.path.join(d, f), reference) for d, _, fs in os.walk(reference) for f in fs}
-    have = {os.path.relpath(os.path.join(d, f), copy) for d, _, fs in os.walk(copy) for f in fs} \
-        if os.path.isdir(copy) else set()
-    for rel in have - want:
-        os.remove(os.path.join(copy, rel))
-    for rel in want:
-        src, dst = os.path.join(reference, rel), os.path.join(copy, rel)
-        if rel in have:
-            with open(src, "rb") as a, open(dst, "rb") as b:
-                if a.read() == b.read():
-                    continue
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copyfile(src, dst)
 
 
 def current_commit():
@@ -281,12 +248,12 @@ def main():
             record(i, lesson, name, "-", f"proven on a GPU before (commit {proven[rel][1]})",
                    f"proven before (commit {proven[rel][1]}), skipped")
             continue
-        if touches_kernels and kernels == "emulate" and not_emulated(patch):
-            record(i, lesson, name, "-", f"needs a CUDA device ({not_emulated(patch)}): checked by ./course gpu-check",
+        if touches_kernels and kernels == "emulate" and marked(patch, NOT_EMULATED):
+            record(i, lesson, name, "-", f"needs a CUDA device ({marked(patch, NOT_EMULATED)}): checked by ./course gpu-check",
                    "not emulated, needs a CUDA device")
             continue
-        if touches_kernels and kernels == "device" and emulated_only(patch):
-            record(i, lesson, name, "-", f"shown only with the kernels emulated ({emulated_only(patch)}): checked by CI",
+        if touches_kernels and kernels == "device" and marked(patch, EMULATED_ONLY):
+            record(i, lesson, name, "-", f"shown only with the kernels emulated ({marked(patch, EMULATED_ONLY)}): checked by CI",
                    "emulated only, not graded on a GPU")
             continue
         if touches_kernels and kernels == "skip":
@@ -304,9 +271,6 @@ def main():
     # tree's first entry of a lesson compiles what the lesson's entries share (its other student
     # files, the kernels' host rewrites, its CUDA tests), and with two workers only the lesson
     # where they meet is compiled in both trees.
-    # A lesson's entries that change the same files one after another: between two of them the
-    # build recompiles those files alone (restore() below).
-    todo.sort(key=lambda entry: (entry[1], changed_files(entry[3]), entry[2]))
     workers = max(1, min(args.workers, len(todo)))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     queue = collections.deque(todo)
@@ -342,7 +306,8 @@ def main():
             if last and last != lesson:
                 drop_pch(last)
             last = lesson
-            restore(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
+            shutil.rmtree(os.path.join(student, lesson))
+            shutil.copytree(os.path.join(ROOT, "solutions", lesson), os.path.join(student, lesson))
             # GIT_CEILING_DIRECTORIES: git apply works on the copy as on a plain directory, never
             # on the repository the build directory sits in.
             applied = subprocess.run(["git", "apply", patch], cwd=work, capture_output=True, text=True,
@@ -375,7 +340,7 @@ def main():
                 r = json.load(f)
             # The cases that lost it points, in the report's order ("not run": stopped before them).
             lost_cases = [t for l in r["lessons"] for t in l["tests"]
-                          if t["status"] not in ("passed", "no gpu", "emulator only", "skipped", "not run")]
+                          if t["status"] not in ("passed", "skipped", "not run") and t["status"] not in UNGRADED]
             caught = [t["name"].split(".", 1)[1] + (" (did not build)" if t["status"] == "not built" else "")
                       for t in lost_cases]
             # Stopped at the first lost case, the points earned say nothing more than "fewer".
