@@ -6,8 +6,11 @@
 Reads classroom/github-classroom.yml and classroom/gitlab-ci.yml as the services would, checks
 what each service needs from them (GitHub Classroom's reporter: one runner per lesson, each with
 its results; GitLab: a JUnit report where the job writes it), then runs their commands, as
-written, in a copy of the course as the working tree holds it (on a first push, the starters),
-with `--lessons 00` added so that one lesson is built and graded, not every lesson:
+written, in the course's own tree as it stands (its exercises: on a first push, the starters), with
+`--lessons 00` added so that one lesson is built and graded, not every lesson. They write where a
+student's push writes, build/grade/ (left holding a grade of lesson 00), and their build takes the
+objects the course's own builds compiled from ccache (a copy of the course elsewhere compiled its
+lesson 00 from nothing: the slowest of the course's tests, with the grader's):
 
 * the GitHub job's grade step, with $GITHUB_OUTPUT: the results the reporter would read decode to
   lesson 00's cases, each with the points the grade's own report (build/grade/grade.json) gives it
@@ -23,7 +26,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,21 +41,6 @@ import grade_report  # noqa: E402
 LESSONS = grade_report.lesson_dirs(REPO)
 CASES = grade_report.graded_cases(root=REPO)
 EXPR = re.compile(r"^\$\{\{\s*steps\.([\w-]+)\.outputs\.([\w-]+)\s*\}\}$")
-
-
-def course_copy(dest):
-    """The course as a student's repository holds it: its tracked (and new, not ignored) files."""
-    listed = subprocess.run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True)
-    if listed.returncode != 0:  # not a git checkout (a tarball): everything but the build trees
-        shutil.copytree(REPO, dest, symlinks=True, ignore=shutil.ignore_patterns("build", ".git", "__pycache__"))
-        return
-    for rel in filter(None, listed.stdout.decode().split("\0")):
-        src = os.path.join(REPO, rel)
-        if not os.path.lexists(src):
-            continue  # deleted in the working tree
-        os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-        shutil.copy2(src, os.path.join(dest, rel), follow_symlinks=False)
 
 
 def run(cmd, cwd, env=None):
@@ -106,11 +93,13 @@ def main():
     if artifacts.get("when") != "always" or not junit:
         failures.append("gitlab: artifacts need when: always and reports: junit")
 
-    # ---- their commands, in a student's repository as it stands (on a first push, the starters)
-    repo = os.path.join(work, "student-repository")
-    shutil.rmtree(repo, ignore_errors=True)
+    # ---- their commands, in the course's tree as it stands (on a first push, the starters). The
+    # reports they are checked by are removed first: none may be left from an earlier grade.
+    repo = REPO
     os.makedirs(work, exist_ok=True)
-    course_copy(repo)
+    for report in ("grade.json", "grade.csv", "junit.xml", "hidden.json"):
+        if os.path.exists(os.path.join(repo, "build", "grade", report)):
+            os.remove(os.path.join(repo, "build", "grade", report))
     for s in steps:
         if s.get("run") and s is not grade:
             rc, out = run(s["run"], repo)
@@ -187,11 +176,8 @@ def main():
 
     if failures:
         print("\n\n".join(failures))
-        print(f"\n{len(failures)} classroom checks failed (the student's repository is kept in {repo})")
+        print(f"\n{len(failures)} classroom checks failed (the grades are in {os.path.join(repo, 'build', 'grade')})")
         return 1
-    # Passed: the copy of the course goes (34 MB, and a second lessons/ tree in the build folder
-    # that a search of the course's code would find beside the real one).
-    shutil.rmtree(repo, ignore_errors=True)
     print(f"classroom files: GitHub's {len(runners)} runners and GitLab's JUnit report checked; their commands ran "
           f"(lesson 00: {report00['earned']}/{points00}, as graded), and the example hidden test passes on the reference")
     return 0
