@@ -78,12 +78,13 @@ function(course_lesson nn topic)
       return()
     endif()
     add_library(lesson${nn}_exercise STATIC ${ex_src} ${given})
+    course_manifest_rewrites("${COURSE_EXERCISES_DIR}/${dir}")
     file(GLOB student_cpp "${COURSE_EXERCISES_DIR}/${dir}/*.cpp")
     if(COURSE_STUDENT_FLAGS AND NOT nn IN_LIST COURSE_STUDENT_FLAGS_SKIP)
       set_property(SOURCE ${student_cpp} APPEND PROPERTY COMPILE_OPTIONS ${COURSE_STUDENT_FLAGS})
     endif()
     if(COURSE_STUDENT_PCH)
-      course_student_pch(lesson${nn}_exercise "${student_cpp}" "${ex_src}")
+      course_student_pch(lesson${nn}_exercise "${student_cpp}")
     endif()
     target_link_libraries(lesson${nn}_exercise PUBLIC infer_common ${dep_libs} PRIVATE course_flags)
     course_link_cuda(lesson${nn}_exercise "${ex_src};${given}")
@@ -178,17 +179,14 @@ function(course_emulated_source out cu)
   set(${out} "${cpp}" PARENT_SCOPE)
 endfunction()
 
-# course_student_pch(target student_cpp student_sources): COURSE_STUDENT_PCH. Where a lesson's
-# student code is one C++ file, the course's own headers it includes ("common/..." and
-# "lessons/..."), precompiled for that file alone: every other file of the target compiles as in
-# any other tree, so ccache still gives its object. Not where the student has a second file: each
-# entry leaves that one alone, and ccache gives it back at once only if it was compiled without a
-# precompiled header (lesson 10's two files: its catalogue took 132 s without, 157 s with).
-function(course_student_pch target student_cpp student_sources)
-  list(LENGTH student_sources files)
-  if(NOT files EQUAL 1)
-    return()
-  endif()
+# course_student_pch(target student_cpp): COURSE_STUDENT_PCH. The course's own headers that the
+# student's .cpp files include ("common/..." and "lessons/..."), precompiled for those files alone:
+# every other file of the target (the given code, the rewrites of the student's .cu files) compiles
+# as in any other tree, so ccache still gives its object. An object compiled with a precompiled
+# header does not come back from ccache: where a lesson has two student files, the file an entry
+# leaves alone keeps its object because the grader deletes only the objects of the files whose text
+# changed (tools/grader.py, remove_outputs).
+function(course_student_pch target student_cpp)
   set(headers "")
   foreach(cpp IN LISTS student_cpp)
     file(STRINGS "${cpp}" lines REGEX "^#include \"(common|lessons)/[^\"]+\\.hpp\"")
@@ -370,10 +368,29 @@ function(course_manifest_add lesson target sources problem)
     "  {\"lesson\": \"${lesson}\", \"target\": \"${target}\", \"binary\": \"${binary}\", \"sources\": [${quoted}], \"problem\": \"${problem}\"},\n")
 endfunction()
 
+# course_manifest_rewrites(dir): where COURSE_CUDA=EMULATE rewrites the student's .cu files of dir as
+# host C++. The grader deletes the rewrite of a .cu file whose text changed: ninja redoes a rewrite
+# only when the .cu file is newer than it, and a file put back as it was (a copy that keeps its
+# time, as the catalogue makes) is older.
+function(course_manifest_rewrites dir)
+  if(NOT COURSE_HAVE_CUDA)
+    return()
+  endif()
+  file(GLOB cu_files "${dir}/*.cu")
+  foreach(cu IN LISTS cu_files)
+    course_cuda_source(rewrite "${cu}")
+    if(NOT rewrite STREQUAL cu)
+      set_property(GLOBAL APPEND_STRING PROPERTY COURSE_MANIFEST_REWRITES "\"${cu}\": \"${rewrite}\", ")
+    endif()
+  endforeach()
+endfunction()
+
 # course_write_manifest(): call once, after every lesson and the extra tests are declared.
 function(course_write_manifest)
   get_property(entries GLOBAL PROPERTY COURSE_MANIFEST)
   string(REGEX REPLACE ",\n$" "\n" entries "${entries}")
+  get_property(rewrites GLOBAL PROPERTY COURSE_MANIFEST_REWRITES)
+  string(REGEX REPLACE ", $" "" rewrites "${rewrites}")
   file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/course_tests.json" CONTENT
-    "{\"track\": \"${COURSE_TRACK}\", \"exercises\": \"${COURSE_EXERCISES_DIR}\", \"source\": \"${CMAKE_SOURCE_DIR}\", \"cuda_emulated\": $<IF:$<BOOL:${COURSE_CUDA_EMULATED}>,true,false>, \"tests\": [\n${entries}]}\n")
+    "{\"track\": \"${COURSE_TRACK}\", \"exercises\": \"${COURSE_EXERCISES_DIR}\", \"source\": \"${CMAKE_SOURCE_DIR}\", \"cuda_emulated\": $<IF:$<BOOL:${COURSE_CUDA_EMULATED}>,true,false>, \"rewrites\": {${rewrites}}, \"tests\": [\n${entries}]}\n")
 endfunction()

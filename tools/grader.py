@@ -366,18 +366,6 @@ def first_error(log_text, student):
     return "the build failed (no compiler message found: see the build log)"
 
 
-def sources_digest(paths):
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.encode())
-        try:
-            with open(p, "rb") as f:
-                h.update(f.read())
-        except OSError:
-            h.update(b"<missing>")
-    return h.hexdigest()
-
-
 def provenance(path):
     """Which code `path` holds: the git commit it is at, if its files are tracked by a repository
     (and whether they differ from that commit), else None."""
@@ -416,21 +404,66 @@ def student_files(student, lesson):
 GIVEN_OBJECT = re.compile(r"given(_\w+)?\.cpp\.")  # given.cpp.o, given_http.cpp.o, given_cuda.cpp.o.d
 
 
-def remove_outputs(build, nn, binaries):
-    """Deletes what the student's code of lesson NN went into, so nothing stale is run."""
+def file_digests(paths):
+    """{path: sha256 of its text} for the student's files of a lesson."""
+    out = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                out[p] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            out[p] = None  # unreadable: counted as changed
+    return out
+
+
+def changed_files(now, before):
+    """The student's files of a lesson whose text changed since the last grading in this build, or
+    None for all of them: no record, a file added or removed, or a header changed (every file may
+    include it)."""
+    if before is None or set(now) != set(before):
+        return None
+    changed = [p for p in now if now[p] is None or now[p] != before[p]]
+    if any(not p.endswith((".cpp", ".cu")) for p in changed):
+        return None
+    return changed
+
+
+def remove_outputs(build, nn, binaries, mine, changed=None, rewrites=None):
+    """Deletes what the student's code of lesson NN went into, so nothing stale is run.
+
+    mine: the student's files of the lesson; changed: those whose text changed since the last
+    grading in this build (None: all of them). Only their objects go: ninja rebuilds an object when
+    its source is newer, and a file put back as it was before (a copy that keeps its time) is older.
+    rewrites: {student .cu file: its host C++ rewrite} (COURSE_CUDA=EMULATE, the build's manifest),
+    redone by ninja only when the .cu file is newer, so deleted with the object."""
     # The course's own test objects do not depend on the student and stay; an instructor's extra
     # tests may change between two gradings, so they are rebuilt; every program is relinked.
     shutil.rmtree(os.path.join(build, "CMakeFiles", f"lesson{nn}_extra_tests.dir"), ignore_errors=True)
-    # The student's objects go; the objects of the course's own given*.cpp, built from the course
-    # tree, may stay (they do not depend on the student), and so may the course headers precompiled
-    # for the student's files (COURSE_STUDENT_PCH: cmake_pch.*). Where ccache is installed, a student
-    # file that did not change comes back from its cache: the object the same input and flags make.
+    for src in (mine if changed is None else changed):
+        rewrite = (rewrites or {}).get(src)
+        if rewrite:
+            try:
+                os.remove(rewrite)
+            except FileNotFoundError:
+                pass
+    # The objects of the changed files go (of every student file: changed None); the objects of the
+    # course's own given*.cpp, built from the course tree, may stay (they do not depend on the
+    # student), and so may the course headers precompiled for the student's files
+    # (COURSE_STUDENT_PCH: cmake_pch.*). Where ccache is installed, a student file that did not
+    # change comes back from its cache: the object the same input and flags make. An object is
+    # named after its source (x.cpp.o; a .cu file's: x.cu.o, or its rewrite's x.cu.cpp.o) in a
+    # folder named after the source's; where a student's file has a given file's name, both go.
+    names = None if changed is None else {(os.path.basename(os.path.dirname(p)), os.path.basename(p)) for p in changed}
     objects = os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")
     for dirpath, _, filenames in os.walk(objects):
         where = os.path.relpath(dirpath, objects).replace(os.sep, "/")
         given_dir = re.fullmatch(r"lessons/[0-9]{2}_[^/]+", where)
         for f in filenames:
-            if not (given_dir and GIVEN_OBJECT.match(f) or where == "." and f.startswith("cmake_pch.")):
+            if names is None:
+                stale = not (given_dir and GIVEN_OBJECT.match(f) or where == "." and f.startswith("cmake_pch."))
+            else:
+                stale = any(os.path.basename(where) == folder and f.startswith(name + ".") for folder, name in names)
+            if stale:
                 os.remove(os.path.join(dirpath, f))
     for lib in (f"liblesson{nn}_exercise.a",):
         try:
@@ -632,11 +665,18 @@ def grade(args):
             for name in lesson_cases:
                 results[name] = {"status": "not built", "message": missing[0]}
             continue
-        record = os.path.join(args.build, ".course", f"lesson{nn}.sources")
-        digest = sources_digest(mine)
-        old = open(record).read().strip() if os.path.exists(record) else None
-        if not args.no_configure or digest != old:
-            remove_outputs(args.build, nn, [e["binary"] for e in entries])
+        # The digest of each student file at the last grading in this build: a file that did not
+        # change keeps its object (a new configure keeps none: its flags may differ).
+        record = os.path.join(args.build, ".course", f"lesson{nn}.sources.json")
+        digests = file_digests(mine)
+        try:
+            with open(record) as f:
+                last = json.load(f) if args.no_configure else None
+        except (OSError, ValueError):
+            last = None
+        changed = changed_files(digests, last)
+        if changed is None or changed:
+            remove_outputs(args.build, nn, [e["binary"] for e in entries], mine, changed, manifest.get("rewrites"))
         for e in entries:
             srcs = set(e["sources"])
             owned = {k: v for k, v in lesson_cases.items() if v[2] in srcs}
@@ -680,7 +720,7 @@ def grade(args):
                                  "message": "not graded here: CUDA is not built on this machine (no CUDA compiler)"}
         os.makedirs(os.path.dirname(record), exist_ok=True)
         with open(record, "w") as f:
-            f.write(digest + "\n")
+            json.dump(digests, f)
 
     # The cases asked for first run first (in the order asked); the others keep their order.
     first = {name: i for i, name in enumerate(args.first)}

@@ -14,9 +14,10 @@ it. Each patch names the case that catches it ("Caught by: Suite.Case" above the
 first, so an entry is usually graded by one case; --record-caught-by rewrites those lines after
 the graded tests change. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
 (the reference changed under it: update the patch). The file a patch changes is compiled at -O1
-(the rest of the build as a student's), but in the lessons FULL_SPEED names; where it is the
-lesson's one student file, the course headers it includes are precompiled once per lesson
-(COURSE_STUDENT_PCH: a third off lessons 05 and 06).
+(the rest of the build as a student's), but in the lessons FULL_SPEED names; and
+the course headers the student's .cpp files include are precompiled once per lesson and tree
+(COURSE_STUDENT_PCH: a third off lessons 05 and 06), and where a lesson has two student files the
+one an entry leaves alone keeps its object (the grader rebuilds only the files whose text changed).
 
 An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
 the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded

@@ -97,9 +97,10 @@ ROSTER = {
 }
 
 
-def check_roster(work):
-    import csv
-    failures = []
+def start_roster(work):
+    """Starts tools/roster.py over ROSTER in work/roster; check_roster judges it once it ends. It runs
+    while main() grades the cases one by one (its own folders and build trees): most of its time,
+    and of theirs, is spent waiting for a timeout."""
     roster, out = os.path.join(work, "roster"), os.path.join(work, "roster-out")
     shutil.rmtree(roster, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
@@ -116,16 +117,29 @@ def check_roster(work):
         else:
             prepare(folder, how, ())
     # --build-timeout 20: heidi's build never ends; a lesson's build takes a few seconds alone, but
-    # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run.
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE,
-                           "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2",
-                           "--sandbox", "require"], capture_output=True, text=True)
+    # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run (and
+    # now with the cases graded beside it).
+    log = open(os.path.join(work, "roster.log"), "w+")
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE,
+                             "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2",
+                             "--sandbox", "require"], stdout=log, stderr=subprocess.STDOUT, text=True)
+    return proc, log, time.monotonic()
+
+
+def check_roster(work, started):
+    import csv
+    failures = []
+    roster, out = os.path.join(work, "roster"), os.path.join(work, "roster-out")
+    proc, log, t0 = started
+    proc.wait()
     seconds = time.monotonic() - t0
-    print(proc.stdout[-4000:])
+    log.seek(0)
+    output = log.read()
+    log.close()
+    print(output[-4000:])
     book = os.path.join(out, "gradebook.csv")
     if proc.returncode not in (0, 1) or not os.path.exists(book):
-        return [f"roster: exit {proc.returncode}, no gradebook:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"]
+        return [f"roster: exit {proc.returncode}, no gradebook:\n{output[-6000:]}"]
     with open(book, newline="") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
     if sorted(rows) != sorted(ROSTER):
@@ -146,7 +160,7 @@ def check_roster(work):
                           text=True).stdout.strip()
     if rows.get("grace", {}).get("commit") != head:
         failures.append(f"roster: grace's row names commit {rows.get('grace', {}).get('commit')!r}, expected {head}")
-    if proc.stdout.count("] ") < len(ROSTER):
+    if output.count("] ") < len(ROSTER):
         failures.append("roster: expected a progress line per student")
     print(f"roster of {len(ROSTER)} students graded in {seconds:.1f} s")
     return failures
@@ -160,6 +174,10 @@ def main():
     before = snapshot(COURSE)
     failures, rows = [], []
     only = [n for n in os.environ.get("GRADER_TEST_ONLY", "").split(",") if n]
+    # A class in one command: tools/roster.py over a roster of students, among them every way of
+    # failing it has a row for (not compiling, a compile that never ends, exit(0), a hang, writing
+    # into the course tree, an empty folder, a student's repository with exercises/ inside).
+    roster = start_roster(work) if not only or "roster" in only else None
     for name, expected, leave_out in CASES:
         if only and name not in only:
             continue
@@ -243,11 +261,8 @@ def main():
             if code.get("commit") != head(student) or code.get("modified") is not False:
                 failures.append(f"a student repository at {head(student)}: the report says {code}")
 
-    # A class in one command: tools/roster.py over a roster of students, among them every way of
-    # failing it has a row for (not compiling, a compile that never ends, exit(0), a hang, writing
-    # into the course tree, an empty folder, a student's repository with exercises/ inside).
-    if not only or "roster" in only:
-        failures += check_roster(work)
+    if roster:
+        failures += check_roster(work, roster)
 
     # Grading that cannot be done says so with exit status 2, and still writes its report.
     missing = os.path.join(work, "no-such-student")
