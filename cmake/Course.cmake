@@ -52,11 +52,14 @@ function(course_lesson nn topic)
       list(APPEND given "${given_kernels}")
     endforeach()
   endif()
-  # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server).
+  # given_http.cpp and its rooms, given_http_*.cpp (lesson 10's server), compiled as one file: each
+  # parses Boost.Beast's headers, which is most of its compile (the seven took 58 s one by one and
+  # 22 s as one, on one core). So give their file-local helpers distinct names.
   set(lesson_http OFF)
   if(COURSE_HAVE_HTTP AND EXISTS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_http.cpp")
     file(GLOB http_rooms CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/lessons/${dir}/given_http*.cpp")
-    list(APPEND given ${http_rooms})
+    course_unity_source(http_one lesson${nn}_given_http "lesson ${nn}'s given HTTP server" "${http_rooms}")
+    list(APPEND given "${http_one}")
     set(lesson_http ON)
   endif()
   course_sources(sol_src "${CMAKE_SOURCE_DIR}/solutions/${dir}")
@@ -253,19 +256,28 @@ function(course_test_harness target)
   if(H_ONE_BY_ONE OR files LESS 2)
     return()
   endif()
-  set(text "// ${target}'s test files, compiled as one (cmake/Course.cmake, course_test_harness).\n")
-  foreach(src IN LISTS cpp)
+  course_unity_source(one ${target} "${target}'s test files" "${cpp}")
+  set_property(TARGET ${target} PROPERTY SOURCES "${one}" ${others})
+endfunction()
+
+# course_unity_source(out name what files): one C++ file that #includes `files` (absolute paths),
+# COURSE_SHARED_DIR/unity/NAME-<digest of its text>.cpp: in the folder every build tree of the
+# checkout shares, so that ccache, which keys an object on its source file's path, gives each tree
+# the first one's object.
+function(course_unity_source out name what files)
+  set(text "// ${what}, compiled as one (cmake/Course.cmake).\n")
+  foreach(src IN LISTS files)
     string(APPEND text "#include \"${src}\"\n")
   endforeach()
   string(SHA1 digest "${text}")
   string(SUBSTRING "${digest}" 0 12 digest)
-  set(one "${COURSE_SHARED_DIR}/unity/${target}-${digest}.cpp")
+  set(one "${COURSE_SHARED_DIR}/unity/${name}-${digest}.cpp")
   if(NOT EXISTS "${one}")  # (build trees configured at once: each writes whole files, renamed into place)
     string(RANDOM LENGTH 12 part)
     file(WRITE "${one}.${part}" "${text}")
     file(RENAME "${one}.${part}" "${one}")
   endif()
-  set_property(TARGET ${target} PROPERTY SOURCES "${one}" ${others})
+  set(${out} "${one}" PARENT_SCOPE)
 endfunction()
 
 # course_add_tests(target labels libs [ONE_BY_ONE] sources...): one test binary, each GoogleTest
