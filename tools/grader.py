@@ -401,7 +401,7 @@ def student_files(student, lesson):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".cpp", ".hpp", ".h", ".cu")))
 
 
-GIVEN_OBJECT = re.compile(r"given(_\w+)?\.cpp\.")  # given.cpp.o, given_http.cpp.o, given_cuda.cpp.o.d
+GIVEN_OBJECT = re.compile(r"given(_\w+)?\.cpp\.")  # given.cpp.o, given_api.cpp.o, given_cuda.cpp.o.d
 
 
 def file_digests(paths):

@@ -99,8 +99,8 @@ ROSTER = {
 
 def start_roster(work):
     """Starts tools/roster.py over ROSTER in work/roster; check_roster judges it once it ends. It runs
-    while main() grades the cases one by one (its own folders and build trees): most of its time,
-    and of theirs, is spent waiting for a timeout."""
+    while main() grades the cases one by one (its own folders and build trees): both spend much of
+    their time waiting out timeouts."""
     roster, out = os.path.join(work, "roster"), os.path.join(work, "roster-out")
     shutil.rmtree(roster, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
