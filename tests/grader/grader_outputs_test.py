@@ -24,8 +24,12 @@ def touch(path):
 
 
 def main():
+    with tempfile.TemporaryDirectory(prefix="grader-outputs-") as root:
+        return check(root)
+
+
+def check(root):
     failures = []
-    root = tempfile.mkdtemp(prefix="grader-outputs-")
     student, build = os.path.join(root, "student"), os.path.join(root, "build")
     lesson = os.path.join(student, "08_topic")
     cpp, cu, hpp = (os.path.join(lesson, f) for f in ("cpu_side.cpp", "kernels.cu", "mine.hpp"))
