@@ -83,8 +83,16 @@ function(course_lesson nn topic)
     add_library(lesson${nn}_exercise STATIC ${ex_src} ${given})
     course_manifest_rewrites("${COURSE_EXERCISES_DIR}/${dir}")
     file(GLOB student_cpp "${COURSE_EXERCISES_DIR}/${dir}/*.cpp")
-    if(COURSE_STUDENT_FLAGS AND NOT nn IN_LIST COURSE_STUDENT_FLAGS_SKIP)
-      set_property(SOURCE ${student_cpp} APPEND PROPERTY COMPILE_OPTIONS ${COURSE_STUDENT_FLAGS})
+    if(COURSE_STUDENT_FLAGS)
+      # The student's .cpp files, and the host rewrites of their .cu files where the kernels are
+      # emulated, but in the lessons COURSE_STUDENT_FLAGS_SKIP names (nvcc's flags stay as they are).
+      set(own ${student_cpp})
+      if(COURSE_CUDA_EMULATED AND NOT nn IN_LIST COURSE_STUDENT_FLAGS_SKIP)
+        set(rewrites ${ex_src})
+        list(FILTER rewrites INCLUDE REGEX "\\.cu\\.cpp$")
+        list(APPEND own ${rewrites})
+      endif()
+      set_property(SOURCE ${own} APPEND PROPERTY COMPILE_OPTIONS ${COURSE_STUDENT_FLAGS})
     endif()
     if(COURSE_STUDENT_PCH)
       course_student_pch(lesson${nn}_exercise "${student_cpp}")
@@ -183,8 +191,10 @@ function(course_emulated_source out cu)
 endfunction()
 
 # course_student_pch(target student_cpp): COURSE_STUDENT_PCH. The course's own headers that the
-# student's .cpp files include ("common/..." and "lessons/..."), precompiled for those files alone:
-# every other file of the target (the given code, the rewrites of the student's .cu files) compiles
+# student's .cpp files include ("common/..." and "lessons/..."), precompiled for those files alone
+# and with their COURSE_STUDENT_FLAGS (GCC passes over a header precompiled with optimization when
+# it compiles a file without, "__OPTIMIZE__ not defined", and parses the headers again): every
+# other file of the target (the given code, the rewrites of the student's .cu files) compiles
 # as in any other tree, so ccache still gives its object. An object compiled with a precompiled
 # header does not come back from ccache: where a lesson has two student files, the file an entry
 # leaves alone keeps its object because the grader deletes only the objects of the files whose text
@@ -201,6 +211,10 @@ function(course_student_pch target student_cpp)
   list(REMOVE_DUPLICATES headers)
   if(headers)
     target_precompile_headers(${target} PRIVATE ${headers})
+    if(COURSE_STUDENT_FLAGS)  # compiled as the files that include it: GCC uses it only then
+      set_source_files_properties("${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/${target}.dir/cmake_pch.hxx.cxx"
+        PROPERTIES COMPILE_OPTIONS "${COURSE_STUDENT_FLAGS}")
+    endif()
     get_target_property(all ${target} SOURCES)
     list(REMOVE_ITEM all ${student_cpp})
     set_source_files_properties(${all} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)

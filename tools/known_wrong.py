@@ -13,11 +13,12 @@ runs it so); --all-cases runs every case and shows each entry's points and every
 it. Each patch names the case that catches it ("Caught by: Suite.Case" above the diff), which runs
 first, so an entry is usually graded by one case; --record-caught-by rewrites those lines after
 the graded tests change. It prints which graded cases caught each one, and exits 1 if any earns full marks (the tests miss that mistake) or no longer applies
-(the reference changed under it: update the patch). The file a patch changes is compiled at -O1
-(the rest of the build as a student's), but in the lessons FULL_SPEED names; and
-the course headers the student's .cpp files include are precompiled once per lesson and tree
-(COURSE_STUDENT_PCH: a third off lessons 05 and 06), and where a lesson has two student files the
-one an entry leaves alone keeps its object (the grader rebuilds only the files whose text changed).
+(the reference changed under it: update the patch). The lesson's student files are compiled at
+-O0 (STUDENT_FLAGS; the rest of the build as a student's), after the course headers they include,
+precompiled once per lesson and tree (COURSE_STUDENT_PCH: a third off lessons 05 and 06); where a
+lesson has two student files, the one an entry leaves alone keeps its object (the grader rebuilds
+only the files whose text changed, and the entries that change the same file are graded one after
+another).
 
 An entry that changes a CUDA kernel (.cu) is graded on this machine's GPU, or, without one, with
 the kernels emulated on the host (COURSE_CUDA=EMULATE: every CUDA thread a fiber, the same graded
@@ -48,11 +49,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CAUGHT_BY = "Caught by: "
 
-# Lessons whose student files the catalogue compiles at the build's own level, not at -O1: their
-# catching cases run the student's arithmetic at length (lesson 08's host side of the paged
-# kernels, lesson 09's attention on the processor, lesson 11's quantized products), and in a
-# clean-clone run at -O1 their entries took 7, 19 and 46 s longer in all than at -O3.
-FULL_SPEED = ("08", "09", "11")
+# How the catalogue compiles the student's files: an entry only has to lose a case, and its
+# catching case, run first, took 0.06 s at the median (2.7 s at most) with them at -O0. At -O0
+# after headers precompiled at -O0, the entries of lessons 00, 06, 09 and 10 took 542
+# worker-seconds against 690 at -O1 (-O3 for 09), and lesson 07's took 98 against 139 with its
+# kernels' host rewrite at -O0 too (5.0 s to compile at -O3, 2.8 s at -O0). The emulated kernels of
+# the lessons in KERNELS_FULL_SPEED stay at -O3: at -O0, lesson 09's emulated cases took 11 s
+# longer in all (one 9.0 s against 2.7 s) than its eight rewrites' compiles saved, and the rewrites
+# of 08 and 11 compile in 2.2 and 2.4 s at -O0 against 2.0 and 3.0 s (CONTRIBUTING.md).
+STUDENT_FLAGS = "-O0"
+KERNELS_FULL_SPEED = ("08", "09", "11")
 
 
 def header(path):
@@ -121,10 +127,15 @@ def patch_hash(path):
         return diff_hash(f.read())
 
 
+def changed(path):
+    """The files a patch changes (their "+++ " lines), in its order."""
+    with open(path, encoding="utf-8") as f:
+        return [line[4:].strip() for line in f if line.startswith("+++ ")]
+
+
 def touches(path):
     """Whether a patch changes a CUDA kernel (a .cu file)."""
-    with open(path, encoding="utf-8") as f:
-        return any(line.startswith("+++ ") and line.rstrip().endswith(".cu") for line in f)
+    return any(f.endswith(".cu") for f in changed(path))
 
 
 def read_proven(path):
@@ -217,14 +228,11 @@ def main():
         kernels = "skip"
     if kernels == "emulate":
         args.cmake_arg.append("-DCOURSE_CUDA=EMULATE")
-    # The file an entry changes is compiled anew for it: at -O1 (the rest of the build as a
-    # student's), the same code in about a sixth less time; an entry only has to lose a case. But
-    # not in the lessons whose catching cases run the student's own arithmetic at length: there
-    # the cases ran longer at -O1 than the compile saved (CONTRIBUTING.md, "Why it is fast enough").
-    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS=-O1")
-    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS_SKIP=" + ";".join(FULL_SPEED))
-    # And the course headers that file includes are precompiled, once per lesson and tree: parsing
-    # them was more than half of its compile (CMakeLists.txt, COURSE_STUDENT_PCH).
+    # The files an entry changes are compiled anew for it, at STUDENT_FLAGS, after the course
+    # headers they include, precompiled once per lesson and tree: parsing them was more than half
+    # of such a compile (CMakeLists.txt, COURSE_STUDENT_PCH).
+    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS=" + STUDENT_FLAGS)
+    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS_SKIP=" + ";".join(KERNELS_FULL_SPEED))
     args.cmake_arg.append("-DCOURSE_STUDENT_PCH=ON")
     lock = threading.Lock()
     to_record = {}  # patch -> the case that caught it first (--record-caught-by)
@@ -272,6 +280,12 @@ def main():
     # tree's first entry of a lesson compiles what the lesson's entries share (its other student
     # files, the kernels' host rewrites, its CUDA tests), and with two workers only the lesson
     # where they meet is compiled in both trees.
+    # Within a lesson, the entries that change the same file follow one another: a student file
+    # compiled after its precompiled headers never comes back from ccache, so the entry after one
+    # that changed another file compiles that file again, put back as the reference (lesson 10's
+    # api.cpp, 4.7 s; lesson 09's flash_attention.cpp). In the catalogue's alphabetical
+    # order, that happened 24 times in lessons 07-11.
+    todo.sort(key=lambda t: (t[1], changed(t[3]), t[2]))
     workers = max(1, min(args.workers, len(todo)))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     queue = collections.deque(todo)
