@@ -29,7 +29,8 @@ namespace infer {
 class ApiError : public Error {
  public:
   /// `status`: 400 (bad request), 401 (no or wrong API key), 404 (unknown model or route), 405
-  /// (wrong method), 411 (no length), 413 (body too large), 415 (not JSON, or encoded), 431
+  /// (wrong method), 408 (the request did not arrive within the server's deadline), 411 (no
+  /// length), 413 (body too large), 415 (not JSON, or encoded), 431
   /// (headers too large), 500 (the server failed), 503 (shutting down, or full), 505 (not
   /// HTTP/1.1).
   /// `param`: the offending field ("" when none); `code`: a machine-readable reason ("" when none).

@@ -44,6 +44,7 @@ namespace {
 constexpr size_t kMaxHeaderBytes = 64 << 10;           ///< a request's headers in all, as h11's default
 constexpr auto kLinger = std::chrono::seconds(2);      ///< reading what a refused client still sends
 constexpr auto kCrowdedLinger = std::chrono::milliseconds(250);  ///< ... when refused for the connection limit
+constexpr auto kAnswerGrace = std::chrono::seconds(2);  ///< past a request's deadline, to write its 408 before the socket closes
 constexpr size_t kMaxLingerBytes = 4 << 20;            ///< ... at most this much of it
 constexpr int kSendBufferBytes = 256 << 10;            ///< a connection's socket send buffer (Linux doubles it)
 
@@ -185,7 +186,10 @@ struct Server::Impl {
 /// lock; the engine thread reaches it only through Job::on_change, which posts on_job() there.
 class Server::Impl::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), s_(server) { ++s_.connections; }
+  Connection(tcp::socket socket, Server::Impl& server)
+      : stream_(std::move(socket)), s_(server), deadline_(stream_.get_executor()) {
+    ++s_.connections;
+  }
   ~Connection() {
     uncount();
     release_body();
@@ -209,7 +213,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     header_.emplace();
     header_->header_limit(kMaxHeaderBytes);
     header_->body_limit(std::numeric_limits<std::uint64_t>::max());  // the body's size is refuse_by_headers()'s to judge (not boost::none: Boost 1.74 compares it wrongly)
-    stream_.expires_after(seconds(s_.options.request_timeout_s));
+    arm_deadline();
     reading_ = true;
     http::async_read_header(stream_, buffer_, *header_,
                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -217,7 +221,10 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 
   void on_header(beast::error_code ec) {
     reading_ = false;
+    disarm_deadline();
     if (closed_) return;  // (a hang-up seen by the watch closed it while the answer was written)
+    if (ec == net::error::operation_aborted && timed_out_)  // (bytes of it are in the buffer, not yet parsed)
+      return past_deadline(buffer_.size() > 0 || header_->got_some(), "headers");
     if (ec == http::error::header_limit)
       return refuse(ApiError(431, cat("The request's headers are larger than this server's limit of ", kMaxHeaderBytes,
                                       " bytes")));
@@ -242,7 +249,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       // The client waits for this before it sends the body (a refusal came above, before it).
       send("HTTP/1.1 100 Continue\r\n\r\n");
     }
-    stream_.expires_after(seconds(s_.options.request_timeout_s));
+    arm_deadline();
     read_body();
   }
 
@@ -258,6 +265,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       if (ec) return self->on_body(ec);
       const size_t have = self->body_->get().body().size();
       if (have > self->reserved_ && !self->reserve_body(have - self->reserved_)) {
+        self->disarm_deadline();
         self->drop_body();
         return self->refuse(ApiError(503, cat("The server is reading ", self->s_.body_bytes.load(), " bytes of other requests' bodies and ",
                                               "holds at most ", self->s_.options.max_body_bytes_in_flight,
@@ -269,6 +277,8 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 
   void on_body(beast::error_code ec) {
     reading_ = false;
+    disarm_deadline();
+    if (ec == net::error::operation_aborted && timed_out_) return past_deadline(true, "body");
     if (ec == http::error::body_limit) {
       drop_body();
       return refuse(ApiError(413, cat("The request body is larger than this server's limit of ",
@@ -278,6 +288,38 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     stream_.expires_never();  // a generation takes as long as it takes; a hang-up ends it
     route(body_->get());      // (what is kept of the body is parsed into its job by now)
     drop_body();
+  }
+
+  /// A request's deadline (its headers, then its body; each has request_timeout_s): past it, a
+  /// client that sent part of the request hears 408 and is closed (RFC 9110, 15.5.9); one that sent
+  /// nothing of it (an idle connection between requests) is closed without a word. The read is
+  /// stopped by this timer, not by the stream's own deadline, which closes the socket and so leaves
+  /// no way to answer: that one comes kAnswerGrace later, as a backstop.
+  void arm_deadline() {
+    stream_.expires_after(seconds(s_.options.request_timeout_s) + kAnswerGrace);
+    timed_out_ = false;
+    deadline_.expires_after(seconds(s_.options.request_timeout_s));
+    deadline_.async_wait([self = shared_from_this(), armed = ++armed_](beast::error_code ec) {
+      // (a wait cancelled after it was due comes here without an error: the count tells it is old)
+      if (ec || armed != self->armed_ || !self->reading_ || self->closed_) return;
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);  // the read comes back with operation_aborted
+    });
+  }
+
+  void disarm_deadline() {
+    ++armed_;
+    deadline_.cancel();
+  }
+
+  /// The request did not arrive whole within its deadline; `partial`: some of it did.
+  void past_deadline(bool partial, const char* what) {
+    if (!partial) return close();  // nobody is waiting for an answer
+    if (body_) drop_body();
+    linger_for_ = kCrowdedLinger;  // (a crowd of these must not hold memory for long)
+    refuse(ApiError(408, cat("The request's ", what, " did not arrive within this server's request timeout of ",
+                             s_.options.request_timeout_s, " s; send the whole request at once")));
   }
 
   /// The body is done with (parsed, or refused): its bytes go, and leave the shared bound. Only
@@ -581,6 +623,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   size_t lingered_ = 0;    ///< bytes read and dropped while closing
   size_t reserved_ = 0;    ///< of Server::Impl::body_bytes, for the body being read
   bool resuming_ = false;  ///< the watch was cancelled to read a pipelined request
+  net::steady_timer deadline_;  ///< the request's deadline (arm_deadline)
+  unsigned armed_ = 0;          ///< arm_deadline() and disarm_deadline() calls: which wait is the current one
+  bool timed_out_ = false;      ///< the deadline stopped the read
   std::chrono::steady_clock::duration linger_for_ = kLinger;  ///< how long a refused client is read before closing
 };
 

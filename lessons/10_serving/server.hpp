@@ -15,8 +15,9 @@
 ///
 /// Deadlines: a request's headers must arrive within request_timeout_s of the connection asking
 /// for them (the first request, or the next on a kept-alive connection), its body within
-/// request_timeout_s more, and each write of its answer must be taken within request_timeout_s;
-/// a connection past any of them is closed (its request cancelled). A generation has no deadline.
+/// request_timeout_s more, and each write of its answer must be taken within request_timeout_s.
+/// A client past the first two that sent part of its request hears 408 Request Timeout; a
+/// connection past any of them is closed (its request cancelled). A generation has no deadline.
 ///
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true or not),
 /// GET /v1/models, GET /v1/models/{name}, GET /health, GET /metrics (Prometheus text: time to first token, time per

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -98,6 +99,21 @@ std::string read_until_quiet(int fd, double seconds) {
     text.append(buf, static_cast<size_t>(n));
   }
   return text;
+}
+
+/// What arrives on `fd` until the server closes it; nothing if it has not closed it within `seconds`.
+std::optional<std::string> read_to_end(int fd, double seconds) {
+  std::string text;
+  char buf[65536];
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return text;
+    text.append(buf, static_cast<size_t>(n));
+  }
 }
 
 /// The bodies of the whole answers at the start of `text`, one after another (up to the first
@@ -300,15 +316,50 @@ TEST(ServerHostile, AThousandSlowClientsCostSocketsNotService) {
   std::printf("with 1,000 slow sockets open: /health in %.1f ms, a 2-token completion in %.1f ms\n", health_ms,
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - health_ms);
   EXPECT_LT(health_ms, 1000.0);
-  // Past the deadline, the server has closed every one of them (a read sees the end).
-  int closed = 0;
+  // Past the deadline, the server has answered every one of them 408 (each sent part of a
+  // request) and closed it (a read sees the answer, then the end).
+  int answered = 0;
+  std::string other;
   for (const int fd : slow) {
-    pollfd p{fd, POLLIN, 0};
-    char c;
-    if (::poll(&p, 1, 5000) > 0 && ::recv(fd, &c, 1, 0) <= 0) ++closed;
+    const std::string text = read_to_end(fd, 5).value_or("(no end within 5 s)");
+    if (text.rfind("HTTP/1.1 408 ", 0) == 0 && is_error_body(Raw{408, text}))
+      ++answered;
+    else if (other.empty())
+      other = text.substr(0, 300);
     ::close(fd);
   }
-  EXPECT_EQ(closed, 1000) << "connections still open after the header deadline";
+  EXPECT_EQ(answered, 1000) << "connections not answered 408 and closed after the header deadline, for example: " << other;
+}
+
+TEST(ServerHostile, ARequestCutShortHears408AndAnIdleConnectionIsClosedWithoutAWord) {
+  // Past request_timeout_s: headers cut short, or a body cut short, get 408 and OpenAI's error
+  // body (RFC 9110, 15.5.9); a connection that sent nothing, or nothing more after its answer, is
+  // closed without one (nobody is waiting for an answer).
+  ServerOptions o;
+  o.request_timeout_s = 0.5;
+  auto server = small_server(o);
+  const int port = server->port();
+  const int idle = connect_loopback(port), headers = connect_loopback(port), body = connect_loopback(port),
+            kept = connect_loopback(port);
+  ASSERT_TRUE(idle >= 0 && headers >= 0 && body >= 0 && kept >= 0);
+  ASSERT_TRUE(send_all(headers, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty"));
+  ASSERT_TRUE(send_all(body, post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: 100\r\n") +
+                                 R"({"model": )"));
+  ASSERT_TRUE(send_all(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const auto end = [](int fd) { return read_to_end(fd, 5).value_or("(no end within 5 s)"); };
+  const std::string idle_text = end(idle), headers_text = end(headers), body_text = end(body), kept_text = end(kept);
+  for (const int fd : {idle, headers, body, kept}) ::close(fd);
+  EXPECT_EQ(idle_text, "") << "a connection that sent nothing is closed without a word";
+  for (const auto& [text, what] : {std::pair{headers_text, "headers"}, std::pair{body_text, "body"}}) {
+    EXPECT_EQ(text.rfind("HTTP/1.1 408 ", 0), 0u) << what << ": " << text.substr(0, 300);
+    EXPECT_TRUE(is_error_body(Raw{408, text})) << what << ": " << text.substr(0, 300);
+    EXPECT_NE(text.find(cat("request's ", what, " did not arrive")), std::string::npos) << text.substr(0, 300);
+    EXPECT_NE(text.find("Connection: close"), std::string::npos) << text.substr(0, 300);
+  }
+  // The answered request's connection: its answer, then the end, with no 408 after it.
+  EXPECT_EQ(kept_text.rfind("HTTP/1.1 200 ", 0), 0u) << kept_text.substr(0, 300);
+  EXPECT_EQ(kept_text.find("408"), std::string::npos) << kept_text.substr(0, 600);
+  EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
 }
 
 TEST(ServerHostile, AClientThatHangsUpBeforeAWholeAnswerCancelsIt) {
