@@ -85,9 +85,10 @@ function(course_lesson nn topic)
     file(GLOB student_cpp "${COURSE_EXERCISES_DIR}/${dir}/*.cpp")
     if(COURSE_STUDENT_FLAGS)
       # The student's .cpp files, and the host rewrites of their .cu files where the kernels are
-      # emulated, but in the lessons COURSE_STUDENT_FLAGS_SKIP names (nvcc's flags stay as they are).
+      # emulated, but in the lessons COURSE_STUDENT_FLAGS_SKIP_KERNELS names (nvcc's flags stay as
+      # they are).
       set(own ${student_cpp})
-      if(COURSE_CUDA_EMULATED AND NOT nn IN_LIST COURSE_STUDENT_FLAGS_SKIP)
+      if(COURSE_CUDA_EMULATED AND NOT nn IN_LIST COURSE_STUDENT_FLAGS_SKIP_KERNELS)
         set(rewrites ${ex_src})
         list(FILTER rewrites INCLUDE REGEX "\\.cu\\.cpp$")
         list(APPEND own ${rewrites})

@@ -127,7 +127,7 @@ def patch_hash(path):
         return diff_hash(f.read())
 
 
-def changed(path):
+def patched_files(path):
     """The files a patch changes (their "+++ " lines), in its order."""
     with open(path, encoding="utf-8") as f:
         return [line[4:].strip() for line in f if line.startswith("+++ ")]
@@ -135,7 +135,7 @@ def changed(path):
 
 def touches(path):
     """Whether a patch changes a CUDA kernel (a .cu file)."""
-    return any(f.endswith(".cu") for f in changed(path))
+    return any(f.endswith(".cu") for f in patched_files(path))
 
 
 def read_proven(path):
@@ -232,7 +232,7 @@ def main():
     # headers they include, precompiled once per lesson and tree: parsing them was more than half
     # of such a compile (CMakeLists.txt, COURSE_STUDENT_PCH).
     args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS=" + STUDENT_FLAGS)
-    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS_SKIP=" + ";".join(KERNELS_FULL_SPEED))
+    args.cmake_arg.append("-DCOURSE_STUDENT_FLAGS_SKIP_KERNELS=" + ";".join(KERNELS_FULL_SPEED))
     args.cmake_arg.append("-DCOURSE_STUDENT_PCH=ON")
     lock = threading.Lock()
     to_record = {}  # patch -> the case that caught it first (--record-caught-by)
@@ -285,7 +285,7 @@ def main():
     # that changed another file compiles that file again, put back as the reference (lesson 10's
     # api.cpp, 4.7 s; lesson 09's flash_attention.cpp). In the catalogue's alphabetical
     # order, that happened 24 times in lessons 07-11.
-    todo.sort(key=lambda t: (t[1], changed(t[3]), t[2]))
+    todo.sort(key=lambda t: (t[1], patched_files(t[3]), t[2]))
     workers = max(1, min(args.workers, len(todo)))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     queue = collections.deque(todo)
