@@ -349,9 +349,11 @@ def run_cmd(argv, log, show, timeout=None):
         return rc
 
 
+OUT_OF_MEMORY = r"out of memory|virtual memory exhausted"
 FIRST_ERROR = re.compile(r"(: (fatal )?error:|undefined reference|multiple definition|cannot find -l|"
-                         r"out of memory|virtual memory exhausted|"
-                         r"ninja: error|CMake Error)")
+                         + OUT_OF_MEMORY + r"|ninja: error|CMake Error)")
+# What a build that never ends (stopped by the timeout or the memory cap) most likely holds.
+NEVER_ENDS = "a file that includes itself, a constexpr or template computation that does not end?"
 
 
 def first_error(log_text, student):
@@ -364,6 +366,15 @@ def first_error(log_text, student):
                 text = text.replace(student.rstrip("/") + "/", "")
             return text
     return "the build failed (no compiler message found: see the build log)"
+
+
+def build_error(log_text, student, memory_mb):
+    """A failed build's message: its first error, and, where the compiler ran out of the memory the
+    build may use (build_limits), what most likely made it grow."""
+    err = first_error(log_text, student)
+    if re.search(OUT_OF_MEMORY, err):  # the hint first: a roster's row keeps the first line
+        err = f"the compiler used up this build's {memory_mb} MB (--build-memory-mb): {NEVER_ENDS}\n{err}"
+    return err
 
 
 def provenance(path):
@@ -690,12 +701,11 @@ def grade(args):
                          args.show_build, args.build_timeout)
             if rc != 0 or not os.path.exists(e["binary"]):
                 if rc == BUILD_TIMED_OUT:
-                    err = (f"the build did not finish within {args.build_timeout:g} s and was stopped (a "
-                           "file that includes itself, a constexpr or template computation that does not end?)")
+                    err = f"the build did not finish within {args.build_timeout:g} s and was stopped ({NEVER_ENDS})"
                 else:
                     with open(log) as f:
                         f.seek(start)
-                        err = first_error(f.read(), args.student)
+                        err = build_error(f.read(), args.student, args.build_memory_mb)
                 for name in owned:
                     results[name] = {"status": "not built", "message": f"lesson {nn} did not build:\n{err}"}
                 continue

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What the grader deletes between two gradings in one build tree (ctest label `grader`).
+"""What the grader deletes between two gradings in one build tree, and what a failed build's row
+says (ctest label `grader`).
 
     grader_outputs_test.py
 
@@ -8,6 +9,8 @@ grading in the tree, and deletes the rest: the objects of the changed files, and
 are emulated, the host rewrite of a changed .cu file. Both checked on a made-up build tree: ninja
 rebuilds an object only when its source is newer, so a file put back as it was before (a copy that
 keeps its time, as tools/known_wrong.py makes between two entries) must lose its outputs here.
+A build stopped by the memory cap (--build-memory-mb) says why it most likely grew, as one stopped
+by the timeout does.
 """
 import os
 import sys
@@ -79,10 +82,22 @@ def check(root):
             failures.append(f"remove_outputs, changed {changed}: deleted {sorted(set(files) - left)}, "
                             f"expected {sorted(gone)}")
 
+    # build_error: a compiler stopped by the memory cap hears what most likely made it grow; any
+    # other first error is the compiler's own words, the student's folder taken out of its path.
+    oom = f"g++ -c {lesson}/forever.cpp\ncc1plus: out of memory allocating 65536 bytes after a total of 8589869056 bytes\n"
+    plain = f"{lesson}/cpu_side.cpp:5:3: error: 'x' was not declared in this scope\n"
+    for what, log, expected in (
+            ("out of memory", oom, f"the compiler used up this build's 8192 MB (--build-memory-mb): {grader.NEVER_ENDS}\n"
+             "cc1plus: out of memory allocating 65536 bytes after a total of 8589869056 bytes"),
+            ("an error", plain, "08_topic/cpu_side.cpp:5:3: error: 'x' was not declared in this scope")):
+        got = grader.build_error(log, student, 8192)
+        if got != expected:
+            failures.append(f"build_error, {what}: {got!r}, expected {expected!r}")
+
     if failures:
         print("\n".join(failures))
         return 1
-    print(f"{len(cases)} changed_files cases and 4 remove_outputs cases as expected")
+    print(f"{len(cases)} changed_files cases, 4 remove_outputs cases and 2 build_error cases as expected")
     return 0
 
 
