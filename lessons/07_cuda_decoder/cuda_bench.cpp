@@ -145,10 +145,23 @@ int main(int argc, char** argv) {
         const double bytes16 = 2.0 * n * n + 8.0 * batch * n, bytes32 = 4.0 * n * n + 8.0 * batch * n;
         results.push_back({"skinny_gemm_bf16", cat(n, " x ", n, " bf16, batch ", batch), bytes16,
                            cuda_time_ms([&] { gpu::skinny_gemm_bf16(wb.get(), xs.get(), ys.get(), n, n, batch); }, reps)});
+        // The given skinny GEMM without staging (fused_kernels.hpp) at each split, checked
+        // against yours first: the forward uses it up to kSkinnySplitMaxBatch rows.
+        const std::vector<float> yours = ys.download();
+        for (const int split : {1, 2, 4, 8}) {
+          ys.fill_bytes(0xff);  // NaN: an output it leaves unwritten fails the check
+          gpu::skinny_gemm_bf16_split(split, wb.get(), xs.get(), ys.get(), n, n, batch);
+          if (!agrees(disagreement(cat("skinny_gemm_bf16_split (split ", split, ") at ", n, " x ", n, ", batch ", batch),
+                                   "skinny_gemm_bf16", yours, ys.download(), batch * n, 1e-3, 1e-3)))
+            continue;
+          results.push_back({cat("skinny_gemm_bf16_split, split ", split, " (given)"), cat(n, " x ", n, " bf16, batch ", batch),
+                             bytes16, cuda_time_ms([&] {
+                               gpu::skinny_gemm_bf16_split(split, wb.get(), xs.get(), ys.get(), n, n, batch); }, reps)});
+        }
         // The given tensor-core GEMM's variants (fused_kernels.hpp), each checked against the
         // skinny GEMM first: the forward uses kTensorGemmVariant from kTensorGemmMinBatch rows.
         if (gpu::tensor_gemm_runs(n, n)) {
-          const std::vector<float> skinny = ys.download();
+          const std::vector<float>& skinny = yours;
           for (int v = 1; v <= gpu::kTensorGemmVariants; ++v) {
             gpu::tensor_gemm_bf16(v, wb.get(), xs.get(), ys.get(), n, n, batch);
             if (!agrees(disagreement(cat("tensor_gemm_bf16 v", v, " at ", n, " x ", n, ", batch ", batch),
@@ -210,8 +223,8 @@ int main(int argc, char** argv) {
       size_t most = 0;
       for (const auto& [s, f] : shapes) most = std::max(most, static_cast<size_t>(s.rows) * s.cols);
       DeviceArray<uint16_t> w(rotation_pool(most, l2));
-      DeviceArray<float> x(8192), y(32000), want(32000), norm(8192);
-      fill_random(w, 21, 0.05f), fill_random(x, 22), fill_random(norm, 23);
+      DeviceArray<float> x(8192), y(32000), want(32000), norm(8192), x8(8 * 8192), y8(8 * 32000);
+      fill_random(w, 21, 0.05f), fill_random(x, 22), fill_random(norm, 23), fill_random(x8, 24);
       for (const auto& [s, fused] : shapes) {
         const size_t n = static_cast<size_t>(s.rows) * s.cols;
         const std::string shape = cat(s.name, " bf16, in a stream of ", stream, ", ", Rotation(w, n, l2).count, " copies");
@@ -246,6 +259,44 @@ int main(int argc, char** argv) {
           results.push_back({cat("gemv_bf16_fused, ", fused.what, ", split ", split, " (given)"), shape,
                              bytes + (fused.norm ? 4.0 * s.cols : 0.0), cuda_time_each_ms([&] {
                                gpu::gemv_bf16_fused(rf(), x.get(), g, 1e-5f, y.get(), s.rows, s.cols, fused.out, split);
+                             }, reps, stream, !small)});
+        }
+      }
+      // A step of 8 rows (a decode step of 8 sequences) multiplies by q, k, v, gate and up one
+      // at a time (slices of the stacked matrices), o and down, and the head for the rows that
+      // want logits: each of those products through your skinny GEMM, the tensor-core GEMM the
+      // forward uses from kTensorGemmMinBatch rows, and the given skinny GEMM without staging at
+      // each split (checked against yours first), as the step calls them.
+      std::vector<Shape> products8 = {{"1.1B q, o: 2048 x 2048", 2048, 2048}, {"1.1B k, v: 256 x 2048", 256, 2048},
+                                      {"1.1B gate, up: 5632 x 2048", 5632, 2048}, {"1.1B down: 2048 x 5632", 2048, 5632},
+                                      {"1.1B lm_head: 32000 x 2048", 32000, 2048}};
+      if (small) products8 = {{"run-through: 96 x 2120", 96, 2120}};
+      for (const Shape& s : products8) {
+        const size_t n = static_cast<size_t>(s.rows) * s.cols;
+        const int rows8 = 8;
+        const std::string shape8 = cat(s.name, " bf16, batch ", rows8, ", in a stream of ", stream, ", ",
+                                       Rotation(w, n, l2).count, " copies");
+        const double bytes8 = 2.0 * n + 4.0 * rows8 * (s.rows + s.cols);
+        gpu::skinny_gemm_bf16(w.get(), x8.get(), y8.get(), s.rows, s.cols, rows8);
+        const std::vector<float> yours8 = y8.download();
+        Rotation rs(w, n, l2);
+        results.push_back({"skinny_gemm_bf16", shape8, bytes8, cuda_time_each_ms([&] {
+                             gpu::skinny_gemm_bf16(rs(), x8.get(), y8.get(), s.rows, s.cols, rows8); }, reps, stream, !small)});
+        if (gpu::tensor_gemm_runs(s.rows, s.cols)) {
+          Rotation rt(w, n, l2);
+          results.push_back({cat("tensor_gemm_bf16 v", gpu::kTensorGemmVariant), shape8, bytes8, cuda_time_each_ms([&] {
+                               gpu::tensor_gemm_bf16(gpu::kTensorGemmVariant, rt(), x8.get(), y8.get(), s.rows, s.cols, rows8);
+                             }, reps, stream, !small)});
+        }
+        for (const int split : {1, 2, 4, 8}) {
+          y8.fill_bytes(0xff);
+          gpu::skinny_gemm_bf16_split(split, w.get(), x8.get(), y8.get(), s.rows, s.cols, rows8);
+          if (!agrees(disagreement(cat("skinny_gemm_bf16_split (split ", split, ") on ", s.name, ", batch 8"),
+                                   "skinny_gemm_bf16", yours8, y8.download(), rows8 * s.rows, 1e-3, 1e-3)))
+            continue;
+          Rotation rk(w, n, l2);
+          results.push_back({cat("skinny_gemm_bf16_split, split ", split, " (given)"), shape8, bytes8, cuda_time_each_ms([&] {
+                               gpu::skinny_gemm_bf16_split(split, rk(), x8.get(), y8.get(), s.rows, s.cols, rows8);
                              }, reps, stream, !small)});
         }
       }
@@ -379,10 +430,13 @@ int main(int argc, char** argv) {
     // its own cache. The weights are read once per step, so tokens/s should grow almost B-fold
     // until the step stops being memory-bound.
     // Then the same batches with the forward's bf16 products by cuBLAS's GEMM (use_cublas), the
-    // library production engines call, against your skinny and the given tensor-core GEMMs.
+    // library production engines call, against your skinny and the given tensor-core GEMMs; and
+    // with those of up to 16 rows by the given skinny GEMM without staging (skinny_split).
     const std::vector<int> batches = small ? std::vector<int>{4, 16} : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64};
-    for (const bool cublas : {false, true})
+    enum class Products { Yours, Cublas, Split };
+    for (const Products products : {Products::Yours, Products::Cublas, Products::Split})
     for (const int batch : batches) {
+      if (products == Products::Split && batch > gpu::kSkinnySplitChunk) continue;  // it would not be used
       const int steps = small ? 2 : quick ? 8 : 32;
       std::vector<std::unique_ptr<gpu::CudaKVStore>> stores;
       std::vector<KVStore*> caches;
@@ -393,14 +447,17 @@ int main(int argc, char** argv) {
       std::vector<int> tokens(batch);
       for (int b = 0; b < batch; ++b) tokens[b] = 3 + b;
       gpu::CudaForward& forward = big_model->forward();
-      forward.use_cublas(cublas);
+      forward.use_cublas(products == Products::Cublas);
+      forward.skinny_split(products == Products::Split ? gpu::kSkinnySplitChunk : gpu::kSkinnySplitMaxBatch);
       forward.decode(tokens, caches);  // warm-up
       Stopwatch clock;
       for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
-      decodes.push_back({cat(big_name, ", bf16, batch ", batch, cublas ? ", cuBLAS products" : ""),
-                         batch * steps / clock.seconds(), forward.weight_bytes_per_step(), batch});
+      const char* by = products == Products::Cublas ? ", cuBLAS products" : products == Products::Split ? ", split skinny products" : "";
+      decodes.push_back({cat(big_name, ", bf16, batch ", batch, by), batch * steps / clock.seconds(),
+                         forward.weight_bytes_per_step(), batch});
     }
     big_model->forward().use_cublas(false);
+    big_model->forward().skinny_split(gpu::kSkinnySplitMaxBatch);
 
     std::printf("%-20s %-34s %10s %9s %9s\n", "kernel", "shape", "ms", "GB/s", "of copy");
     for (const Result& r : results) {

@@ -228,6 +228,12 @@ class CudaForward final : public ModelRunner {
   /// keep their products); one row stays with your GEMV. Off by default: the engine then runs
   /// your kernels alone. Drops the graphs captured so far.
   void use_cublas(bool on);
+  /// Multiplies by the given skinny_gemm_bf16_split (fused_kernels.hpp) where a step has 2 to
+  /// `max_batch` rows (0: none), ahead of lesson 07's skinny and tensor-core GEMMs; cuBLAS's, where
+  /// use_cublas is on, comes first. bf16 weights only; the sums are within your skinny GEMM's
+  /// tolerance of its. kSkinnySplitMaxBatch until called. Drops the graphs captured so far.
+  /// @throws infer::Error for a negative max_batch
+  void skinny_split(int max_batch);
   /// Folds a one-row step's norms, residual adds and SwiGLU into its products (gemv_bf16_fused,
   /// fused_kernels.hpp): the layer's input norm into the Q/K/V product, the residual add into
   /// the O and down products, the second norm and SwiGLU into the gate/up product, the final norm

@@ -70,6 +70,26 @@ void add_rms_norm(float* x, const float* y, const float* weight, float* h, int r
 /// variant outside 1..kTensorGemmVariants, batch, rows or cols below 1, or a null pointer.
 void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
 
+/// Y = X W^T for bf16 W [rows, cols] (row-major), float32 X [batch, cols] and Y [batch, rows]: your
+/// skinny_gemm_bf16's contract and tolerance, without its staging. The reference skinny GEMM stages
+/// a tile of x in shared memory between two barriers, so each lane has one 16-byte load of each of
+/// its 4 rows in flight per tile; in the GPU report (an H200) it took 2.2 times one GEMV at 2 rows
+/// on 4,096 x 4,096 (29% of copy bandwidth), 1.4 times at 2 rows and 5.3 times at 8 on 16,384 x
+/// 16,384. Here `split` warps (1, 2, 4 or 8) take 4 rows of W and split its columns between them;
+/// each lane loads two 16-byte packets of each of the 4 rows (8 loads in flight) before it
+/// multiplies any, and multiplies each packet by the 8 values of x at its columns for every batch
+/// row of the launch (up to kSkinnySplitChunk), x read through the cache: a weight crosses from
+/// memory once per kSkinnySplitChunk batch rows, a value of x is read from the cache once per 4
+/// rows of W. The only barrier is the split's join, where the warps' sums meet in shared memory and
+/// are added in warp order. Batches above kSkinnySplitChunk take one launch per chunk. Needs cols a
+/// multiple of 8, W and x on 16-byte boundaries (cudaMalloc's are). Throws infer::Error (naming
+/// skinny_gemm_bf16_split) otherwise, for batch, rows or cols below 1, another split, or a null
+/// pointer.
+void skinny_gemm_bf16_split(int split, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch);
+
+/// Batch rows per launch of skinny_gemm_bf16_split.
+inline constexpr int kSkinnySplitChunk = 16;
+
 /// Whether tensor_gemm_bf16 runs here for a [rows, cols] matrix: a device of compute capability 8.0
 /// or later with this binary's kernel compiled for it, rows >= 32, cols a multiple of 16.
 bool tensor_gemm_runs(int rows, int cols);
@@ -137,14 +157,27 @@ inline constexpr bool kFuseOneRowStep = false;
 /// GPU report times the splits (lesson 07's bench: each 1.1B matrix at splits 1 to 8;
 /// tools/gpu_targets.py picks the value that makes a step's fused products fastest).
 inline constexpr int kFusedGemvWarps = 0;
-/// The split the forward gives gemv_bf16_fused for a matrix of `rows`: the least of 1, 2, 4 and 8
-/// whose warps (pairs of rows times split) reach kFusedGemvWarps, else 8.
-inline int fused_gemv_split(int rows) {
-  const long pairs = (static_cast<long>(rows) + 1) / 2;
+/// The least of 1, 2 and 4 warps per group of rows whose warps in all (groups times split) reach
+/// `warps`, else 8: more warps, so more loads in flight, for a matrix of few rows.
+inline int split_to_reach(long groups, int warps) {
   for (int split = 1; split < 8; split *= 2)
-    if (pairs * split >= kFusedGemvWarps) return split;
+    if (groups * split >= warps) return split;
   return 8;
 }
+/// The split the forward gives gemv_bf16_fused for a matrix of `rows` (pairs of rows).
+inline int fused_gemv_split(int rows) { return split_to_reach((static_cast<long>(rows) + 1) / 2, kFusedGemvWarps); }
+/// The forward's bf16 products of 2 to this many rows go to skinny_gemm_bf16_split, ahead of your
+/// skinny GEMM and the tensor-core GEMM (CudaForward::skinny_split changes it at run time; 0: none).
+/// A hypothesis until a GPU report times it: reading W at the GEMV's rate, 8 rows should cost
+/// little more than one (lesson 01's ridge for float32 sums lies between 8 and 16 rows). 0 until
+/// then (lesson 07's bench: its rows beside your skinny GEMM and the tensor-core GEMM, and the
+/// decode rows with it; tools/gpu_targets.py picks the value).
+inline constexpr int kSkinnySplitMaxBatch = 0;
+/// The warps a product by skinny_gemm_bf16_split should reach (skinny_gemm_split): 0 (no split)
+/// until a GPU report times the splits on the 1.1B shape's matrices (tools/gpu_targets.py).
+inline constexpr int kSkinnySplitWarps = 0;
+/// The split the forward gives skinny_gemm_bf16_split for a matrix of `rows` (groups of 4 rows).
+inline int skinny_gemm_split(int rows) { return split_to_reach((static_cast<long>(rows) + 3) / 4, kSkinnySplitWarps); }
 /// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
 /// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
 /// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM

@@ -1,8 +1,10 @@
 // Lesson 07's given bf16 GEMVs beside yours (not graded): for its bench, versions with U loads in
 // flight per lane (gemv_variants.hpp says why they exist); for the forward's one-row step, the
-// fused one (gemv_bf16_fused, fused_kernels.hpp).
+// fused one (gemv_bf16_fused, fused_kernels.hpp); for its steps of a few rows, the skinny GEMM
+// without staging (skinny_gemm_bf16_split, fused_kernels.hpp).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_check.hpp"
@@ -137,6 +139,82 @@ __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const flo
   }
 }
 
+/// skinny_gemm_bf16_split: `split` warps per group of kSkinnyRows rows of W (rows past the
+/// matrix's end stand in for its last row, their sums unused); lane l of slice s takes packets
+/// 32 s + l, then 32 split further on, ..., of every row of its group, two of each loaded before
+/// any is used, and multiplies each by the 8 values of x at its columns for each of the launch's
+/// n <= kB batch rows (kB: the template's bound, so that the sums stay in registers). Each warp's
+/// sums are added across its lanes by shuffles; with split > 1 the slices' sums meet in shared
+/// memory, added in slice order by the group's first warp.
+constexpr int kSkinnyRows = 4;
+
+template <int kB>
+__global__ void skinny_split_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    int rows, int cols, int n, int split) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % split;
+  const long r0 = (blockIdx.x * static_cast<long>(kThreads / 32 / split) + warp / split) * kSkinnyRows;
+  const bool live = r0 < rows;  // (no early return: the slices meet at a barrier)
+  const long left = rows - r0;
+  const int here = !live ? 1 : left < kSkinnyRows ? static_cast<int>(left) : kSkinnyRows;  // rows of W it has
+  const uint4* row[kSkinnyRows];
+#pragma unroll
+  for (int i = 0; i < kSkinnyRows; ++i)
+    row[i] = reinterpret_cast<const uint4*>(w + (live ? r0 + min(i, here - 1) : 0) * cols);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const long x_stride = cols / 4;  // float4s per row of x
+  const int packets = live ? cols / 8 : 0, stride = 32 * split;
+  float acc[kSkinnyRows][kB];
+#pragma unroll
+  for (int i = 0; i < kSkinnyRows; ++i)
+#pragma unroll
+    for (int b = 0; b < kB; ++b) acc[i][b] = 0.0f;
+  constexpr int kU = 2;  // packets of each row loaded before any is used: 8 loads in flight a lane
+  for (int c0 = 32 * slice + lane; c0 < packets; c0 += stride * kU) {
+    uint4 p[kU][kSkinnyRows];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + stride * u;
+#pragma unroll
+      for (int i = 0; i < kSkinnyRows; ++i) p[u][i] = c < packets ? __ldcs(row[i] + c) : uint4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + stride * u;
+      if (c >= packets) break;
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        if (b >= n) break;
+        const float4 xa = __ldg(x4 + b * x_stride + 2 * c), xb = __ldg(x4 + b * x_stride + 2 * c + 1);
+#pragma unroll
+        for (int i = 0; i < kSkinnyRows; ++i) acc[i][b] = packet_dot(acc[i][b], p[u][i], xa, xb);
+      }
+    }
+  }
+  // Every lane holds every total after warp_sum (xor shuffles): lane (i kB + b) % 32 writes (i, b).
+  __shared__ float partial[kThreads / 32][kSkinnyRows][kB];
+#pragma unroll
+  for (int i = 0; i < kSkinnyRows; ++i)
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      const float total = warp_sum(acc[i][b]);  // every lane takes part, whether or not (i, b) is used
+      if (split > 1) {
+        if (lane == 0) partial[warp][i][b] = total;
+      } else if (lane == (i * kB + b) % 32 && live && i < here && b < n) {
+        y[static_cast<long>(b) * rows + r0 + i] = total;
+      }
+    }
+  if (split == 1) return;
+  __syncthreads();
+  if (slice != 0 || !live) return;
+  for (int e = lane; e < kSkinnyRows * kB; e += 32) {
+    const int i = e / kB, b = e % kB;
+    if (i >= here || b >= n) continue;
+    float total = 0.0f;
+    for (int s = 0; s < split; ++s) total += partial[warp + s][i][b];
+    y[static_cast<long>(b) * rows + r0 + i] = total;
+  }
+}
+
 template <GemvOut kOut>
 void launch_fused(unsigned blocks, const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows,
                   int cols, int split) {
@@ -169,6 +247,29 @@ void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float
     case GemvOut::SwiGlu: launch_fused<GemvOut::SwiGlu>(blocks, w, x, norm, eps, y, rows, cols, split); break;
   }
   cuda_check_launch("gemv_bf16_fused");
+}
+
+void skinny_gemm_bf16_split(int split, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(split == 1 || split == 2 || split == 4 || split == 8,
+          "skinny_gemm_bf16_split: split must be 1, 2, 4 or 8, got ", split);
+  require(batch >= 1, "skinny_gemm_bf16_split: batch must be >= 1, got ", batch);
+  require(rows >= 1 && cols >= 1, "skinny_gemm_bf16_split: rows and cols must be >= 1, got ", rows, " x ", cols);
+  require(cols % 8 == 0, "skinny_gemm_bf16_split: cols must be a multiple of 8 (16-byte packets), got ", cols);
+  require_device_pointers("skinny_gemm_bf16_split", {w, x, y});
+  require(aligned16(w) && aligned16(x), "skinny_gemm_bf16_split: W and x must start on a 16-byte boundary");
+  const long groups = (static_cast<long>(rows) + kSkinnyRows - 1) / kSkinnyRows, per_block = kThreads / 32 / split;
+  const unsigned blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
+  for (int b0 = 0; b0 < batch; b0 += kSkinnySplitChunk) {
+    const int n = std::min(kSkinnySplitChunk, batch - b0);
+    const float* xb = x + static_cast<long>(b0) * cols;
+    float* yb = y + static_cast<long>(b0) * rows;
+    if (n == 1) skinny_split_kernel<1><<<blocks, kThreads>>>(w, xb, yb, rows, cols, n, split);
+    else if (n == 2) skinny_split_kernel<2><<<blocks, kThreads>>>(w, xb, yb, rows, cols, n, split);
+    else if (n <= 4) skinny_split_kernel<4><<<blocks, kThreads>>>(w, xb, yb, rows, cols, n, split);
+    else if (n <= 8) skinny_split_kernel<8><<<blocks, kThreads>>>(w, xb, yb, rows, cols, n, split);
+    else skinny_split_kernel<16><<<blocks, kThreads>>>(w, xb, yb, rows, cols, n, split);
+    cuda_check_launch("skinny_gemm_bf16_split");
+  }
 }
 
 void gemv_bf16_unrolled(int unroll, const uint16_t* w, const float* x, float* y, int rows, int cols) {

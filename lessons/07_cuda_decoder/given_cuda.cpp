@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -90,8 +91,9 @@ class LibraryGemm {
 
 /// A weight matrix [rows, cols] on the device in float32 or bf16, and lesson 07's products by it:
 /// the fastest GEMV for one row, the skinny GEMM above (bf16 from kTensorGemmMinBatch rows: the
-/// given one on tensor cores, where the device has them; from kCublasMinBatch to kCublasMaxBatch
-/// rows cuBLAS's, where CudaForward::use_cublas gave it one).
+/// given one on tensor cores, where the device has them; up to kSkinnySplitMaxBatch rows, or what
+/// CudaForward::skinny_split says, the given one without staging; from kCublasMinBatch to
+/// kCublasMaxBatch rows cuBLAS's, where CudaForward::use_cublas gave it one).
 class DeviceMatrix final : public DeviceProjection {
  public:
   DeviceMatrix(int rows, int cols, WeightType type) : rows_(rows), cols_(cols) {
@@ -110,6 +112,8 @@ class DeviceMatrix final : public DeviceProjection {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
       else if (library_ && batch >= kCublasMinBatch && batch <= kCublasMaxBatch)
         library_->product(bf16_.get() + at, x, y, batch, count, cols_);
+      else if (batch <= split_max_ && cols_ % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        skinny_gemm_bf16_split(skinny_gemm_split(count), bf16_.get() + at, x, y, count, cols_, batch);
       else if (batch >= kTensorGemmMinBatch && tensor_gemm_runs(count, cols_))
         tensor_gemm_bf16(kTensorGemmVariant, bf16_.get() + at, x, y, count, cols_, batch);
       else skinny_gemm_bf16(bf16_.get() + at, x, y, count, cols_, batch);
@@ -126,12 +130,15 @@ class DeviceMatrix final : public DeviceProjection {
   DeviceArray<uint16_t>& bf16() { return bf16_; }
   /// Products of kCublasMinBatch to kCublasMaxBatch rows by `library` (bf16 only; null: lesson 07's).
   void use_library(const LibraryGemm* library) { library_ = library; }
+  /// Products of 2 to `max_batch` rows by skinny_gemm_bf16_split (bf16 only; 0: none).
+  void use_split(int max_batch) { split_max_ = max_batch; }
 
  private:
   int rows_, cols_;
   DeviceArray<float> f32_;
   DeviceArray<uint16_t> bf16_;
   const LibraryGemm* library_ = nullptr;
+  int split_max_ = kSkinnySplitMaxBatch;
 };
 
 std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, WeightType type) {
@@ -762,6 +769,14 @@ void CudaForward::use_cublas(bool on) {
   }
   for (DeviceMatrix* d : matrices) d->use_library(on ? m.cublas.get() : nullptr);
   m.drop_graphs();  // they hold the other products' launches
+}
+
+void CudaForward::skinny_split(int max_batch) {
+  require(max_batch >= 0, "CudaForward::skinny_split: max_batch must be >= 0, got ", max_batch);
+  impl_->each_matrix([&](const std::unique_ptr<DeviceProjection>& p) {
+    if (auto* d = dynamic_cast<DeviceMatrix*>(p.get()); d && d->bf16().size() > 0) d->use_split(max_batch);
+  });
+  impl_->drop_graphs();  // they hold the other products' launches
 }
 
 bool CudaForward::fuse_one_row(bool on) {

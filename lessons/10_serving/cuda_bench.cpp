@@ -48,6 +48,7 @@
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
+#include "lessons/07_cuda_decoder/fused_kernels.hpp"
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/10_serving/serving.hpp"
 
@@ -301,11 +302,14 @@ int main(int argc, char** argv) {
     {
       gpu::CudaForward small(target, gpu::WeightType::F32);
       gpu::CudaKVStore small_store(target.config, 256), big_store(big, 512);
-      // The 1.1B shape twice: lesson 07's products, then cuBLAS's for 2 rows and more (use_cublas).
+      // The 1.1B shape three times: lesson 07's products, then cuBLAS's for 2 rows and more
+      // (use_cublas), then the given skinny GEMM without staging for 2 to 16 (skinny_split).
       for (auto [name, runner, store] : {std::tuple<std::string, ModelRunner*, KVStore*>{"tiny-fortunes (f32)", &small, &small_store},
                                          {"1.1B shape (bf16)", big_forward.get(), &big_store},
-                                         {"1.1B shape (bf16), cuBLAS products", big_forward.get(), &big_store}}) {
+                                         {"1.1B shape (bf16), cuBLAS products", big_forward.get(), &big_store},
+                                         {"1.1B shape (bf16), split skinny products", big_forward.get(), &big_store}}) {
         big_forward->use_cublas(name.find("cuBLAS") != std::string::npos);
+        big_forward->skinny_split(name.find("split") != std::string::npos ? gpu::kSkinnySplitChunk : gpu::kSkinnySplitMaxBatch);
         std::vector<std::string> row{name};
         for (int m : {1, 2, 3, 5, 9}) {
           const double s = forward_seconds(*runner, *store, cached, m, reps);
@@ -316,6 +320,7 @@ int main(int argc, char** argv) {
         costs["rows"].push_back(row);
       }
       big_forward->use_cublas(false);
+      big_forward->skinny_split(gpu::kSkinnySplitMaxBatch);
     }
     costs["notes"].push_back("Lesson 06's assumption is that verifying k + 1 tokens costs one step; the target for the "
                              "1.1B shape is m = 5 at most 1.2x m = 1.");

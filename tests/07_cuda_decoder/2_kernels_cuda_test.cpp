@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "common/cuda_buffer.hpp"
@@ -161,6 +162,39 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
   }
 }
 
+/// A batched product of the given kernels, against one GEMV per row: for each case's shape and
+/// batch, every row of `product(kind, w, x, y, rows, cols, batch)` (for each of `kinds`: variants,
+/// splits) against the GEMV reference of that row of x alone, within the skinny GEMM's tolerance.
+struct ProductCase {
+  Shape shape;
+  std::vector<int> batches;
+};
+template <typename Product>
+void expect_rows_equal_gemvs(const char* what, const std::vector<ProductCase>& cases, std::span<const int> kinds, int seed,
+                             Product product) {
+  for (const ProductCase& c : cases) {
+    const Shape s = c.shape;
+    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, seed + s.cols);
+    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
+    DeviceArray<uint16_t> dwb(wb);
+    for (const int batch : c.batches) {
+      const auto x = random_values(static_cast<size_t>(batch) * s.cols, seed + 10 + batch);
+      const Matrix xs = as_matrix(x, batch, s.cols);
+      DeviceArray<float> dx(x);
+      for (const int kind : kinds) {
+        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
+        product(kind, dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
+        const Matrix got = as_matrix(dy.download(), batch, s.rows);
+        for (int b = 0; b < batch; ++b) {
+          const Vector want = gemv_bf16_reference(wb, s.rows, s.cols, xs.row(b).transpose());
+          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
+                                         cat(what, " ", kind, " on ", s.rows, " x ", s.cols, ", batch ", batch, ", row ", b)));
+        }
+      }
+    }
+  }
+}
+
 // The given tensor-core GEMM (fused_kernels.hpp; the forward's bf16 products of 8 rows and more):
 // every variant, every row of y against the GEMV reference of that row alone, within the skinny
 // GEMM's tolerance (x split into two bf16 halves keeps float32's accuracy). Shapes: one 32-row
@@ -168,38 +202,16 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
 // fewer columns than warps; batches of 1 to 130 (one to three launches of 64 rows).
 TEST(GivenTensorGemm, EveryVariantEqualsOneGemvPerRow) {
   REQUIRE_DEVICE();
-  struct Case {
-    Shape shape;
-    std::vector<int> batches;
-  };
-  const Case cases[] = {{{32, 16}, {1, 8, 16, 17}},
-                        {{33, 48}, {3, 32, 33, 64, 65, 130}},
-                        {{64, 272}, {8, 40}},
-                        {{48, 512}, {5, 24}},  // whole chunks of 32 and 64 columns only
-                        {{130, 1040}, {9, 64}}};
-  for (const Case& c : cases) {
-    const Shape s = c.shape;
-    if (!tensor_gemm_runs(s.rows, s.cols)) GTEST_SKIP() << "no tensor cores (compute capability below 8.0)";
-    const auto w = random_values(static_cast<size_t>(s.rows) * s.cols, 300 + s.cols);
-    const std::vector<uint16_t> wb = to_bf16(as_matrix(w, s.rows, s.cols));
-    DeviceArray<uint16_t> dwb(wb);
-    for (const int batch : c.batches) {
-      const auto x = random_values(static_cast<size_t>(batch) * s.cols, 310 + batch);
-      const Matrix xs = as_matrix(x, batch, s.cols);
-      DeviceArray<float> dx(x);
-      for (int variant = 1; variant <= kTensorGemmVariants; ++variant) {
-        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
-        tensor_gemm_bf16(variant, dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
-        const Matrix got = as_matrix(dy.download(), batch, s.rows);
-        for (int b = 0; b < batch; ++b) {
-          const Vector want = gemv_bf16_reference(wb, s.rows, s.cols, xs.row(b).transpose());
-          ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,
-                                         cat("tensor_gemm_bf16 variant ", variant, " on ", s.rows, " x ", s.cols,
-                                             ", batch ", batch, ", row ", b)));
-        }
-      }
-    }
-  }
+  const std::vector<ProductCase> cases = {{{32, 16}, {1, 8, 16, 17}},
+                                          {{33, 48}, {3, 32, 33, 64, 65, 130}},
+                                          {{64, 272}, {8, 40}},
+                                          {{48, 512}, {5, 24}},  // whole chunks of 32 and 64 columns only
+                                          {{130, 1040}, {9, 64}}};
+  for (const ProductCase& c : cases)
+    if (!tensor_gemm_runs(c.shape.rows, c.shape.cols)) GTEST_SKIP() << "no tensor cores (compute capability below 8.0)";
+  std::vector<int> variants(kTensorGemmVariants);
+  for (int v = 1; v <= kTensorGemmVariants; ++v) variants[v - 1] = v;
+  ASSERT_NO_FATAL_FAILURE(expect_rows_equal_gemvs("tensor_gemm_bf16 variant", cases, variants, 300, tensor_gemm_bf16));
 }
 
 TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
@@ -220,6 +232,34 @@ TEST(GivenTensorGemm, ReadsWOncePer64BatchRowsAndRefusesWhatItCannotTake) {
                                       "variant"));
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get(), x.get(), y.get(), 32, 32, 0); }, "batch"));
   EXPECT_TRUE(throws_error_mentioning([&] { tensor_gemm_bf16(1, w.get() + 1, x.get(), y.get(), 32, 32, 1); }, "32-byte"));
+}
+
+// The given skinny GEMM without staging (fused_kernels.hpp; the forward's bf16 products of 2 to
+// kSkinnySplitMaxBatch rows, or what CudaForward::skinny_split says): every split, every row of y
+// against the GEMV reference of that row alone, within the skinny GEMM's tolerance. Shapes: one
+// row (a group of 4 with 3 past the end), rows that no group of 4 divides, packets that no warp's
+// lanes divide, a split whose warps outnumber the packets; batches of 1 to 33 (every kB the launch
+// picks, and three launches of 16). One launch per 16 batch rows; the refusals.
+TEST(GivenSkinnySplit, EverySplitEqualsOneGemvPerRowAndRefusesWhatItCannotTake) {
+  REQUIRE_DEVICE();
+  const std::vector<ProductCase> cases = {
+      {{1, 8}, {1, 2}}, {{7, 40}, {3, 5, 16}}, {{33, 264}, {2, 8, 9, 17}}, {{130, 1040}, {4, 33}}};
+  const int splits[] = {1, 2, 4, 8};
+  ASSERT_NO_FATAL_FAILURE(expect_rows_equal_gemvs("skinny_gemm_bf16_split, split", cases, splits, 500, skinny_gemm_bf16_split));
+  DeviceArray<uint16_t> w(64 * 64);
+  DeviceArray<float> x(40 * 64), y(40 * 64);
+  for (const int batch : {1, 16, 17, 40})
+    EXPECT_EQ(launches_in([&] { skinny_gemm_bf16_split(2, w.get(), x.get(), y.get(), 64, 64, batch); }),
+              static_cast<size_t>((batch + kSkinnySplitChunk - 1) / kSkinnySplitChunk))
+        << "batch " << batch;
+  using testing::throws_error_mentioning;
+  const auto refuses = [&](auto call, const char* why) { EXPECT_TRUE(throws_error_mentioning(call, why)) << why; };
+  refuses([&] { skinny_gemm_bf16_split(3, w.get(), x.get(), y.get(), 8, 8, 1); }, "split");
+  refuses([&] { skinny_gemm_bf16_split(1, w.get(), x.get(), y.get(), 8, 12, 1); }, "multiple of 8");
+  refuses([&] { skinny_gemm_bf16_split(1, w.get(), x.get(), y.get(), 8, 8, 0); }, "batch");
+  refuses([&] { skinny_gemm_bf16_split(1, w.get(), x.get(), y.get(), 0, 8, 1); }, ">= 1");
+  refuses([&] { skinny_gemm_bf16_split(1, w.get(), nullptr, y.get(), 8, 8, 1); }, "null");
+  refuses([&] { skinny_gemm_bf16_split(1, w.get(), x.get() + 1, y.get(), 8, 8, 1); }, "16-byte");
 }
 
 // gemv_bf16_fused against the launches it replaces, run in turn on the CPU: lesson 00's rms_norm

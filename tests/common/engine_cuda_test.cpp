@@ -10,6 +10,7 @@
 // ids equal. bf16 weights are compared with the CPU engine over the same weights rounded to bf16,
 // and lesson 11's INT8 and INT4 weights with the CPU engine over the same quantized projections,
 // so that only the order of the sums differs.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -406,33 +407,32 @@ TEST(Lesson10OnTheGpu, Bf16WeightsGiveTheTokensOfTheCpuOverTheSameRoundedWeights
   expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
 }
 
-TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeights) {
-  // CudaForward::use_cublas: the bf16 products of 2 to 64 rows by cuBLAS's GEMM (x split in two
-  // bf16 halves, as the tensor-core GEMM splits it), decode steps from graphs that capture those
-  // calls, prompt chunks of up to 16 rows, the prefix cache: the CPU engine's tokens over the same
-  // rounded weights. And one step's logits against lesson 07's products, within 1e-4 + 1e-4 |ref|
-  // (only the order of the sums differs).
-  REQUIRE_DEVICE();
+/// Another way to compute the bf16 products of several rows, turned on or off by `use(forward,
+/// on)`: the serving engine with it on (decode steps from graphs that capture its calls, prompt
+/// chunks of up to 16 rows, the prefix cache) gives the CPU engine's tokens over the same rounded
+/// weights; and one step's logits (prompts of 10 to 14 rows, then a decode step of 5) equal a
+/// forward's without it, within 1e-4 + 1e-4 |ref| (only the order of the sums differs).
+void expect_products_agree(const std::function<void(CudaForward&, bool)>& use) {
   const ModelWeights& m = testing::bundled_model();
   const ServingOptions o{.max_running = 4, .token_budget = 16};
   const ModelWeights rounded = rounded_to_bf16(m);  // (the CPU engine keeps a reference)
   auto cpu = cpu_engine(rounded, 96, 8, true, o);
   CudaPagedParts parts = cuda_paged_parts(m, WeightType::BF16, 96, 8);
-  parts.forward->use_cublas(true);
+  use(*parts.forward, true);
   parts.forward->use_graphs(true);
   auto gpu = serving_engine(std::move(parts.forward), std::make_unique<PrefixKVManager>(std::move(parts.pool)), o);
   const auto rs = requests();
   expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
 
   CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 32, 8), b = cuda_paged_parts(m, WeightType::BF16, 32, 8);
-  b.forward->use_cublas(true);
+  use(*a.forward, false), use(*b.forward, true);
   PagedKVManager am(std::move(a.pool)), bm(std::move(b.pool));
   std::vector<std::unique_ptr<KVStore>> as, bs;
   std::vector<KVStore*> ap, bp;
   const std::vector<int> prompt = ByteTokenizer::encode("Q: What is a duck? A:");
   for (int i = 0; i < 5; ++i) {
     as.push_back(am.open(0)), bs.push_back(bm.open(0));
-    const std::vector<int> t(prompt.begin(), prompt.begin() + 10 + i);  // 10 to 14 rows: cuBLAS on b
+    const std::vector<int> t(prompt.begin(), prompt.begin() + 10 + i);  // 10 to 14 rows: the other products on b
     const Vector want = a.forward->prefill(t, *as.back()), got = b.forward->prefill(t, *bs.back());
     ASSERT_TRUE(testing::all_close(want.transpose(), got.transpose(), 1e-4, 1e-4, cat("prompt ", i)));
     ap.push_back(as.back().get()), bp.push_back(bs.back().get());
@@ -440,6 +440,20 @@ TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeig
   const std::vector<int> next = {65, 66, 67, 68, 69};
   EXPECT_TRUE(testing::all_close(a.forward->decode(next, ap), b.forward->decode(next, bp), 1e-4, 1e-4,
                                  "a decode step of 5"));
+}
+
+TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeights) {
+  // CudaForward::use_cublas: the bf16 products of 2 to 64 rows by cuBLAS's GEMM (x split in two
+  // bf16 halves, as the tensor-core GEMM splits it).
+  REQUIRE_DEVICE();
+  expect_products_agree([](CudaForward& f, bool on) { f.use_cublas(on); });
+}
+
+TEST(Lesson10OnTheGpu, SplitSkinnyProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeights) {
+  // CudaForward::skinny_split(16): the bf16 products of 2 to 16 rows by the given
+  // skinny_gemm_bf16_split (no staging; the split skinny_gemm_split gives each matrix).
+  REQUIRE_DEVICE();
+  expect_products_agree([](CudaForward& f, bool on) { f.skinny_split(on ? 16 : 0); });
 }
 
 TEST(Lesson10OnTheGpu, AFusedOneRowStepGivesTheTokensOfTheCpuOverTheSameRoundedWeights) {

@@ -18,6 +18,8 @@ import tempfile
 root, benches = sys.argv[1], sys.argv[2]
 wanted = {  # bench: lines its section must have
     "lesson07_cuda_bench": ["| gemv_bf16 v", "| skinny_gemm_bf16 |", "| tensor_gemm_bf16 v4 |", "| cuBLAS bf16 GEMM |",
+                            "| skinny_gemm_bf16_split, split 2 (given) |",
+                            "- decode, small model in the 1.1B shape's place, bf16, batch 16, split skinny products:",
                             "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:",
                             "- decode, small model in the 1.1B shape's place, bf16, batch 16, cuBLAS products:",
                             "| q, k, v GEMV [", "| logits to the host (cudaMemcpy; the host waits for each) | 1 |", "| ms in a stream |",
@@ -47,8 +49,8 @@ with tempfile.TemporaryDirectory() as out:
         if missing:
             sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
     # tools/gpu_targets.py's section: every tuning constant picked from the benches' rows.
-    for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kFuseOneRowStep", "kChunkTensorCores",
-                 "kChunkKernelMinTokens"):
+    for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kFuseOneRowStep", "kSkinnySplitMaxBatch",
+                 "kChunkTensorCores", "kChunkKernelMinTokens"):
         row = next((line for line in md.splitlines() if line.startswith(f"| `{name}`")), "")
         if not row or "not in this report" in row:
             sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")
@@ -90,6 +92,36 @@ with tempfile.TemporaryDirectory() as out:
     warps = next(line for line in lines if line.startswith("| `kFusedGemvWarps`"))
     if "| 4096 | " not in warps or "4096 warps 0.118" not in warps:
         sys.exit(f"the fused GEMV's warps are misread: {warps}")
+    # The skinny GEMM without staging: its warps from the 1.1B step's products of 8 rows (q and o
+    # fastest at split 4, k and v at 8, the rest the same at every split: 2048 warps gives q and o
+    # split 4, k and v split 8); then its most rows, from the square shape at that warps' split (2:
+    # 1024 groups of 4 rows), beating your skinny GEMM and the tensor-core GEMM at 2, 4 and 8 rows,
+    # losing to the tensor-core GEMM at 16; the step's products at 8 rows faster too: 8.
+    kernels = []
+    step = {"1.1B q, o: 2048 x 2048": {1: 0.010, 2: 0.008, 4: 0.006, 8: 0.007},
+            "1.1B k, v: 256 x 2048": {1: 0.006, 2: 0.005, 4: 0.004, 8: 0.003},
+            "1.1B gate, up: 5632 x 2048": {s: 0.020 for s in (1, 2, 4, 8)},
+            "1.1B down: 2048 x 5632": {s: 0.015 for s in (1, 2, 4, 8)},
+            "1.1B lm_head: 32000 x 2048": {s: 0.080 for s in (1, 2, 4, 8)}}
+    for name, by in step.items():
+        shape = f"{name} bf16, batch 8, in a stream of 20, 4 copies"
+        kernels += [{"name": f"skinny_gemm_bf16_split, split {sp} (given)", "shape": shape, "ms": ms} for sp, ms in by.items()]
+        kernels += [{"name": "skinny_gemm_bf16", "shape": shape, "ms": 0.1},
+                    {"name": "tensor_gemm_bf16 v4", "shape": shape, "ms": 0.05}]
+    for batch, (split_ms, skinny_ms, tensor_ms) in {2: (0.014, 0.028, 0.026), 4: (0.015, 0.037, 0.025),
+                                                    8: (0.017, 0.058, 0.026), 16: (0.031, 0.106, 0.029)}.items():
+        shape = f"4096 x 4096 bf16, batch {batch}"
+        kernels += [{"name": "skinny_gemm_bf16_split, split 2 (given)", "shape": shape, "ms": split_ms},
+                    {"name": "skinny_gemm_bf16_split, split 1 (given)", "shape": shape, "ms": split_ms / 2},  # not the one used
+                    {"name": "skinny_gemm_bf16", "shape": shape, "ms": skinny_ms},
+                    {"name": "tensor_gemm_bf16 v4", "shape": shape, "ms": tensor_ms}]
+    lines = gpu_targets.summary({"benches": {"lesson07_cuda_bench": {"kernels": kernels}}})
+    warps = next(line for line in lines if line.startswith("| `kSkinnySplitWarps`"))
+    most = next(line for line in lines if line.startswith("| `kSkinnySplitMaxBatch`"))
+    if "| 2048 | " not in warps or "1024 warps" not in warps:
+        sys.exit(f"the split skinny GEMM's warps are misread: {warps}")
+    if "| 8 | " not in most or "4096 batch 16: 0.0310 / 0.0290 ms" not in most:
+        sys.exit(f"the split skinny GEMM's most rows are misread: {most}")
     # The engine's decode kernel and choose_splits()'s shortest split, from lesson 10's tables: the
     # tiled rows win by a geometric mean of 1.2x; at 100 positions 4 ways beat the chosen 1 by far
     # (a shortest split of 25), at 400 positions the best is within 3% of the chosen (a tie).

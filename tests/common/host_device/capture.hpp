@@ -20,5 +20,7 @@ long chunk_kernel_rows();
 /// Rows lesson 08's given tiled design (attention_variants.hpp) has read so far (also counted by
 /// decode_kernel_rows(): the stand-in reads them with the same loop).
 long tiled_kernel_rows();
+/// Products the given skinny_gemm_bf16_split (fused_kernels.hpp) has computed so far.
+long skinny_split_products();
 
 }  // namespace infer::host_device

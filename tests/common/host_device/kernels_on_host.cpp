@@ -3,6 +3,7 @@
 // kernels' CPU references. They check each call's arguments as the real host functions do, so
 // that a bad call from the given engine code fails here as it would on a GPU; then they run, or,
 // while a CUDA graph is being captured, record themselves (host_device::launch).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -93,6 +94,23 @@ void skinny_gemm_f32(const float* w, const float* x, float* y, int rows, int col
 }
 void skinny_gemm_bf16(const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
   product("skinny_gemm_bf16", w, x, y, rows, cols, batch);
+}
+
+namespace {
+long skinny_split_products = 0;  // calls of skinny_gemm_bf16_split (host_device::)
+}  // namespace
+
+void skinny_gemm_bf16_split(int split, const uint16_t* w, const float* x, float* y, int rows, int cols, int batch) {
+  require(split == 1 || split == 2 || split == 4 || split == 8,
+          "skinny_gemm_bf16_split: split must be 1, 2, 4 or 8, got ", split);
+  require(cols % 8 == 0, "skinny_gemm_bf16_split: cols must be a multiple of 8 (16-byte packets), got ", cols);
+  require(reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+          "skinny_gemm_bf16_split: W and x must start on a 16-byte boundary");
+  product("skinny_gemm_bf16_split", w, x, y, rows, cols, std::min(batch, kSkinnySplitChunk));  // (its refusals)
+  for (int b0 = kSkinnySplitChunk; b0 < batch; b0 += kSkinnySplitChunk)  // a launch per chunk, as on a GPU
+    product("skinny_gemm_bf16_split", w, x + static_cast<long>(b0) * cols, y + static_cast<long>(b0) * rows, rows,
+            cols, std::min(kSkinnySplitChunk, batch - b0));
+  ++skinny_split_products;
 }
 
 bool tensor_gemm_runs(int rows, int cols) { return rows >= 32 && cols % 16 == 0; }  // a 9.0 stand-in
@@ -377,4 +395,5 @@ namespace infer::host_device {
 long decode_kernel_rows() { return gpu::decode_rows; }
 long chunk_kernel_rows() { return gpu::chunk_rows; }
 long tiled_kernel_rows() { return gpu::tiled_rows; }
+long skinny_split_products() { return gpu::skinny_split_products; }
 }  // namespace infer::host_device

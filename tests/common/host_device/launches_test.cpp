@@ -127,6 +127,31 @@ TEST(Launches, APromptGoesToTheChunkKernelAndDecodesToTheDecodeKernel) {
   memory.close(std::move(a)), memory.close(std::move(b)), memory.close(std::move(c));
 }
 
+// CudaForward::skinny_split(max): the bf16 products of 2 to max rows go to the given
+// skinny_gemm_bf16_split, every one of them (each layer's seven: q, k, v, o, gate, up and down,
+// each a product of its own at more than one row; and the head's, for the rows that want logits); a step of more rows, a step of one, and the forward after skinny_split(0) leave it
+// alone. The kernel itself is held to its reference by GivenSkinnySplit.*; the engine's tokens
+// with it, by Lesson10OnTheGpu.SplitSkinnyProducts*.
+TEST(Launches, SkinnySplitTakesTheProductsOfTwoToItsMostRows) {
+  const ModelWeights& m = testing::bundled_model();
+  const long layers = m.config.num_hidden_layers;
+  CudaPagedParts parts = cuda_paged_parts(m, WeightType::BF16, 64, 8);
+  PagedKVManager memory(std::move(parts.pool));
+  const auto products = [&](int max_batch, int batch) {
+    parts.forward->skinny_split(max_batch);
+    const long before = host_device::skinny_split_products();
+    launches_per_step(*parts.forward, memory, batch);  // two steps of `batch` rows, after their prompts of 5
+    return host_device::skinny_split_products() - before;
+  };
+  const long prompt = 7 * layers, per_step = 7 * layers + 1;  // a prompt wants one row of logits: the head's is a GEMV
+  EXPECT_EQ(products(8, 2), 2 * prompt + 2 * per_step) << "the two prompts of 5 (their head: one row) and two steps of 2";
+  EXPECT_EQ(products(4, 4), 2 * per_step) << "two decode steps of 4 (the prompts of 5 above the most)";
+  EXPECT_EQ(products(4, 5), 0) << "steps of 5 rows, above the most";
+  EXPECT_EQ(products(0, 2), 0) << "skinny_split(0)";
+  EXPECT_EQ(products(8, 1), prompt) << "the prompt of 5; one-row decode steps stay with the GEMV";
+  EXPECT_THROW(parts.forward->skinny_split(-1), Error);
+}
+
 // The benches' held stream (cuda_time_each_ms, hold): where a hold cannot work (here every call
 // runs at once, so the hold waits for a release that comes only after it), it stalls once, for
 // its 2 s, then holding stops and every later timing is taken without it, never hanging a bench.
