@@ -410,20 +410,27 @@ int main(int argc, char** argv) {
 
     // 1d. Where a step's time goes, part by part (CudaForward::profile: an event after each part),
     // for the engine's shapes: a decode at batch 1, a verification of 5 tokens (lesson 06's k = 4),
-    // decodes at batch 8 and 64; against the step's host clock. What the targets above are short of.
+    // decodes at batch 8 (alone, and with a prompt chunk of 64 beside them, as in the mixed-step
+    // table above) and 64; against the step's host clock. What the targets above are short of.
     {
       struct Shape {
         std::string name;
         int sequences, tokens;  // tokens a sequence feeds (each row's logits wanted)
         bool fused = false;     // CudaForward::fuse_one_row
+        int chunk = 0;          // a prompt chunk of this many tokens beside them (one row of logits)
       };
       const Shape one{"decode, batch 1", 1, 1}, fused{"decode, batch 1, fused one-row step", 1, 1, true},
           verify{"verify 5, one sequence", 1, 5};
-      const std::vector<Shape> shapes = small_run ? std::vector<Shape>{one, fused, verify, {"decode, batch 4", 4, 1}}
-                                                  : std::vector<Shape>{one, fused, verify, {"decode, batch 8", 8, 1},
-                                                                       {"decode, batch 64", 64, 1}};
-      const int most = shapes.back().sequences;
-      auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, most * blocks_for(cached + 8, 16), 16);
+      const std::vector<Shape> shapes =
+          small_run ? std::vector<Shape>{one, fused, verify, {"decode, batch 4", 4, 1},
+                                         {"decode, batch 4, a chunk of 16 beside", 4, 1, false, 16}}
+                    : std::vector<Shape>{one, fused, verify, {"decode, batch 8", 8, 1},
+                                         {"decode, batch 8, a chunk of 64 beside", 8, 1, false, 64},
+                                         {"decode, batch 64", 64, 1}};
+      int most = 0, longest = 8;
+      for (const Shape& shape : shapes)
+        most = std::max(most, shape.sequences + (shape.chunk > 0)), longest = std::max(longest, shape.chunk);
+      auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, most * blocks_for(cached + longest, 16), 16);
       auto f = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
       PagedKVManager memory(std::move(pool));
       std::vector<std::unique_ptr<KVStore>> stores;
@@ -438,11 +445,13 @@ int main(int argc, char** argv) {
         columns.push_back(shape.name);
         f->fuse_one_row(shape.fused);
         const std::vector<int> fed = some_tokens(shape.tokens, big.vocab_size, 5);
+        const std::vector<int> prompt = some_tokens(shape.chunk, big.vocab_size, 6);
         StepInput step;
         for (int i = 0; i < shape.sequences; ++i)
           step.chunks.push_back({.tokens = fed, .cache = stores[i].get(), .logits = shape.tokens});
+        if (shape.chunk > 0) step.chunks.push_back({.tokens = prompt, .cache = stores[shape.sequences].get(), .logits = 1});
         const auto rewind = [&] {
-          for (int i = 0; i < shape.sequences; ++i) stores[i]->truncate(cached);
+          for (int i = 0; i < shape.sequences + (shape.chunk > 0); ++i) stores[i]->truncate(cached);
         };
         std::vector<double> clock_ms;
         for (int r = 0; r < reps + 1; ++r) {  // the first a warm-up
