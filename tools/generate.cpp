@@ -87,7 +87,7 @@ void usage(std::ostream& out) {
          "  f32; int8 and int4 with lesson 11's); with --paged the pool lives on the GPU and lesson 08's\n"
          "  paged attention reads it; a draft model (--speculative draft or tree) runs there too, in the\n"
          "  same format; --cuda-graphs (with --paged) replays its decode steps from CUDA graphs; --cublas\n"
-         "  (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.\n"
+         "  (with --weights bf16) multiplies steps of 2 rows or more by cuBLAS's GEMM, not lesson 07's kernels.\n"
          "  --weights int8|int4 runs the engine with its projections quantized at load (lesson 11;\n"
          "  int4 in groups of --group G columns, default 32); --activations int8 (with int4, on the CPU)\n"
          "  rounds each product's activations to 8 bits too and sums in integers.\n"

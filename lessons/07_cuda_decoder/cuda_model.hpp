@@ -222,8 +222,8 @@ class CudaForward final : public ModelRunner {
   /// the same launches' (the tests compare). Off by default.
   void use_graphs(bool on);
   /// Multiplies by cuBLAS's bf16 GEMM (the library production engines call) where a step has
-  /// kCublasMinBatch to kCublasMaxBatch rows (fused_kernels.hpp), instead of lesson 07's skinny and
-  /// tensor-core GEMMs: x split into two bf16 halves as the tensor-core GEMM splits it, so the
+  /// kCublasMinBatch rows or more (fused_kernels.hpp: a prompt chunk too, kCublasChunk rows a
+  /// call), instead of lesson 07's skinny and tensor-core GEMMs: x split into two bf16 halves as the tensor-core GEMM splits it, so the
   /// sums keep x to about 16 bits either way. bf16 weights only (float32 and lesson 11's formats
   /// keep their products); one row stays with your GEMV. Off by default: the engine then runs
   /// your kernels alone. Drops the graphs captured so far.

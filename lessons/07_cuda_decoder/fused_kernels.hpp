@@ -178,14 +178,16 @@ inline constexpr int kSkinnySplitMaxBatch = 0;
 inline constexpr int kSkinnySplitWarps = 0;
 /// The split the forward gives skinny_gemm_bf16_split for a matrix of `rows` (groups of 4 rows).
 inline int skinny_gemm_split(int rows) { return split_to_reach((static_cast<long>(rows) + 3) / 4, kSkinnySplitWarps); }
-/// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch to
-/// kCublasMaxBatch rows go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in
-/// one GEMM, joined by add_halves). The GPU report (commit e864848, an H200) timed cuBLAS's GEMM
-/// below every kernel of lesson 07 at every batch from 2 to 64 on both of its shapes (16,384 x
-/// 16,384: 0.137 to 0.145 ms, one GEMV's 0.145). Above 64 rows (prompt chunks) the scratch
-/// arrays would grow with the chunk: the tensor-core GEMM takes them.
+/// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch rows or more
+/// go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in one GEMM, joined by
+/// add_halves), kCublasChunk rows a call. The GPU report (commit e864848, an H200) timed cuBLAS's
+/// GEMM below every kernel of lesson 07 at every batch from 2 to 64 on both of its shapes (16,384
+/// x 16,384: 0.137 to 0.145 ms, one GEMV's 0.145), and 4.9 to 8.8 times below the tensor-core
+/// GEMM's variant 4 at 64 rows, the size of a prompt chunk.
 inline constexpr int kCublasMinBatch = 2;
-/// The most rows use_cublas's products take (see kCublasMinBatch).
-inline constexpr int kCublasMaxBatch = 64;
+/// Rows per cuBLAS call of use_cublas's products: its scratch arrays are sized once, for the
+/// largest matrix and this many rows (so that a captured graph's addresses stay valid); a prompt
+/// chunk of more rows takes one call per kCublasChunk, each reading W once.
+inline constexpr int kCublasChunk = 256;
 
 }  // namespace infer::gpu

@@ -24,15 +24,16 @@ namespace infer::gpu {
 
 namespace {
 
-/// cuBLAS's bf16 GEMM for the forward's products of kCublasMinBatch to kCublasMaxBatch rows
+/// cuBLAS's bf16 GEMM for the forward's products of kCublasMinBatch rows or more
 /// (CudaForward::use_cublas): x split into bf16 halves (split_bf16), both halves multiplied in one
 /// GEMM, so that W is read once, and joined (add_halves). Its scratch arrays are sized once, for
-/// the largest matrix and kCublasMaxBatch rows, so that a captured graph's addresses stay valid.
+/// the largest matrix and kCublasChunk rows, so that a captured graph's addresses stay valid; more
+/// rows take one GEMM per kCublasChunk.
 class LibraryGemm {
  public:
   LibraryGemm(size_t max_rows, size_t max_cols)
-      : x2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_cols),
-        y2_(2 * static_cast<size_t>(kCublasMaxBatch) * max_rows),
+      : x2_(2 * static_cast<size_t>(kCublasChunk) * max_cols),
+        y2_(2 * static_cast<size_t>(kCublasChunk) * max_rows),
         workspace_(kWorkspaceBytes) {
     check(cublas_.create(&handle_), "cublasCreate");
     try {
@@ -58,22 +59,24 @@ class LibraryGemm {
     INFER_CUDA_CHECK(cudaDeviceSynchronize());  // before x and y are freed
   }
 
-  /// y [batch, count] = x [batch, cols] W^T for bf16 W [count, cols] (row-major), batch within
-  /// kCublasMinBatch..kCublasMaxBatch.
+  /// y [batch, count] = x [batch, cols] W^T for bf16 W [count, cols] (row-major): one GEMM per
+  /// kCublasChunk rows of x.
   void product(const uint16_t* w, const float* x, float* y, int batch, int count, int cols) const {
-    const long n = static_cast<long>(batch) * cols, out = static_cast<long>(batch) * count;
-    require(batch <= kCublasMaxBatch && static_cast<size_t>(2 * n) <= x2_.size() &&
-                static_cast<size_t>(2 * out) <= y2_.size(),
-            "LibraryGemm: ", batch, " rows of ", cols, " into ", count, " exceed its scratch");
-    split_bf16(x, x2_.get(), n);
-    // Row-major W [count, cols] is column-major W^T; X2 [2 batch, cols] row-major is column-major
-    // X2^T: Y2^T [count, 2 batch] = (W^T)^T X2^T, that is Y2 [2 batch, count] row-major.
-    const float one = 1.0f, zero = 0.0f;
-    check(cublas_.gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, count, 2 * batch, cols, &one, w, CUDA_R_16BF, cols,
-                          x2_.get(), CUDA_R_16BF, cols, &zero, y2_.get(), CUDA_R_32F, count, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
-    add_halves(y2_.get(), y, out);
+    for (int b0 = 0; b0 < batch; b0 += kCublasChunk) {
+      const int rows = std::min(kCublasChunk, batch - b0);
+      const long n = static_cast<long>(rows) * cols, out = static_cast<long>(rows) * count;
+      require(static_cast<size_t>(2 * n) <= x2_.size() && static_cast<size_t>(2 * out) <= y2_.size(), "LibraryGemm: ",
+              rows, " rows of ", cols, " into ", count, " exceed its scratch");
+      split_bf16(x + static_cast<long>(b0) * cols, x2_.get(), n);
+      // Row-major W [count, cols] is column-major W^T; X2 [2 rows, cols] row-major is column-major
+      // X2^T: Y2^T [count, 2 rows] = (W^T)^T X2^T, that is Y2 [2 rows, count] row-major.
+      const float one = 1.0f, zero = 0.0f;
+      check(cublas_.gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, count, 2 * rows, cols, &one, w, CUDA_R_16BF, cols,
+                            x2_.get(), CUDA_R_16BF, cols, &zero, y2_.get(), CUDA_R_32F, count, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+      add_halves(y2_.get(), y + static_cast<long>(b0) * count, out);
+    }
   }
 
  private:
@@ -92,8 +95,8 @@ class LibraryGemm {
 /// A weight matrix [rows, cols] on the device in float32 or bf16, and lesson 07's products by it:
 /// the fastest GEMV for one row, the skinny GEMM above (bf16 from kTensorGemmMinBatch rows: the
 /// given one on tensor cores, where the device has them; up to kSkinnySplitMaxBatch rows, or what
-/// CudaForward::skinny_split says, the given one without staging; from kCublasMinBatch to
-/// kCublasMaxBatch rows cuBLAS's, where CudaForward::use_cublas gave it one).
+/// CudaForward::skinny_split says, the given one without staging; from kCublasMinBatch rows
+/// cuBLAS's, where CudaForward::use_cublas gave it one).
 class DeviceMatrix final : public DeviceProjection {
  public:
   DeviceMatrix(int rows, int cols, WeightType type) : rows_(rows), cols_(cols) {
@@ -110,7 +113,7 @@ class DeviceMatrix final : public DeviceProjection {
       else skinny_gemm_f32(f32_.get() + at, x, y, count, cols_, batch);
     } else {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
-      else if (library_ && batch >= kCublasMinBatch && batch <= kCublasMaxBatch)
+      else if (library_ && batch >= kCublasMinBatch)
         library_->product(bf16_.get() + at, x, y, batch, count, cols_);
       else if (batch <= split_max_ && cols_ % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
         skinny_gemm_bf16_split(skinny_gemm_split(count), bf16_.get() + at, x, y, count, cols_, batch);
@@ -128,7 +131,7 @@ class DeviceMatrix final : public DeviceProjection {
 
   DeviceArray<float>& f32() { return f32_; }
   DeviceArray<uint16_t>& bf16() { return bf16_; }
-  /// Products of kCublasMinBatch to kCublasMaxBatch rows by `library` (bf16 only; null: lesson 07's).
+  /// Products of kCublasMinBatch rows or more by `library` (bf16 only; null: lesson 07's).
   void use_library(const LibraryGemm* library) { library_ = library; }
   /// Products of 2 to `max_batch` rows by skinny_gemm_bf16_split (bf16 only; 0: none).
   void use_split(int max_batch) { split_max_ = max_batch; }

@@ -328,12 +328,19 @@ int main(int argc, char** argv) {
     {
       json mixed = table("A step of 8 decodes with a prompt chunk beside them (1.1B shape, bf16; ms)",
                          {"prompt chunk", "step ms", "x the decodes alone"});
-      const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps, cached);
-      mixed["rows"].push_back({"none", cat(std::round(alone * 1e5) / 100), "1"});
-      for (int chunk : small_run ? std::vector<int>{16} : std::vector<int>{16, 64, 256}) {
-        const double s = mixed_step_seconds(*big_forward, big, 8, chunk, small_run ? 1 : quick ? 3 : 7, cached);
-        mixed["rows"].push_back({cat(chunk, " tokens"), cat(std::round(s * 1e5) / 100), cat(std::round(100 * s / alone) / 100)});
+      // With lesson 07's products, then with cuBLAS's for every step of 2 rows or more (use_cublas).
+      for (const bool cublas : {false, true}) {
+        big_forward->use_cublas(cublas);
+        const std::string by = cublas ? ", cuBLAS products" : "";
+        const double alone = mixed_step_seconds(*big_forward, big, 8, 0, reps, cached);
+        mixed["rows"].push_back({cat("none", by), cat(std::round(alone * 1e5) / 100), "1"});
+        for (int chunk : small_run ? std::vector<int>{16} : std::vector<int>{16, 64, 256}) {
+          const double s = mixed_step_seconds(*big_forward, big, 8, chunk, small_run ? 1 : quick ? 3 : 7, cached);
+          mixed["rows"].push_back({cat(chunk, " tokens", by), cat(std::round(s * 1e5) / 100),
+                                   cat(std::round(100 * s / alone) / 100)});
+        }
       }
+      big_forward->use_cublas(false);
       report["tables"].push_back(mixed);
     }
 
@@ -597,12 +604,15 @@ int main(int argc, char** argv) {
                                      {.max_running = 4, .token_budget = budget, .keep_log = false});
         measure(*engine, "tiny-fortunes (f32)", budget);
       }
-      {  // the 1.1B shape once more, over a paged pool of its own (its weights uploaded again)
+      // The 1.1B shape once more, over a paged pool of its own (its weights uploaded again), with
+      // lesson 07's products and then with cuBLAS's (use_cublas: a prompt's chunk too).
+      for (const bool cublas : {false, true}) {
         auto pool = std::make_unique<gpu::CudaPagedKVPool>(big, 256, 16);
         auto forward = gpu::CudaForward::with_pattern_weights(big, gpu::WeightType::BF16, gpu::device_paged_attention(*pool));
+        forward->use_cublas(cublas);
         auto engine = serving_engine(std::move(forward), std::make_unique<PrefixKVManager>(std::move(pool)),
                                      {.max_running = 4, .token_budget = 512, .keep_log = false});
-        measure(*engine, "1.1B shape (bf16)", 512);
+        measure(*engine, cublas ? "1.1B shape (bf16), cuBLAS products" : "1.1B shape (bf16)", 512);
       }
       ttft_table["notes"].push_back("Cold: the system prompt's first request; warm: the next five, which find its full "
                                     "blocks in lesson 05's prefix cache and compute only the rest.");

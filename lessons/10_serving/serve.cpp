@@ -29,7 +29,7 @@
 // the pool's rows in device memory; the bookkeeping and the prefix cache stay on the host), its
 // weight matrices in float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs); with --naive, the naive baseline's forward runs there too;
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
-// (with --weights bf16) multiplies steps of 2 to 64 rows by cuBLAS's GEMM, not lesson 07's kernels.
+// (with --weights bf16) multiplies steps of 2 rows or more by cuBLAS's GEMM, not lesson 07's kernels.
 // Ctrl-C stops it (every rank, under mpirun).
 #include <csignal>
 #include <cstdio>

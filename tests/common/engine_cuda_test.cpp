@@ -410,8 +410,9 @@ TEST(Lesson10OnTheGpu, Bf16WeightsGiveTheTokensOfTheCpuOverTheSameRoundedWeights
 /// Another way to compute the bf16 products of several rows, turned on or off by `use(forward,
 /// on)`: the serving engine with it on (decode steps from graphs that capture its calls, prompt
 /// chunks of up to 16 rows, the prefix cache) gives the CPU engine's tokens over the same rounded
-/// weights; and one step's logits (prompts of 10 to 14 rows, then a decode step of 5) equal a
-/// forward's without it, within 1e-4 + 1e-4 |ref| (only the order of the sums differs).
+/// weights; and one step's logits (prompts of 10 to 14 rows, then a decode step of 5, then a step
+/// of two prompts of 150: 300 rows, more than one call of kCublasChunk) equal a forward's without
+/// it, within 1e-4 + 1e-4 |ref| (only the order of the sums differs).
 void expect_products_agree(const std::function<void(CudaForward&, bool)>& use) {
   const ModelWeights& m = testing::bundled_model();
   const ServingOptions o{.max_running = 4, .token_budget = 16};
@@ -424,7 +425,7 @@ void expect_products_agree(const std::function<void(CudaForward&, bool)>& use) {
   const auto rs = requests();
   expect_same_results(serve(*gpu, rs), serve(*cpu, rs));
 
-  CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 32, 8), b = cuda_paged_parts(m, WeightType::BF16, 32, 8);
+  CudaPagedParts a = cuda_paged_parts(m, WeightType::BF16, 96, 8), b = cuda_paged_parts(m, WeightType::BF16, 96, 8);
   use(*a.forward, false), use(*b.forward, true);
   PagedKVManager am(std::move(a.pool)), bm(std::move(b.pool));
   std::vector<std::unique_ptr<KVStore>> as, bs;
@@ -440,10 +441,20 @@ void expect_products_agree(const std::function<void(CudaForward&, bool)>& use) {
   const std::vector<int> next = {65, 66, 67, 68, 69};
   EXPECT_TRUE(testing::all_close(a.forward->decode(next, ap), b.forward->decode(next, bp), 1e-4, 1e-4,
                                  "a decode step of 5"));
+  std::vector<int> long_prompt(150);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = prompt[i % prompt.size()];
+  std::vector<std::unique_ptr<KVStore>> ca, cb;
+  StepInput sa, sb;
+  for (int i = 0; i < 2; ++i) {
+    ca.push_back(am.open(0)), cb.push_back(bm.open(0));
+    sa.chunks.push_back({.tokens = long_prompt, .cache = ca.back().get()});
+    sb.chunks.push_back({.tokens = long_prompt, .cache = cb.back().get()});
+  }
+  EXPECT_TRUE(testing::all_close(a.forward->forward(sa), b.forward->forward(sb), 1e-4, 1e-4, "a step of 300 rows"));
 }
 
 TEST(Lesson10OnTheGpu, CublasProductsGiveTheTokensOfTheCpuOverTheSameRoundedWeights) {
-  // CudaForward::use_cublas: the bf16 products of 2 to 64 rows by cuBLAS's GEMM (x split in two
+  // CudaForward::use_cublas: the bf16 products of 2 rows or more by cuBLAS's GEMM (x split in two
   // bf16 halves, as the tensor-core GEMM splits it).
   REQUIRE_DEVICE();
   expect_products_agree([](CudaForward& f, bool on) { f.use_cublas(on); });
