@@ -434,6 +434,8 @@ int main(int argc, char** argv) {
     // with those of up to 16 rows by the given skinny GEMM without staging (skinny_split).
     const std::vector<int> batches = small ? std::vector<int>{4, 16} : quick ? std::vector<int>{4} : std::vector<int>{4, 16, 64};
     enum class Products { Yours, Cublas, Split };
+    // The split kernel's warps: the report's pick once there is one, one wave of it until then.
+    const int split_warps = gpu::kSkinnySplitWarps > 0 ? gpu::kSkinnySplitWarps : gpu::CudaForward::skinny_split_wave();
     for (const Products products : {Products::Yours, Products::Cublas, Products::Split})
     for (const int batch : batches) {
       if (products == Products::Split && batch > gpu::kSkinnySplitChunk) continue;  // it would not be used
@@ -448,11 +450,14 @@ int main(int argc, char** argv) {
       for (int b = 0; b < batch; ++b) tokens[b] = 3 + b;
       gpu::CudaForward& forward = big_model->forward();
       forward.use_cublas(products == Products::Cublas);
-      forward.skinny_split(products == Products::Split ? gpu::kSkinnySplitChunk : gpu::kSkinnySplitMaxBatch);
+      if (products == Products::Split) forward.skinny_split(gpu::kSkinnySplitChunk, split_warps);
+      else forward.skinny_split(gpu::kSkinnySplitMaxBatch);
       forward.decode(tokens, caches);  // warm-up
       Stopwatch clock;
       for (int i = 0; i < steps; ++i) forward.decode(tokens, caches);
-      const char* by = products == Products::Cublas ? ", cuBLAS products" : products == Products::Split ? ", split skinny products" : "";
+      const std::string by = products == Products::Cublas  ? ", cuBLAS products"
+                             : products == Products::Split ? cat(", split skinny products (", split_warps, " warps)")
+                                                           : "";
       decodes.push_back({cat(big_name, ", bf16, batch ", batch, by), batch * steps / clock.seconds(),
                          forward.weight_bytes_per_step(), batch});
     }

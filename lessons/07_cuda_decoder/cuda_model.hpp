@@ -230,10 +230,16 @@ class CudaForward final : public ModelRunner {
   void use_cublas(bool on);
   /// Multiplies by the given skinny_gemm_bf16_split (fused_kernels.hpp) where a step has 2 to
   /// `max_batch` rows (0: none), ahead of lesson 07's skinny and tensor-core GEMMs; cuBLAS's, where
-  /// use_cublas is on, comes first. bf16 weights only; the sums are within your skinny GEMM's
-  /// tolerance of its. kSkinnySplitMaxBatch until called. Drops the graphs captured so far.
-  /// @throws infer::Error for a negative max_batch
-  void skinny_split(int max_batch);
+  /// use_cublas is on, comes first. Each matrix of R rows gets the split that reaches `warps`
+  /// warps (split_to_reach((R + 3) / 4, warps)). bf16 weights only; the sums are within your
+  /// skinny GEMM's tolerance of its. kSkinnySplitMaxBatch and kSkinnySplitWarps until called.
+  /// Drops the graphs captured so far.
+  /// @throws infer::Error for a negative max_batch or warps
+  void skinny_split(int max_batch, int warps = kSkinnySplitWarps);
+  /// The warps of one wave of skinny_gemm_bf16_split on this device: two blocks of 8 warps on each
+  /// multiprocessor (what its registers allow). The benches' `warps` until a GPU report picks
+  /// kSkinnySplitWarps.
+  static int skinny_split_wave();
   /// Folds a one-row step's norms, residual adds and SwiGLU into its products (gemv_bf16_fused,
   /// fused_kernels.hpp): the layer's input norm into the Q/K/V product, the residual add into
   /// the O and down products, the second norm and SwiGLU into the gate/up product, the final norm

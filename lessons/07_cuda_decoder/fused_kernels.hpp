@@ -173,11 +173,11 @@ inline int fused_gemv_split(int rows) { return split_to_reach((static_cast<long>
 /// then (lesson 07's bench: its rows beside your skinny GEMM and the tensor-core GEMM, and the
 /// decode rows with it; tools/gpu_targets.py picks the value).
 inline constexpr int kSkinnySplitMaxBatch = 0;
-/// The warps a product by skinny_gemm_bf16_split should reach (skinny_gemm_split): 0 (no split)
-/// until a GPU report times the splits on the 1.1B shape's matrices (tools/gpu_targets.py).
+/// The warps a product by skinny_gemm_bf16_split should reach: a matrix of R rows gets
+/// split_to_reach((R + 3) / 4, warps) warps per group of 4 rows (CudaForward::skinny_split's
+/// second argument; this by default). 0 (no split) until a GPU report times the splits on the
+/// 1.1B shape's matrices (tools/gpu_targets.py).
 inline constexpr int kSkinnySplitWarps = 0;
-/// The split the forward gives skinny_gemm_bf16_split for a matrix of `rows` (groups of 4 rows).
-inline int skinny_gemm_split(int rows) { return split_to_reach((static_cast<long>(rows) + 3) / 4, kSkinnySplitWarps); }
 /// With CudaForward::use_cublas(true), the forward's bf16 products of kCublasMinBatch rows or more
 /// go to cuBLAS's bf16 GEMM instead (x split by split_bf16, both halves in one GEMM, joined by
 /// add_halves), kCublasChunk rows a call. The GPU report (commit e864848, an H200) timed cuBLAS's

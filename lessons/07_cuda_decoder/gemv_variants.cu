@@ -139,18 +139,60 @@ __global__ void gemv_bf16_fused_kernel(const uint16_t* __restrict__ w, const flo
   }
 }
 
+/// The 8 products of one 16-byte packet of bf16 weights with its 8 values of x, chained into `sum`
+/// by fused multiply-adds (one instruction a product; packet_dot's order, version 2's, costs a
+/// multiply, a multiply-add and an add for every two).
+__device__ __forceinline__ float packet_fma(float sum, uint4 p, float4 xa, float4 xb) {
+  sum = fmaf(__uint_as_float(p.x << 16), xa.x, sum), sum = fmaf(__uint_as_float(p.x & 0xffff0000u), xa.y, sum);
+  sum = fmaf(__uint_as_float(p.y << 16), xa.z, sum), sum = fmaf(__uint_as_float(p.y & 0xffff0000u), xa.w, sum);
+  sum = fmaf(__uint_as_float(p.z << 16), xb.x, sum), sum = fmaf(__uint_as_float(p.z & 0xffff0000u), xb.y, sum);
+  sum = fmaf(__uint_as_float(p.w << 16), xb.z, sum), sum = fmaf(__uint_as_float(p.w & 0xffff0000u), xb.w, sum);
+  return sum;
+}
+
+/// A warp's C sums of each lane's V, added across the warp with one shuffle per pair of values
+/// (a reduce-scatter): at each offset O (16, 8, ..., 1) a lane keeps half of what it holds, the
+/// upper half where its bit O is set, and adds its partner's copy of that half. After it, where V
+/// <= 32, v[0] is the warp's total of value (lane >> (5 - log2 V)); where V is 64, v[j] is that of
+/// value 2 lane + j. V - 1 shuffles where V <= 32, against 5 V for one warp_sum a value.
+template <int V, int C, int O>
+__device__ __forceinline__ void reduce_scatter(float (&v)[V], int lane) {
+  if constexpr (O > 0) {
+    if constexpr (C >= 2) {
+      constexpr int H = C / 2;
+      const bool upper = (lane & O) != 0;
+#pragma unroll
+      for (int j = 0; j < H; ++j) {
+        const float send = upper ? v[j] : v[j + H], keep = upper ? v[j + H] : v[j];
+        v[j] = keep + __shfl_xor_sync(kFull, send, O);
+      }
+      reduce_scatter<V, H, O / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(kFull, v[0], O);
+      reduce_scatter<V, 1, O / 2>(v, lane);
+    }
+  }
+}
+
 /// skinny_gemm_bf16_split: `split` warps per group of kSkinnyRows rows of W (rows past the
 /// matrix's end stand in for its last row, their sums unused); lane l of slice s takes packets
-/// 32 s + l, then 32 split further on, ..., of every row of its group, two of each loaded before
+/// 32 s + l, then 32 split further on, ..., of every row of its group, kU of each loaded before
 /// any is used, and multiplies each by the 8 values of x at its columns for each of the launch's
-/// n <= kB batch rows (kB: the template's bound, so that the sums stay in registers). Each warp's
-/// sums are added across its lanes by shuffles; with split > 1 the slices' sums meet in shared
-/// memory, added in slice order by the group's first warp.
+/// n <= kB rows (kB: the template's bound, so that the sums stay in registers). x's rows are
+/// loaded one after another, from the cache: loading all of them at once (their addresses
+/// clamped to the launch's rows) took 148 registers at kB = 8 for sm_90, against 120 here, where
+/// __launch_bounds__ keeps two blocks on an SM (at kB = 16 at the cost of 20 bytes of spills).
+/// Each warp's kSkinnyRows x kB sums are added across its lanes by reduce_scatter; with split > 1
+/// the slices' sums meet in shared memory, added in slice order by the group's first warp.
 constexpr int kSkinnyRows = 4;
 
 template <int kB>
-__global__ void skinny_split_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+__global__ void __launch_bounds__(kThreads, 2) skinny_split_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                     int rows, int cols, int n, int split) {
+  constexpr int kV = kSkinnyRows * kB;           // sums a lane keeps: value e is row e / kB of W, row e % kB of x
+  constexpr int kU = kB >= 16 ? 1 : 2;           // packets of each row loaded before any is used
+  constexpr int kPer = kV > 32 ? kV / 32 : 1;    // totals a lane holds after reduce_scatter
+  constexpr int kShift = kV >= 32 ? 0 : kV == 16 ? 1 : kV == 8 ? 2 : 3;  // 5 - log2(kV), at least 0
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % split;
   const long r0 = (blockIdx.x * static_cast<long>(kThreads / 32 / split) + warp / split) * kSkinnyRows;
   const bool live = r0 < rows;  // (no early return: the slices meet at a barrier)
@@ -163,12 +205,9 @@ __global__ void skinny_split_kernel(const uint16_t* __restrict__ w, const float*
   const float4* x4 = reinterpret_cast<const float4*>(x);
   const long x_stride = cols / 4;  // float4s per row of x
   const int packets = live ? cols / 8 : 0, stride = 32 * split;
-  float acc[kSkinnyRows][kB];
+  float acc[kV];
 #pragma unroll
-  for (int i = 0; i < kSkinnyRows; ++i)
-#pragma unroll
-    for (int b = 0; b < kB; ++b) acc[i][b] = 0.0f;
-  constexpr int kU = 2;  // packets of each row loaded before any is used: 8 loads in flight a lane
+  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
   for (int c0 = 32 * slice + lane; c0 < packets; c0 += stride * kU) {
     uint4 p[kU][kSkinnyRows];
 #pragma unroll
@@ -184,33 +223,31 @@ __global__ void skinny_split_kernel(const uint16_t* __restrict__ w, const float*
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
         if (b >= n) break;
-        const float4 xa = __ldg(x4 + b * x_stride + 2 * c), xb = __ldg(x4 + b * x_stride + 2 * c + 1);
+        const long at = b * x_stride + 2 * c;
+        const float4 xa = __ldg(x4 + at), xb = __ldg(x4 + at + 1);
 #pragma unroll
-        for (int i = 0; i < kSkinnyRows; ++i) acc[i][b] = packet_dot(acc[i][b], p[u][i], xa, xb);
+        for (int i = 0; i < kSkinnyRows; ++i) acc[i * kB + b] = packet_fma(acc[i * kB + b], p[u][i], xa, xb);
       }
     }
   }
-  // Every lane holds every total after warp_sum (xor shuffles): lane (i kB + b) % 32 writes (i, b).
-  __shared__ float partial[kThreads / 32][kSkinnyRows][kB];
+  reduce_scatter<kV, kV, 16>(acc, lane);  // every lane takes part
+  __shared__ float partial[kThreads / 32][kV];
+  if ((lane & ((1 << kShift) - 1)) == 0) {  // the lanes that hold totals
 #pragma unroll
-  for (int i = 0; i < kSkinnyRows; ++i)
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      const float total = warp_sum(acc[i][b]);  // every lane takes part, whether or not (i, b) is used
-      if (split > 1) {
-        if (lane == 0) partial[warp][i][b] = total;
-      } else if (lane == (i * kB + b) % 32 && live && i < here && b < n) {
-        y[static_cast<long>(b) * rows + r0 + i] = total;
-      }
+    for (int j = 0; j < kPer; ++j) {
+      const int e = kV > 32 ? kPer * lane + j : lane >> kShift, i = e / kB, b = e % kB;
+      if (split > 1) partial[warp][e] = acc[j];
+      else if (live && i < here && b < n) y[static_cast<long>(b) * rows + r0 + i] = acc[j];
     }
+  }
   if (split == 1) return;
   __syncthreads();
   if (slice != 0 || !live) return;
-  for (int e = lane; e < kSkinnyRows * kB; e += 32) {
+  for (int e = lane; e < kV; e += 32) {
     const int i = e / kB, b = e % kB;
     if (i >= here || b >= n) continue;
     float total = 0.0f;
-    for (int s = 0; s < split; ++s) total += partial[warp + s][i][b];
+    for (int s = 0; s < split; ++s) total += partial[warp + s][e];
     y[static_cast<long>(b) * rows + r0 + i] = total;
   }
 }

@@ -116,7 +116,7 @@ class DeviceMatrix final : public DeviceProjection {
       else if (library_ && batch >= kCublasMinBatch)
         library_->product(bf16_.get() + at, x, y, batch, count, cols_);
       else if (batch <= split_max_ && cols_ % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
-        skinny_gemm_bf16_split(skinny_gemm_split(count), bf16_.get() + at, x, y, count, cols_, batch);
+        skinny_gemm_bf16_split(split_to_reach((count + 3) / 4, split_warps_), bf16_.get() + at, x, y, count, cols_, batch);
       else if (batch >= kTensorGemmMinBatch && tensor_gemm_runs(count, cols_))
         tensor_gemm_bf16(kTensorGemmVariant, bf16_.get() + at, x, y, count, cols_, batch);
       else skinny_gemm_bf16(bf16_.get() + at, x, y, count, cols_, batch);
@@ -133,15 +133,16 @@ class DeviceMatrix final : public DeviceProjection {
   DeviceArray<uint16_t>& bf16() { return bf16_; }
   /// Products of kCublasMinBatch rows or more by `library` (bf16 only; null: lesson 07's).
   void use_library(const LibraryGemm* library) { library_ = library; }
-  /// Products of 2 to `max_batch` rows by skinny_gemm_bf16_split (bf16 only; 0: none).
-  void use_split(int max_batch) { split_max_ = max_batch; }
+  /// Products of 2 to `max_batch` rows by skinny_gemm_bf16_split (bf16 only; 0: none), its split
+  /// chosen to reach `warps` warps.
+  void use_split(int max_batch, int warps) { split_max_ = max_batch, split_warps_ = warps; }
 
  private:
   int rows_, cols_;
   DeviceArray<float> f32_;
   DeviceArray<uint16_t> bf16_;
   const LibraryGemm* library_ = nullptr;
-  int split_max_ = kSkinnySplitMaxBatch;
+  int split_max_ = kSkinnySplitMaxBatch, split_warps_ = kSkinnySplitWarps;
 };
 
 std::unique_ptr<DeviceProjection> upload(ConstMatrixRef m, WeightType type) {
@@ -774,12 +775,20 @@ void CudaForward::use_cublas(bool on) {
   m.drop_graphs();  // they hold the other products' launches
 }
 
-void CudaForward::skinny_split(int max_batch) {
-  require(max_batch >= 0, "CudaForward::skinny_split: max_batch must be >= 0, got ", max_batch);
+void CudaForward::skinny_split(int max_batch, int warps) {
+  require(max_batch >= 0 && warps >= 0, "CudaForward::skinny_split: max_batch and warps must be >= 0, got ", max_batch,
+          " and ", warps);
   impl_->each_matrix([&](const std::unique_ptr<DeviceProjection>& p) {
-    if (auto* d = dynamic_cast<DeviceMatrix*>(p.get()); d && d->bf16().size() > 0) d->use_split(max_batch);
+    if (auto* d = dynamic_cast<DeviceMatrix*>(p.get()); d && d->bf16().size() > 0) d->use_split(max_batch, warps);
   });
   impl_->drop_graphs();  // they hold the other products' launches
+}
+
+int CudaForward::skinny_split_wave() {
+  int device = 0, multiprocessors = 1;
+  INFER_CUDA_CHECK(cudaGetDevice(&device));
+  INFER_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  return 16 * multiprocessors;
 }
 
 bool CudaForward::fuse_one_row(bool on) {

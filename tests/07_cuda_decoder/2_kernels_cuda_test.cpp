@@ -164,7 +164,8 @@ GRADED_TEST(Lesson07Kernels, SkinnyGemmIsOneLaunchPer16BatchRows, 1) {
 
 /// A batched product of the given kernels, against one GEMV per row: for each case's shape and
 /// batch, every row of `product(kind, w, x, y, rows, cols, batch)` (for each of `kinds`: variants,
-/// splits) against the GEMV reference of that row of x alone, within the skinny GEMM's tolerance.
+/// splits) against the GEMV reference of that row of x alone, within the skinny GEMM's tolerance;
+/// and nothing written past y's end.
 struct ProductCase {
   Shape shape;
   std::vector<int> batches;
@@ -182,9 +183,14 @@ void expect_rows_equal_gemvs(const char* what, const std::vector<ProductCase>& c
       const Matrix xs = as_matrix(x, batch, s.cols);
       DeviceArray<float> dx(x);
       for (const int kind : kinds) {
-        DeviceArray<float> dy = poisoned(static_cast<size_t>(batch) * s.rows);
+        const size_t n = static_cast<size_t>(batch) * s.rows, tail = 64;  // NaN past y's end must stay NaN
+        DeviceArray<float> dy = poisoned(n + tail);
         product(kind, dwb.get(), dx.get(), dy.get(), s.rows, s.cols, batch);
-        const Matrix got = as_matrix(dy.download(), batch, s.rows);
+        const std::vector<float> all = dy.download();
+        for (size_t i = n; i < n + tail; ++i)
+          ASSERT_TRUE(std::isnan(all[i])) << what << " " << kind << " on " << s.rows << " x " << s.cols << ", batch "
+                                          << batch << ": wrote " << i - n << " past y's end";
+        const Matrix got = as_matrix(std::vector<float>(all.begin(), all.begin() + static_cast<long>(n)), batch, s.rows);
         for (int b = 0; b < batch; ++b) {
           const Vector want = gemv_bf16_reference(wb, s.rows, s.cols, xs.row(b).transpose());
           ASSERT_TRUE(testing::all_close(want.transpose(), got.row(b), 1e-5 * std::sqrt(s.cols), 1e-4,

@@ -19,7 +19,7 @@ root, benches = sys.argv[1], sys.argv[2]
 wanted = {  # bench: lines its section must have
     "lesson07_cuda_bench": ["| gemv_bf16 v", "| skinny_gemm_bf16 |", "| tensor_gemm_bf16 v4 |", "| cuBLAS bf16 GEMM |",
                             "| skinny_gemm_bf16_split, split 2 (given) |",
-                            "- decode, small model in the 1.1B shape's place, bf16, batch 16, split skinny products:",
+                            "- decode, small model in the 1.1B shape's place, bf16, batch 16, split skinny products (",
                             "| cuBLAS sgemv |", "- decode, small model in the 1.1B shape's place, bf16, batch 16:",
                             "- decode, small model in the 1.1B shape's place, bf16, batch 16, cuBLAS products:",
                             "| q, k, v GEMV [", "| logits to the host (cudaMemcpy; the host waits for each) | 1 |", "| ms in a stream |",

@@ -129,7 +129,8 @@ TEST(Launches, APromptGoesToTheChunkKernelAndDecodesToTheDecodeKernel) {
 
 // CudaForward::skinny_split(max): the bf16 products of 2 to max rows go to the given
 // skinny_gemm_bf16_split, every one of them (each layer's seven: q, k, v, o, gate, up and down,
-// each a product of its own at more than one row; and the head's, for the rows that want logits); a step of more rows, a step of one, and the forward after skinny_split(0) leave it
+// each a product of its own at more than one row; and the head's, for the rows that want
+// logits); a step of more rows, a step of one, and the forward after skinny_split(0) leave it
 // alone. The kernel itself is held to its reference by GivenSkinnySplit.*; the engine's tokens
 // with it, by Lesson10OnTheGpu.SplitSkinnyProducts*.
 TEST(Launches, SkinnySplitTakesTheProductsOfTwoToItsMostRows) {
@@ -150,6 +151,8 @@ TEST(Launches, SkinnySplitTakesTheProductsOfTwoToItsMostRows) {
   EXPECT_EQ(products(0, 2), 0) << "skinny_split(0)";
   EXPECT_EQ(products(8, 1), prompt) << "the prompt of 5; one-row decode steps stay with the GEMV";
   EXPECT_THROW(parts.forward->skinny_split(-1), Error);
+  EXPECT_THROW(parts.forward->skinny_split(8, -1), Error);
+  EXPECT_GT(CudaForward::skinny_split_wave(), 0);
 }
 
 // The benches' held stream (cuda_time_each_ms, hold): where a hold cannot work (here every call
