@@ -76,8 +76,8 @@ void tensor_gemm_bf16(int variant, const uint16_t* w, const float* x, float* y, 
 /// its 4 rows in flight per tile; in the GPU report (an H200) it took 2.2 times one GEMV at 2 rows
 /// on 4,096 x 4,096 (29% of copy bandwidth), 1.4 times at 2 rows and 5.3 times at 8 on 16,384 x
 /// 16,384. Here `split` warps (1, 2, 4 or 8) take 4 rows of W and split its columns between them;
-/// each lane loads two 16-byte packets of each of the 4 rows (8 loads in flight) before it
-/// multiplies any, and multiplies each packet by the 8 values of x at its columns for every batch
+/// each lane loads two 16-byte packets of each of the 4 rows (8 loads in flight; one each at 9
+/// rows and more, for registers) before it multiplies any, and multiplies each packet by the 8 values of x at its columns for every batch
 /// row of the launch (up to kSkinnySplitChunk), x read through the cache: a weight crosses from
 /// memory once per kSkinnySplitChunk batch rows, a value of x is read from the cache once per 4
 /// rows of W. The only barrier is the split's join, where the warps' sums meet in shared memory and
