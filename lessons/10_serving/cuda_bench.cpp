@@ -311,8 +311,12 @@ int main(int argc, char** argv) {
         big_forward->use_cublas(name.find("cuBLAS") != std::string::npos);
         // The split kernel's warps: the report's pick once there is one, one wave of it until then.
         const int warps = gpu::kSkinnySplitWarps > 0 ? gpu::kSkinnySplitWarps : gpu::CudaForward::skinny_split_wave();
-        if (name.find("split") != std::string::npos) big_forward->skinny_split(gpu::kSkinnySplitChunk, warps), name += cat(" (", warps, " warps)");
-        else big_forward->skinny_split(gpu::kSkinnySplitMaxBatch);
+        if (name.find("split") != std::string::npos) {
+          big_forward->skinny_split(gpu::kSkinnySplitChunk, warps);
+          name += cat(" (", warps, " warps)");
+        } else {
+          big_forward->skinny_split(gpu::kSkinnySplitMaxBatch);
+        }
         std::vector<std::string> row{name};
         for (int m : {1, 2, 3, 5, 9}) {
           const double s = forward_seconds(*runner, *store, cached, m, reps);
