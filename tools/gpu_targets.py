@@ -201,7 +201,7 @@ def summary(report):
     least = int(constant("lessons/07_cuda_decoder/fused_kernels.hpp", "kTensorGemmMinBatch") or 1)
     for k in k07:
         m = re.match(r"tensor_gemm_bf16 v(\d+)$", k["name"])
-        if m and batch_of(k["shape"]) >= least and square(k["shape"]):  # (not the 1.1B step's rows: v4 alone has them)
+        if m and batch_of(k["shape"]) >= least and square(k["shape"]):  # (not the 1.1B step's rows: the compiled variant alone has them)
             tensor.setdefault(int(m.group(1)), []).append(k["ms"])
     variant = None
     if tensor:
@@ -301,7 +301,7 @@ def summary(report):
                       + ", ".join(f"{w} warps {t:.3f}" for w, t in totals.items()))
     pick("kFusedGemvWarps", "lessons/07_cuda_decoder/fused_kernels.hpp", warps_pick2, warps_why2)
 
-    # The given skinny GEMM without staging. Its warps (skinny_gemm_split): the value that makes one
+    # The given skinny GEMM without staging. Its warps (split_to_reach's): the value that makes one
     # step's products of 8 rows fastest, from lesson 07's rows of the 1.1B matrices a step of
     # several rows multiplies by (q and o, k and v, gate and up: two of each a layer; down one;
     # the head once). Then the most rows it takes: the largest batch up to which it beats the
