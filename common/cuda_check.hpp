@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <initializer_list>
 
 #include "common/errors.hpp"
@@ -31,6 +32,10 @@ inline void cuda_check_launch(const char* kernel) {
 inline void require_device_pointers(const char* kernel, std::initializer_list<const void*> pointers) {
   for (const void* p : pointers) require(p != nullptr, kernel, ": a device pointer is null");
 }
+
+/// Whether `p` lies on a 16-byte boundary, as a kernel's 16-byte loads (uint4, float4) need it to;
+/// cudaMalloc's pointers do.
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 /// True when a CUDA device can be used. With no GPU or no driver, cudaGetDeviceCount
 /// returns an error rather than zero devices: any error there means "no device".

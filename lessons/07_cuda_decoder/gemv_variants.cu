@@ -259,8 +259,6 @@ void launch_fused(unsigned blocks, const uint16_t* w, const float* x, const floa
   else gemv_bf16_fused_kernel<kOut, false><<<blocks, kThreads>>>(w, x, norm, eps, y, rows, cols, split);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void gemv_bf16_fused(const uint16_t* w, const float* x, const float* norm, float eps, float* y, int rows, int cols,

@@ -115,7 +115,7 @@ class DeviceMatrix final : public DeviceProjection {
       if (batch == 1) gemv_bf16(gemv_bf16_versions(), bf16_.get() + at, x, y, count, cols_);
       else if (library_ && batch >= kCublasMinBatch)
         library_->product(bf16_.get() + at, x, y, batch, count, cols_);
-      else if (batch <= split_max_ && cols_ % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+      else if (batch <= split_max_ && cols_ % 8 == 0 && aligned16(x))
         skinny_gemm_bf16_split(split_to_reach((count + 3) / 4, split_warps_), bf16_.get() + at, x, y, count, cols_, batch);
       else if (batch >= kTensorGemmMinBatch && tensor_gemm_runs(count, cols_))
         tensor_gemm_bf16(kTensorGemmVariant, bf16_.get() + at, x, y, count, cols_, batch);

@@ -517,7 +517,7 @@ void check_tensor_gemm(const char* name, const void* w, const float* x, const fl
   require(batch >= 1, name, ": batch must be >= 1, got ", batch);
   require(rows >= 1 && cols >= 1, name, ": rows and cols must be >= 1, got ", rows, " x ", cols);
   require_device_pointers(name, {w, x, y});
-  require(reinterpret_cast<uintptr_t>(x) % 16 == 0, name, ": x must be on a 16-byte boundary (cudaMalloc's are)");
+  require(aligned16(x), name, ": x must be on a 16-byte boundary (cudaMalloc's are)");
 }
 
 }  // namespace

@@ -183,8 +183,6 @@ __global__ void tiled_attention_kernel(PagedBatch a, int num_splits, float* part
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 /// The kernel's grid for `a`: a block per (K/V head and kH of its query heads, sequence, split);
 /// num_splits 0 for the whole range into a.out.
 template <int kWarps, int kH>

@@ -104,8 +104,7 @@ void skinny_gemm_bf16_split(int split, const uint16_t* w, const float* x, float*
   require(split == 1 || split == 2 || split == 4 || split == 8,
           "skinny_gemm_bf16_split: split must be 1, 2, 4 or 8, got ", split);
   require(cols % 8 == 0, "skinny_gemm_bf16_split: cols must be a multiple of 8 (16-byte packets), got ", cols);
-  require(reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
-          "skinny_gemm_bf16_split: W and x must start on a 16-byte boundary");
+  require(aligned16(w) && aligned16(x), "skinny_gemm_bf16_split: W and x must start on a 16-byte boundary");
   product("skinny_gemm_bf16_split", w, x, y, rows, cols, std::min(batch, kSkinnySplitChunk));  // (its refusals)
   for (int b0 = kSkinnySplitChunk; b0 < batch; b0 += kSkinnySplitChunk)  // a launch per chunk, as on a GPU
     product("skinny_gemm_bf16_split", w, x + static_cast<long>(b0) * cols, y + static_cast<long>(b0) * rows, rows,
