@@ -6,9 +6,10 @@
 Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
 lesson texts quote them) is printed with the report's figure and met / not met; each tuning
 constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
-kFuseOneRowStep, kFusedGemvWarps, kSkinnySplitWarps, kSkinnySplitMaxBatch, kChunkTensorCores, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses until a report)
-with the value in the source and the value the
-report's rows pick, and the rows that pick it. A figure the report does not have is said so,
+kFuseOneRowStep, kFusedGemvWarps, kSkinnySplitWarps, kSkinnySplitMaxBatch, kChunkTensorCores,
+kChunkSplitMinPositions, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses
+until a report) with the value in the source and the value the report's rows pick, and the rows
+that pick it. A figure the report does not have is said so,
 never guessed. Nothing is changed: the picks are for a person to commit, with the report.
 """
 import json
@@ -379,21 +380,37 @@ def summary(report):
     decode_name, cuda_name, tc_name = ("chunk rows through your decode kernel", "chunk kernel (tiles of 32 rows)",
                                        "chunk kernel on tensor cores (tiles of 32 rows)")
     size = lambda shape: int(re.match(r"chunk of (\d+)", shape).group(1))  # noqa: E731
+
+    def as_run(d, name):
+        """A design's ms as the engine runs it on a shape: split where the bench split it as the
+        engine would (the row ", split N ways"), else whole; None where the bench has neither."""
+        split = [ms for n, ms in d.items() if n.startswith(name + ", split ")]
+        return split[0] if split else d.get(name)
+
     tc_rows = [(s, d) for s, d in chunks.items() if tc_name in d and cuda_name in d and size(s) >= 32]
-    use_tc = all(d[tc_name] < d[cuda_name] for _, d in tc_rows) if tc_rows else None
+    use_tc = all(as_run(d, tc_name) < as_run(d, cuda_name) for _, d in tc_rows) if tc_rows else None
     pick("kChunkTensorCores", "lessons/08_cuda_paged_attention/chunk_attention.hpp",
          None if use_tc is None else str(use_tc).lower(),
-         "tensor cores / CUDA cores, chunks of 32 tokens and more: "
-         + ", ".join(f"{size(s)}: {d[tc_name]:.4f} / {d[cuda_name]:.4f} ms" for s, d in sorted(tc_rows, key=lambda x: size(x[0]))))
+         "tensor cores / CUDA cores, chunks of 32 tokens and more, each split as the engine splits it: "
+         + ", ".join(f"{size(s)}: {as_run(d, tc_name):.4f} / {as_run(d, cuda_name):.4f} ms"
+                     for s, d in sorted(tc_rows, key=lambda x: size(x[0]))))
     design = tc_name if use_tc else cuda_name
+    # The tiles' split: kept where the split rows beat the whole ones at every shape the bench split.
+    split_rows = [(size(s), d[design], as_run(d, design)) for s, d in chunks.items()
+                  if design in d and as_run(d, design) != d[design]]
+    present = constant("lessons/08_cuda_paged_attention/chunk_attention.hpp", "kChunkSplitMinPositions")
+    pick("kChunkSplitMinPositions", "lessons/08_cuda_paged_attention/chunk_attention.hpp",
+         None if not split_rows else present if all(t < w for _, w, t in split_rows) else 0,
+         "the chunk kernel whole / split as chunk_splits() splits it (0 turns the split off where it loses): "
+         + ", ".join(f"{n}: {w:.4f} / {t:.4f} ms" for n, w, t in sorted(split_rows)))
     rows_ = sorted(((size(s), d) for s, d in chunks.items() if design in d and decode_name in d), key=lambda x: x[0])
-    wins = [n for n, _ in rows_ if all(d[design] < d[decode_name] for m, d in rows_ if m >= n)]
+    wins = [n for n, _ in rows_ if all(as_run(d, design) < as_run(d, decode_name) for m, d in rows_ if m >= n)]
     first = None if not rows_ else (min(wins) if wins else "none (the decode kernel wins at every size)")
     if isinstance(first, int) and first == rows_[0][0]:
         first = f"{first} or fewer (the smallest chunk measured)"
     pick("kChunkKernelMinTokens", "lessons/08_cuda_paged_attention/cuda_paged.hpp", first,
-         "the chunk kernel / your decode kernel over a chunk's rows: "
-         + ", ".join(f"{n}: {d[design]:.4f} / {d[decode_name]:.4f} ms" for n, d in rows_))
+         "the chunk kernel / your decode kernel over a chunk's rows, each split as the engine splits it: "
+         + ", ".join(f"{n}: {as_run(d, design):.4f} / {as_run(d, decode_name):.4f} ms" for n, d in rows_))
 
     # The serving engine's decode kernel: lesson 10's graphs table, the 1.1B shape with your attention
     # and with the tiled design, from graphs, at every batch the table has.

@@ -47,6 +47,37 @@ inline constexpr int kChunkTileRows = 32;
 void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
                            bool tensor_cores = false);
 
+/// The same rows with each tile's positions split `splits` ways (flash decoding, lesson 08's idea,
+/// for a tile of a chunk): a tile of a few rows after a long context is a few blocks reading
+/// thousands of positions one after another, where a split gives the device `splits` times as many
+/// blocks. Tile i's positions are its longest row's, in ranges of `piece` = ceil(longest / splits)
+/// rounded up to whole tiles of 32 keys: split s reads [s * piece, min((s + 1) * piece, longest)),
+/// and the splits past the end read nothing. The first launch writes each (tile, row, query head,
+/// split)'s partial (the output over the split's positions the row sees, and its log-sum-exp) into
+/// the workspace; a second merges each row's partials into its output (flash_decoding.hpp's
+/// formula), skipping the splits that hold none of its positions. Each row gets what
+/// paged_chunk_attention() gives it, within the same tolerance; rows no tile names are not written.
+/// @param partial_out workspace of at least tiles * kChunkTileRows * heads * splits * head_dim floats
+/// @param partial_lse workspace of at least tiles * kChunkTileRows * heads * splits floats
+/// @throws infer::Error as paged_chunk_attention(), for splits outside [1, 65535] and null
+///         workspaces (naming paged_chunk_attention_split)
+void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                                 int splits, float* partial_out, float* partial_lse, bool tensor_cores = false);
+
+/// The shortest range chunk_splits() gives a split of a tile; 0 never splits. A split costs its
+/// tile's query rows staged again and 32 partial rows written and merged for each query head: at
+/// head_dim 64, 16 KB against the 512 bytes a position's keys and values take, so about an eighth
+/// of what 256 positions read (a guess until lesson 08's bench rows in a GPU report compare the
+/// split chunk kernel with the unsplit one: tools/gpu_targets.py says whether they do).
+inline constexpr int kChunkSplitMinPositions = 256;
+
+/// The number of splits the paged engine gives a step's chunk tiles (given, checked on every
+/// machine): enough (tiles x query heads x splits) blocks to give each of the device's
+/// `multiprocessors` about two, but no split shorter than kChunkSplitMinPositions positions of
+/// `max_length`, and 1 when the tiles alone fill the device (or kChunkSplitMinPositions is 0).
+/// Throws infer::Error for values below 1.
+int chunk_splits(int tiles, int heads, int max_length, int multiprocessors);
+
 /// Whether paged_chunk_attention() runs on tensor cores here for `head_dim`: a device of compute
 /// capability 8.0 or later with the kernel compiled for it, head_dim a multiple of 16, its tiles
 /// within the device's shared memory (head_dim 256 takes about 140 KiB).

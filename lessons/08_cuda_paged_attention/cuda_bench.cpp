@@ -19,7 +19,8 @@
 //   1d. a prompt chunk's attention (chunks of 8 to 2,048 tokens after up to 2,040 cached, the
 //      1.1B shape's heads): its rows through your decode kernel, one row at a time, against the
 //      given chunk kernel's tiles of 32 rows (chunk_attention.hpp) in its two designs, CUDA cores and
-//      tensor cores, each output checked first.
+//      tensor cores, each output checked first; each also split over the positions as the engine
+//      splits them (choose_splits() for your kernel's rows, chunk_splits() for the tiles).
 //   2. split-K at batch 1, over context lengths 512 to 131,072: one pass against choose_splits()'s
 //      split, and the speedup; the second design split as many ways beside them.
 //   3. the whole decode step of a 1.1B-parameter shape (bf16 weights) at batch 1 with 8,192
@@ -273,19 +274,40 @@ int main(int argc, char** argv) {
       const double bytes = 2.0 * sizeof(float) * length * kvh * d;
       results.push_back({"chunk rows through your decode kernel", shape, bytes,
                          cuda_time_ms([&] { gpu::paged_decode_attention(a); }, reps)});
-      // Both designs of the chunk kernel (CUDA cores; tensor cores, where they run), each checked.
+      // The rows as the engine would split them for your decode kernel (choose_splits(); with
+      // --small, where the stand-in's 4 multiprocessors need no split, 3 ways).
+      const int row_splits = small ? 3 : gpu::choose_splits(n, kvh, length, prop.multiProcessorCount);
+      if (row_splits > 1) {
+        DeviceArray<float> po(static_cast<size_t>(n) * h * row_splits * d), pl(static_cast<size_t>(n) * h * row_splits);
+        results.push_back({cat("chunk rows through your decode kernel, split ", row_splits, " ways"), shape, bytes,
+                           cuda_time_ms([&] { gpu::paged_decode_attention_split(a, row_splits, po.get(), pl.get()); },
+                                        reps)});
+      }
+      // Both designs of the chunk kernel (CUDA cores; tensor cores, where they run), each checked,
+      // whole and split as the engine splits a step's tiles (chunk_splits(); 3 ways with --small).
+      const int tile_splits = small ? 3 : gpu::chunk_splits(tiles, h, length, prop.multiProcessorCount);
+      const size_t partials = static_cast<size_t>(tiles) * gpu::kChunkTileRows * h * tile_splits;
+      DeviceArray<float> tile_po(partials * d), tile_pl(partials);
       for (const bool tc : {false, true}) {
         if (tc && !gpu::chunk_tensor_cores_run(d)) continue;
-        chunk.fill_bytes(0xFF);
-        gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
-        const std::vector<float> hc = chunk.download();
-        const auto [diff, within] = agreement(hy, hc, 1e-4, 1e-4);
-        const std::string name = tc ? "chunk kernel on tensor cores (tiles of 32 rows)" : "chunk kernel (tiles of 32 rows)";
-        checks.push_back(cat(name, " against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
-                             within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
-        results.push_back({name, shape, bytes, cuda_time_ms([&] {
-                             gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
-                           }, reps)});
+        const std::string design =
+            tc ? "chunk kernel on tensor cores (tiles of 32 rows)" : "chunk kernel (tiles of 32 rows)";
+        for (const int split : tile_splits > 1 ? std::vector<int>{1, tile_splits} : std::vector<int>{1}) {
+          const auto run = [&] {
+            if (split == 1) gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
+            else
+              gpu::paged_chunk_attention_split(c, first.get(), count.get(), tiles, split, tile_po.get(), tile_pl.get(),
+                                               tc);
+          };
+          chunk.fill_bytes(0xFF);
+          run();
+          const std::vector<float> hc = chunk.download();
+          const auto [diff, within] = agreement(hy, hc, 1e-4, 1e-4);
+          const std::string name = split == 1 ? design : cat(design, ", split ", split, " ways");
+          checks.push_back(cat(name, " against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
+                               within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
+          results.push_back({name, shape, bytes, cuda_time_ms(run, reps)});
+        }
       }
     }
 

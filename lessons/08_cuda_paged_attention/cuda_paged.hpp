@@ -110,8 +110,9 @@ struct StepKernels {
 StepKernels step_kernels(std::span<const int> tokens, bool causal, int min_chunk = kChunkKernelMinTokens);
 
 /// The forward's DeviceAttention over `pool`: paged attention with your kernels, the batch in one
-/// launch per layer, split over the context by choose_splits() (`num_splits` > 0 fixes the count
-/// instead). Its decode steps can be captured in CUDA graphs (CudaForward::use_graphs): with
+/// launch per layer, split over the context by choose_splits() (the decode rows) and
+/// chunk_splits() (the chunk kernel's tiles; `num_splits` > 0 fixes both counts instead). Its
+/// decode steps can be captured in CUDA graphs (CudaForward::use_graphs): with
 /// graphs on, every step's tables are as wide as a whole context's, and the kernels are told that
 /// many positions as max_length (an upper bound of the lengths, which the kernels read from the
 /// device), so that one graph per batch size and split count replays every step. The caches it is given must be PagedKVCaches over `pool` (KVStore::paged()); it

@@ -8,15 +8,32 @@
 
 namespace infer::gpu {
 
+namespace {
+
+/// Splits that give each of `multiprocessors` about two of `blocks` thread blocks times the
+/// splits, none shorter than `min_positions` of `max_length` (0: none), 1 when the blocks suffice.
+int splits_to_fill(long blocks, int max_length, int min_positions, int multiprocessors) {
+  const long want = 2L * multiprocessors;
+  if (min_positions == 0 || blocks >= want) return 1;
+  const long by_device = (want + blocks - 1) / blocks;
+  const long by_length = std::max(1, max_length / min_positions);
+  return static_cast<int>(std::min(by_device, by_length));
+}
+
+}  // namespace
+
 int choose_splits(int batch, int kv_heads, int max_length, int multiprocessors) {
   require(batch >= 1 && kv_heads >= 1 && max_length >= 1 && multiprocessors >= 1, "choose_splits: batch ", batch,
           ", kv_heads ", kv_heads, ", max_length ", max_length, ", multiprocessors ", multiprocessors,
           " (each must be >= 1)");
-  const long blocks = static_cast<long>(batch) * kv_heads, want = 2L * multiprocessors;
-  if (blocks >= want) return 1;
-  const long by_device = (want + blocks - 1) / blocks;  // splits that give each multiprocessor about two blocks
-  const long by_length = std::max(1, max_length / kMinSplitPositions);  // no split shorter than that
-  return static_cast<int>(std::min(by_device, by_length));
+  return splits_to_fill(static_cast<long>(batch) * kv_heads, max_length, kMinSplitPositions, multiprocessors);
+}
+
+int chunk_splits(int tiles, int heads, int max_length, int multiprocessors) {
+  require(tiles >= 1 && heads >= 1 && max_length >= 1 && multiprocessors >= 1, "chunk_splits: tiles ", tiles,
+          ", heads ", heads, ", max_length ", max_length, ", multiprocessors ", multiprocessors,
+          " (each must be >= 1)");
+  return splits_to_fill(static_cast<long>(tiles) * heads, max_length, kChunkSplitMinPositions, multiprocessors);
 }
 
 void check_paged_batch(const PagedBatch& a, const char* who) {

@@ -107,7 +107,7 @@ namespace {
 /// The paged DeviceAttention: per step, the rows' block tables, lengths and slots uploaded once;
 /// per layer, one write_kv_slots, then the attention: the rows of long causal chunks (a prompt, or
 /// a piece of one) in one paged_chunk_attention launch, tiles of 32 rows reading each K/V tile once
-/// (on tensor cores where they run);
+/// (on tensor cores where they run; split over the positions, and merged, when chunk_splits() says so);
 /// the others (decodes, short chunks) through your paged attention (split when choose_splits says
 /// so), one launch per run of consecutive such rows. Row t of a chunk after L cached positions
 /// sees L + t + 1 of them through its sequence's block table: causal attention, no copy. A step
@@ -150,11 +150,20 @@ class PagedAttention final : public DeviceAttention {
     slots_.upload(r.slots.data(), N);
     // Long causal chunks to the tiled chunk kernel, every other row to the decode kernel.
     plan_ = step_kernels(rows_, !lists_);
+    chunk_splits_ = 1;
     if (!plan_.tile_first.empty()) {
       const size_t tiles = plan_.tile_first.size();
       grow(tile_first_, tiles), grow(tile_rows_, tiles);
       tile_first_.upload(plan_.tile_first.data(), tiles);
       tile_rows_.upload(plan_.tile_rows.data(), tiles);
+      // A few tiles after a long context: split their positions too (chunk_attention.hpp).
+      chunk_splits_ = fixed_splits_ > 0 ? fixed_splits_
+                                        : chunk_splits(static_cast<int>(tiles), c_.num_attention_heads, max_length_,
+                                                       multiprocessors_);
+      if (chunk_splits_ > 1) {
+        const size_t partials = tiles * kChunkTileRows * c_.num_attention_heads * chunk_splits_;
+        grow(chunk_partial_out_, partials * c_.head_dim), grow(chunk_partial_lse_, partials);
+      }
     }
     int decode_rows = 0;
     for (const int n : plan_.run_rows) decode_rows += n;
@@ -193,9 +202,12 @@ class PagedAttention final : public DeviceAttention {
     a.batch = N, a.max_blocks = max_blocks_, a.block_size = table_block_;  // 1: the rows list slots (a tree)
     a.heads = c_.num_attention_heads, a.kv_heads = c_.num_key_value_heads, a.head_dim = c_.head_dim;
     a.max_length = kernel_max_length_;
-    if (!plan_.tile_first.empty())
-      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), static_cast<int>(plan_.tile_first.size()),
-                            chunk_tensor_);
+    const int tiles = static_cast<int>(plan_.tile_first.size());
+    if (tiles > 0 && chunk_splits_ > 1)
+      paged_chunk_attention_split(a, tile_first_.get(), tile_rows_.get(), tiles, chunk_splits_,
+                                  chunk_partial_out_.get(), chunk_partial_lse_.get(), chunk_tensor_);
+    else if (tiles > 0)
+      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), tiles, chunk_tensor_);
     const long q_dim = static_cast<long>(a.heads) * a.head_dim;
     for (size_t i = 0; i < plan_.run_first.size(); ++i) {  // the decode rows, run by run
       const long first = plan_.run_first[i];
@@ -236,10 +248,10 @@ class PagedAttention final : public DeviceAttention {
   int rows_total_ = 0, table_block_ = 1, kernel_max_length_ = 1;
   bool lists_ = false;  // a tree in the step: every row lists the slots it sees (table_block_ 1)
   bool graphs_ = false;
-  int max_blocks_ = 1, max_length_ = 1, splits_ = 1;
+  int max_blocks_ = 1, max_length_ = 1, splits_ = 1, chunk_splits_ = 1;  // the decode rows' and the tiles' splits
   StepKernels plan_;  // which rows each kernel reads
   DeviceArray<int> tables_, lengths_, slots_, tile_first_, tile_rows_;
-  DeviceArray<float> partial_out_, partial_lse_;
+  DeviceArray<float> partial_out_, partial_lse_, chunk_partial_out_, chunk_partial_lse_;
 };
 
 }  // namespace

@@ -27,10 +27,23 @@ __device__ float warp_max(float v) {
   return v;
 }
 
+/// Loads of each pool a thread has in flight while staging a tile (wide() pools).
+constexpr int kInFlight = 4;
+
+/// Whether the pools can be read four floats a load: head_dim a multiple of 4 (so every row of a
+/// head starts 16 bytes after the last) and both pools 16-byte aligned.
+__device__ bool wide(const PagedBatch& a) {
+  return a.head_dim % 4 == 0 &&
+         (reinterpret_cast<unsigned long long>(a.k_pool) | reinterpret_cast<unsigned long long>(a.v_pool)) % 16 == 0;
+}
+
 /// The block's next tile of keys and values, positions j0 .. j0 + nk of the table's sequence: their
 /// pool rows looked up once into slot[0..kKeys), then every (key j, dimension c) of the K/V head
 /// `g` handed to put(j, c, k, v), zeros past nk. The whole block takes part, between barriers (the
-/// first waits until everyone is done with the previous tile).
+/// first waits until everyone is done with the previous tile). Where the pools are wide(), each
+/// thread issues kInFlight 16-byte loads of each before it puts any (a tile's keys and values are
+/// 16 KB at head_dim 64: one float a load, one at a time, left the reads waiting on latency);
+/// otherwise one float a load.
 template <typename Put>
 __device__ void stage_kv_tile(const PagedBatch& a, const int* table, int g, int j0, int nk, long* slot, Put put) {
   const int d = a.head_dim;
@@ -42,12 +55,58 @@ __device__ void stage_kv_tile(const PagedBatch& a, const int* table, int g, int 
         threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
-    const int j = e / d, c = e % d;
-    const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
-    put(j, c, j < nk ? a.k_pool[at] : 0.0f, j < nk ? a.v_pool[at] : 0.0f);
+  if (wide(a)) {
+    const int quads = d / 4, n = kKeys * quads;
+    for (int e0 = threadIdx.x; e0 < n; e0 += kInFlight * blockDim.x) {
+      float4 k[kInFlight], v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {  // the loads first
+        const int e = e0 + u * static_cast<int>(blockDim.x), j = e / quads;
+        k[u] = v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (e < n && j < nk) {
+          const long at = slot[j] * kvd + static_cast<long>(g) * d + 4 * (e % quads);
+          k[u] = *reinterpret_cast<const float4*>(a.k_pool + at);
+          v[u] = *reinterpret_cast<const float4*>(a.v_pool + at);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {  // then the puts
+        const int e = e0 + u * static_cast<int>(blockDim.x), j = e / quads, c = 4 * (e % quads);
+        if (e >= n) continue;
+        put(j, c, k[u].x, v[u].x);
+        put(j, c + 1, k[u].y, v[u].y);
+        put(j, c + 2, k[u].z, v[u].z);
+        put(j, c + 3, k[u].w, v[u].w);
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < kKeys * d; e += blockDim.x) {
+      const int j = e / d, c = e % d;
+      const long at = slot[j] * kvd + static_cast<long>(g) * d + c;
+      put(j, c, j < nk ? a.k_pool[at] : 0.0f, j < nk ? a.v_pool[at] : 0.0f);
+    }
   }
   __syncthreads();
+}
+
+/// Positions a split of a tile covers: the tile's `longest` positions over `splits`, rounded up to
+/// whole tiles of keys (split s reads [s * piece, min((s + 1) * piece, longest))). The kernels and
+/// the merge use this one rule.
+__device__ int chunk_piece(int longest, int splits) {
+  const int per = (longest + splits - 1) / splits;
+  return (per + kKeys - 1) / kKeys * kKeys;
+}
+
+/// The positions every row of tile `tile` sees, at most: its longest row's.
+__device__ int tile_longest(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tile) {
+  int longest = 0;
+  for (int r = 0; r < tile_rows[tile]; ++r) longest = max(longest, a.lengths[tile_first[tile] + r]);
+  return longest;
+}
+
+/// Where a tile's row r, query head h, split s keeps its partial ([tiles, kRows, heads, splits]).
+__device__ long chunk_partial(const PagedBatch& a, int splits, int tile, int r, int h, int s) {
+  return ((static_cast<long>(tile) * kRows + r) * a.heads + h) * splits + s;
 }
 
 size_t chunk_smem_bytes(int d) {
@@ -59,8 +118,12 @@ size_t chunk_smem_bytes(int d) {
 /// tile still keeps every warp busy. For each tile of 32 positions (their pool rows looked up once,
 /// then the keys and values staged in shared memory), lane j scores position j against one row at a
 /// time; the row's running max, sum and output (lane l holding dimensions l, l + 32, ...) take the
-/// tile's probabilities, each broadcast from its lane by a shuffle.
-__global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale) {
+/// tile's probabilities, each broadcast from its lane by a shuffle. Split (blockIdx.z of `splits`,
+/// partial_out not null): the block reads only its split's positions and writes each row's
+/// partial (output and log-sum-exp) where chunk_partial() says; a row that sees none of them
+/// writes nothing (the merge skips it); unsplit, the rows' outputs.
+__global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale, int splits,
+                                   float* partial_out, float* partial_lse) {
   extern __shared__ float smem[];
   const int d = a.head_dim;
   float* qs = smem;                  // [kRows][d], scaled
@@ -72,14 +135,18 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
+  // The positions this block reads: the tile's all, or its split's.
+  const int longest = tile_longest(a, tile_first, tile_rows, blockIdx.x);
+  const int piece = partial_out ? chunk_piece(longest, splits) : longest;
+  const int begin = partial_out ? min(static_cast<int>(blockIdx.z) * piece, longest) : 0;
+  const int end = min(begin + piece, longest);
+  if (begin == end) return;  // a split past the tile's end: the whole block, before any barrier
   for (int e = threadIdx.x; e < kRows * d; e += blockDim.x) {
     const int r = e / d, c = e % d;
     qs[e] = r < rows ? a.q[(first + r) * qd + static_cast<long>(h) * d + c] * scale : 0.0f;
   }
   int length[kRowsPerWarp];  // the positions each of this warp's rows sees (0: no such row)
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDimsPerLane];
-  int longest = 0;
-  for (int r = 0; r < rows; ++r) longest = max(longest, a.lengths[first + r]);
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = rr * kWarps + warp;
@@ -88,8 +155,8 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
 #pragma unroll
     for (int x = 0; x < kDimsPerLane; ++x) acc[rr][x] = 0.0f;
   }
-  for (int j0 = 0; j0 < longest; j0 += kKeys) {
-    const int nk = min(kKeys, longest - j0);
+  for (int j0 = begin; j0 < end; j0 += kKeys) {
+    const int nk = min(kKeys, end - j0);
     stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
       ks[j * (d + 1) + c] = k;
       vs[j * d + c] = v;
@@ -122,12 +189,16 @@ __global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const in
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = rr * kWarps + warp;
-    if (r >= rows) continue;
+    if (r >= rows || begin >= length[rr]) continue;  // unsplit, begin is 0: every row sees position 0
+    float* to = partial_out ? partial_out + chunk_partial(a, splits, blockIdx.x, r, h, blockIdx.z) * d
+                            : a.out + (first + r) * qd + static_cast<long>(h) * d;
 #pragma unroll
     for (int x = 0; x < kDimsPerLane; ++x) {
       const int c = lane + 32 * x;
-      if (c < d) a.out[(first + r) * qd + static_cast<long>(h) * d + c] = acc[rr][x] / l[rr];
+      if (c < d) to[c] = acc[rr][x] / l[rr];
     }
+    if (partial_out && lane == 0)
+      partial_lse[chunk_partial(a, splits, blockIdx.x, r, h, blockIdx.z)] = m[rr] + logf(l[rr]);
   }
 }
 
@@ -178,8 +249,9 @@ __device__ void mma_halves(Acc& acc, const __nv_bfloat16* a_hi, const __nv_bfloa
 /// Block (tile, query head); warp w owns the tile's rows 16 w .. 16 w + 15. Per tile of 32
 /// positions (pool rows looked up once, keys and values staged as halves): S_w = Q_w K^T into
 /// shared memory, the online softmax per row (lane j on position j), P split into halves, the
-/// warp's output rows rescaled, then O_w += P V.
-__global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale) {
+/// warp's output rows rescaled, then O_w += P V. Split as paged_chunk_kernel.
+__global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale,
+                                          int splits, float* partial_out, float* partial_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
   extern __shared__ __align__(32) unsigned char raw[];
@@ -201,13 +273,17 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
+  // The positions this block reads: the tile's all, or its split's.
+  const int longest = tile_longest(a, tile_first, tile_rows, blockIdx.x);
+  const int piece = partial_out ? chunk_piece(longest, splits) : longest;
+  const int begin = partial_out ? min(static_cast<int>(blockIdx.z) * piece, longest) : 0;
+  const int end = min(begin + piece, longest);
+  if (begin == end) return;  // a split past the tile's end: the whole block, before any barrier
   for (int e = threadIdx.x; e < kRows * d; e += blockDim.x) {
     const int r = e / d, c = e % d;
     split(r < rows ? a.q[(first + r) * qd + static_cast<long>(h) * d + c] * scale : 0.0f, q_hi, q_lo, e);
     os[e] = 0.0f;
   }
-  int longest = 0;
-  for (int r = 0; r < rows; ++r) longest = max(longest, a.lengths[first + r]);
   const int w0 = warp * 16;  // the warp's first row
   float m[16], l[16];        // the warp's 16 rows, the same in every lane
   int length[16];            // the positions each sees (0: past the tile's rows)
@@ -215,8 +291,8 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   for (int r = 0; r < 16; ++r) {
     m[r] = -INFINITY, l[r] = 0.0f, length[r] = w0 + r < rows ? a.lengths[first + w0 + r] : 0;
   }
-  for (int j0 = 0; j0 < longest; j0 += kKeys) {
-    const int nk = min(kKeys, longest - j0);
+  for (int j0 = begin; j0 < end; j0 += kKeys) {
+    const int nk = min(kKeys, end - j0);
     stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
       split(k, k_hi, k_lo, j * d + c);
       split(v, v_hi, v_lo, j * d + c);
@@ -260,9 +336,42 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   }
   for (int e = lane; e < 16 * d; e += 32) {
     const int r = e / d, c = e % d, row = w0 + r;
-    if (row < rows) a.out[(first + row) * qd + static_cast<long>(h) * d + c] = os[w0 * d + e] / l[r];
+    if (row >= rows || begin >= a.lengths[first + row]) continue;  // unsplit, begin is 0
+    float* to = partial_out ? partial_out + chunk_partial(a, splits, blockIdx.x, row, h, blockIdx.z) * d
+                            : a.out + (first + row) * qd + static_cast<long>(h) * d;
+    to[c] = os[w0 * d + e] / l[r];
+  }
+  if (partial_out && lane < 16 && w0 + lane < rows && begin < a.lengths[first + w0 + lane]) {
+    float lse = 0.0f;  // l[] and m[] are indexed by the warp's row: pick lane's without a dynamic index
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      if (r == lane) lse = m[r] + logf(l[r]);
+    partial_lse[chunk_partial(a, splits, blockIdx.x, w0 + lane, h, blockIdx.z)] = lse;
   }
 #endif
+}
+
+/// Block (tile, row of the tile): the row's partials, over the splits that reach its positions,
+/// merged into its output for every query head (flash_decoding.hpp's formula).
+__global__ void merge_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, int splits,
+                                   const float* partial_out, const float* partial_lse) {
+  const int r = blockIdx.y;
+  if (r >= tile_rows[blockIdx.x]) return;
+  const int row = tile_first[blockIdx.x] + r, d = a.head_dim;
+  const int piece = chunk_piece(tile_longest(a, tile_first, tile_rows, blockIdx.x), splits);
+  const int reach = (a.lengths[row] + piece - 1) / piece;  // splits 0 .. reach - 1 hold some of its positions
+  for (int e = threadIdx.x; e < a.heads * d; e += blockDim.x) {
+    const int h = e / d, c = e % d;
+    const long at = chunk_partial(a, splits, blockIdx.x, r, h, 0);
+    float top = -INFINITY;
+    for (int s = 0; s < reach; ++s) top = fmaxf(top, partial_lse[at + s]);
+    float sum = 0.0f, weights = 0.0f;
+    for (int s = 0; s < reach; ++s) {
+      const float w = expf(partial_lse[at + s] - top);
+      sum += w * partial_out[(at + s) * d + c], weights += w;
+    }
+    a.out[static_cast<long>(row) * a.heads * d + e] = sum / weights;
+  }
 }
 
 }  // namespace
@@ -280,13 +389,13 @@ bool chunk_tensor_cores_run(int head_dim) {
          chunk_tensor_smem_bytes(head_dim) <= static_cast<size_t>(optin);
 }
 
-void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
-                           bool tensor_cores) {
-  check_paged_batch(a, "paged_chunk_attention");
-  require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
-  require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
+namespace {
+
+/// One launch of the chunk kernel (tensor cores or not), unsplit or split.
+void launch_chunk(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles, bool tensor_cores,
+                  int splits, float* partial_out, float* partial_lse) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
   if (tensor_cores) {
     require(chunk_tensor_cores_run(a.head_dim), "paged_chunk_attention: tensor cores need a device of compute "
             "capability 8.0 or later and a head_dim that is a multiple of 16 and whose tiles fit in shared memory; "
@@ -294,7 +403,8 @@ void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int
     const size_t smem = chunk_tensor_smem_bytes(a.head_dim);
     INFER_CUDA_CHECK(cudaFuncSetAttribute(paged_chunk_tensor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-    paged_chunk_tensor_kernel<<<grid, kTcThreads, smem>>>(a, tile_first, tile_rows, scale);
+    paged_chunk_tensor_kernel<<<grid, kTcThreads, smem>>>(a, tile_first, tile_rows, scale, splits, partial_out,
+                                                          partial_lse);
     cuda_check_launch("paged_chunk_tensor_kernel");
     return;
   }
@@ -306,8 +416,30 @@ void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int
           " bytes of shared memory per block; this device allows ", optin);
   INFER_CUDA_CHECK(
       cudaFuncSetAttribute(paged_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  paged_chunk_kernel<<<grid, kThreads, smem>>>(a, tile_first, tile_rows, scale);
+  paged_chunk_kernel<<<grid, kThreads, smem>>>(a, tile_first, tile_rows, scale, splits, partial_out, partial_lse);
   cuda_check_launch("paged_chunk_kernel");
+}
+
+}  // namespace
+
+void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                           bool tensor_cores) {
+  check_paged_batch(a, "paged_chunk_attention");
+  require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
+  require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
+  launch_chunk(a, tile_first, tile_rows, tiles, tensor_cores, 1, nullptr, nullptr);
+}
+
+void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                                 int splits, float* partial_out, float* partial_lse, bool tensor_cores) {
+  check_paged_batch(a, "paged_chunk_attention_split");
+  require(tiles >= 1, "paged_chunk_attention_split: tiles must be >= 1, got ", tiles);
+  require(splits >= 1 && splits <= 65535, "paged_chunk_attention_split: splits must be in [1, 65535], got ", splits);
+  require_device_pointers("paged_chunk_attention_split", {tile_first, tile_rows, partial_out, partial_lse});
+  launch_chunk(a, tile_first, tile_rows, tiles, tensor_cores, splits, partial_out, partial_lse);
+  merge_chunk_kernel<<<dim3(static_cast<unsigned>(tiles), kRows), 128>>>(a, tile_first, tile_rows, splits, partial_out,
+                                                                          partial_lse);
+  cuda_check_launch("merge_chunk_kernel");
 }
 
 }  // namespace infer::gpu

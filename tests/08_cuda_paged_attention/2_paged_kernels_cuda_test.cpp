@@ -6,6 +6,7 @@
 // Tolerance 1e-5 + 1e-4 |ref| (float32 sums in another order). Without a device every case skips.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -369,14 +370,18 @@ GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
 // (chunk_attention.hpp), on the rows step_kernels() tiles. Each chunk of n tokens after L cached
 // positions is n rows sharing its sequence's table, row t seeing L + t + 1 positions; a one-token
 // chunk among them is left to the decode kernel, so its row must stay as poisoned. Chunks of 40,
-// 9 and 70 tokens leave tiles of every size; blocks of 3 and 16 positions; head_dim up to 256.
-TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
-  REQUIRE_DEVICE();
+// 9 and 70 tokens leave tiles of every size. `run(a, tile_first, tile_rows, tiles, tensor_cores)`
+// is the call under test, on each shape, block size and design (tensor cores where they run).
+// The tensor-core design keeps about 16 bits of each operand (chunk_attention.hpp): within
+// 1e-4 + 1e-4 |x|, where its largest difference over these shapes, emulated, was 2.6e-5 (the
+// float32 design's, 1.4e-6, within lesson 08's 1e-5 + 1e-4 |x|).
+template <typename Run>
+void expect_chunk_rows_equal_lesson04(std::initializer_list<Shape> shapes, std::initializer_list<int> block_sizes,
+                                      Run run) {
   const std::vector<int> cached = {0, 10, 37, 100}, tokens = {40, 1, 9, 70};
   const StepKernels plan = step_kernels(tokens, true);
-  for (const Shape s : {Shape{8, 2, 64}, Shape{12, 1, 64}, Shape{32, 4, 64}, Shape{4, 4, 256}, Shape{6, 2, 24},
-                        Shape{4, 2, 128}, Shape{2, 1, 16}}) {
-    for (const int bs : {3, 16}) {
+  for (const Shape s : shapes) {
+    for (const int bs : block_sizes) {
       SCOPED_TRACE(cat(s.heads, "/", s.kv_heads, " heads of ", s.head_dim, ", blocks of ", bs));
       std::vector<int> seq_lengths;
       for (size_t i = 0; i < tokens.size(); ++i) seq_lengths.push_back(cached[i] + tokens[i]);
@@ -392,16 +397,13 @@ TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
       const std::vector<float> q = random_values(static_cast<size_t>(rows) * qd, 600 + bs);
       DeviceArray<float> dq(q);
       DeviceArray<int> dtables(flat), dlengths(lengths), first(plan.tile_first), count(plan.tile_rows);
-      // The tensor-core design keeps about 16 bits of each operand (chunk_attention.hpp): within
-      // 1e-4 + 1e-4 |x|, where its largest difference over these shapes, emulated, was 2.6e-5
-      // (the float32 design's, 1.4e-6, within lesson 08's 1e-5 + 1e-4 |x|).
       for (const bool tensor_cores : {false, true}) {
         if (tensor_cores && !chunk_tensor_cores_run(s.head_dim)) continue;  // head_dim 24, or no tensor cores
         SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
         DeviceArray<float> out = poisoned(static_cast<size_t>(rows) * qd);
         PagedBatch a = f.args(out.get());
         a.q = dq.get(), a.block_tables = dtables.get(), a.lengths = dlengths.get(), a.batch = rows;
-        paged_chunk_attention(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()), tensor_cores);
+        run(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()), tensor_cores);
         const std::vector<float> got = out.download();
         for (int r = 0; r < rows; ++r) {
           const Matrix row = Eigen::Map<const Matrix>(got.data() + static_cast<size_t>(r) * qd, 1, qd);
@@ -418,6 +420,50 @@ TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
       }
     }
   }
+}
+
+// Blocks of 3 and 16 positions; head_dim up to 256.
+TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
+  REQUIRE_DEVICE();
+  expect_chunk_rows_equal_lesson04(
+      {Shape{8, 2, 64}, Shape{12, 1, 64}, Shape{32, 4, 64}, Shape{4, 4, 256}, Shape{6, 2, 24}, Shape{4, 2, 128},
+       Shape{2, 1, 16}},
+      {3, 16}, [](const PagedBatch& a, const int* first, const int* count, int tiles, bool tensor_cores) {
+        paged_chunk_attention(a, first, count, tiles, tensor_cores);
+      });
+}
+
+// The same rows with each tile's positions split (paged_chunk_attention_split), into 2, 3 and 7
+// ranges of whole key tiles: the chunk of 70 after 100 has tiles of up to 170 positions (7 splits
+// of 32: the last one empty), the chunk of 9 after 37 rows that the second of 2 splits reaches
+// and rows it does not. The workspace is poisoned with NaN first: a partial the merge reads that
+// no block wrote shows. head_dim 18 (not a multiple of 4) takes the staging's one-float loads.
+TEST(GivenChunkKernel, SplitOverPositionsEqualsLesson04RowByRow) {
+  REQUIRE_DEVICE();
+  for (const int splits : {2, 3, 7}) {
+    SCOPED_TRACE(cat(splits, " splits"));
+    expect_chunk_rows_equal_lesson04(
+        {Shape{8, 2, 64}, Shape{6, 2, 18}}, {16},
+        [splits](const PagedBatch& a, const int* first, const int* count, int tiles, bool tensor_cores) {
+          const size_t partials = static_cast<size_t>(tiles) * kChunkTileRows * a.heads * splits;
+          DeviceArray<float> out = poisoned(partials * a.head_dim), lse = poisoned(partials);
+          paged_chunk_attention_split(a, first, count, tiles, splits, out.get(), lse.get(), tensor_cores);
+        });
+  }
+  const std::vector<int> tiles = {0}, rows = {1}, lengths = {1};
+  DeviceArray<int> first(tiles), count(rows), length(lengths), table(tiles);
+  DeviceArray<float> q(64), kv(64), out(64), partial(kChunkTileRows * 64);
+  PagedBatch a;
+  a.q = q.get(), a.k_pool = kv.get(), a.v_pool = kv.get(), a.block_tables = table.get(), a.lengths = length.get();
+  a.out = out.get(), a.batch = 1, a.max_blocks = 1, a.block_size = 1, a.heads = 1, a.kv_heads = 1, a.head_dim = 64;
+  a.max_length = 1;
+  for (const int splits : {0, 65536})
+    EXPECT_TRUE(testing::throws_error_mentioning(
+        [&] { paged_chunk_attention_split(a, first.get(), count.get(), 1, splits, partial.get(), partial.get()); },
+        "splits must be in [1, 65535]"));
+  EXPECT_TRUE(testing::throws_error_mentioning(
+      [&] { paged_chunk_attention_split(a, first.get(), count.get(), 1, 2, nullptr, partial.get()); },
+      "paged_chunk_attention_split"));
 }
 
 }  // namespace

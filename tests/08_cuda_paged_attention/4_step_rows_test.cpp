@@ -4,6 +4,7 @@
 // paged_attention() and must equal lesson 00's causal attention over the whole chunk, and the
 // layout must reserve (copying a shared block first) before it reads the tables.
 // Tolerance: 1e-5 + 1e-4 |ref| (float sums in another order).
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -171,6 +172,24 @@ TEST(Lesson08StepRows, StepKernelsTilesLongChunksAndRunsTheRest) {
   EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels(none, true); }, "at least one"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels({}, true); }, "at least one chunk"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { step_kernels(tokens, true, 1); }, "min_chunk"));
+}
+
+// How many ways the engine splits a chunk's tiles over their positions (chunk_attention.hpp):
+// about two blocks for each multiprocessor, no split below kChunkSplitMinPositions positions.
+TEST(Lesson08StepRows, ChunkSplitsFillTheDeviceWithoutShortSplits) {
+  const int least = kChunkSplitMinPositions;
+  if (least == 0) {
+    EXPECT_EQ(chunk_splits(1, 32, 100000, 132), 1) << "kChunkSplitMinPositions 0: never split";
+    GTEST_SKIP() << "the chunk split is off";
+  }
+  EXPECT_EQ(chunk_splits(1, 32, 64 * least, 132), 9) << "one tile of 32 heads: 264 blocks want 9 splits";
+  EXPECT_EQ(chunk_splits(1, 32, 3 * least + 1, 132), 3) << "no split shorter than kChunkSplitMinPositions";
+  EXPECT_EQ(chunk_splits(1, 32, least - 1, 132), 1) << "a context shorter than one split";
+  EXPECT_EQ(chunk_splits(9, 32, 64 * least, 132), 1) << "288 blocks fill 132 multiprocessors twice";
+  EXPECT_EQ(chunk_splits(4, 32, 64 * least, 132), 3) << "128 blocks: 3 splits make 384";
+  for (const auto& [tiles, heads, length, sms] : {std::array{0, 1, 1, 1}, std::array{1, 0, 1, 1},
+                                                  std::array{1, 1, 0, 1}, std::array{1, 1, 1, 0}})
+    EXPECT_TRUE(testing::throws_error_mentioning([&] { chunk_splits(tiles, heads, length, sms); }, "must be >= 1"));
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ wanted = {  # bench: lines its section must have
                             "| q, k, v GEMV [", "| logits to the host (cudaMemcpy; the host waits for each) | 1 |", "| ms in a stream |",
                             "ms in a stream; the step: "],
     "lesson08_cuda_bench": ["| chunk kernel on tensor cores (tiles of 32 rows) |", "| paged, split ",
+                            "| chunk kernel (tiles of 32 rows), split 3 ways |",
+                            "| chunk rows through your decode kernel, split 3 ways |",
                             "- decode step, small model in the 1.1B shape's place"],
     "lesson09_cuda_bench": ["cuBLAS bf16 product on this device", "- version 3 against version 2, 64 tokens"],
     "lesson11_cuda_bench": ["| int4, groups of 32 on tensor cores |", "| int8 |"],
@@ -50,7 +52,7 @@ with tempfile.TemporaryDirectory() as out:
             sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
     # tools/gpu_targets.py's section: every tuning constant picked from the benches' rows.
     for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kFuseOneRowStep", "kSkinnySplitMaxBatch",
-                 "kChunkTensorCores", "kChunkKernelMinTokens"):
+                 "kChunkTensorCores", "kChunkSplitMinPositions", "kChunkKernelMinTokens"):
         row = next((line for line in md.splitlines() if line.startswith(f"| `{name}`")), "")
         if not row or "not in this report" in row:
             sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")

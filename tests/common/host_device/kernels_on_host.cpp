@@ -309,6 +309,13 @@ void paged_chunk_attention(const PagedBatch& batch, const int* tile_first, const
   });
 }
 
+void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                                 int splits, float* partial_out, float* partial_lse, bool tensor_cores) {
+  require(splits >= 1 && splits <= 65535, "paged_chunk_attention_split: splits must be in [1, 65535], got ", splits);
+  require_device_pointers("paged_chunk_attention_split", {partial_out, partial_lse});
+  paged_chunk_attention(a, tile_first, tile_rows, tiles, tensor_cores);  // the merged result: all the engine reads
+}
+
 void paged_decode_attention_split(const PagedBatch& a, int num_splits, float* partial_out, float* partial_lse) {
   require(num_splits >= 1, "paged_decode_attention_split: num_splits must be >= 1, got ", num_splits);
   require_device_pointers("paged_decode_attention_split", {partial_out, partial_lse});
