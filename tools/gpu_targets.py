@@ -384,8 +384,12 @@ def summary(report):
     def as_run(d, name):
         """A design's ms as the engine runs it on a shape: split where the bench split it as the
         engine would (the row ", split N ways"), else whole; None where the bench has neither."""
-        split = [ms for n, ms in d.items() if n.startswith(name + ", split ")]
+        split = [ms for n, ms in d.items() if n.startswith(name + ", split ") and "twice" not in n]
         return split[0] if split else d.get(name)
+
+    def twice(d, name):
+        """The design's ms split twice as many ways as the engine splits it (None where not run)."""
+        return next((ms for n, ms in d.items() if n.startswith(name + ", split ") and "twice" in n), None)
 
     tc_rows = [(s, d) for s, d in chunks.items() if tc_name in d and cuda_name in d and size(s) >= 32]
     use_tc = all(as_run(d, tc_name) < as_run(d, cuda_name) for _, d in tc_rows) if tc_rows else None
@@ -395,14 +399,22 @@ def summary(report):
          + ", ".join(f"{size(s)}: {as_run(d, tc_name):.4f} / {as_run(d, cuda_name):.4f} ms"
                      for s, d in sorted(tc_rows, key=lambda x: size(x[0]))))
     design = tc_name if use_tc else cuda_name
-    # The tiles' split: kept where the split rows beat the whole ones at every shape the bench split.
-    split_rows = [(size(s), d[design], as_run(d, design)) for s, d in chunks.items()
+    # The tiles' split: halved where twice the splits beat the engine's at every shape the bench
+    # split, kept where the engine's beat the whole kernel, else 0 (off).
+    split_rows = [(size(s), d[design], as_run(d, design), twice(d, design)) for s, d in chunks.items()
                   if design in d and as_run(d, design) != d[design]]
-    present = constant("lessons/08_cuda_paged_attention/chunk_attention.hpp", "kChunkSplitMinPositions")
-    pick("kChunkSplitMinPositions", "lessons/08_cuda_paged_attention/chunk_attention.hpp",
-         None if not split_rows else present if all(t < w for _, w, t in split_rows) else 0,
-         "the chunk kernel whole / split as chunk_splits() splits it (0 turns the split off where it loses): "
-         + ", ".join(f"{n}: {w:.4f} / {t:.4f} ms" for n, w, t in sorted(split_rows)))
+    present = int(constant("lessons/08_cuda_paged_attention/chunk_attention.hpp", "kChunkSplitMinPositions") or 0)
+    if not split_rows:
+        split_pick = None
+    elif all(x is not None and x < t < w for _, w, t, x in split_rows):
+        split_pick = present // 2
+    else:
+        split_pick = present if all(t < w for _, w, t, _ in split_rows) else 0
+    pick("kChunkSplitMinPositions", "lessons/08_cuda_paged_attention/chunk_attention.hpp", split_pick,
+         "the chunk kernel whole / split as chunk_splits() splits it / twice as many ways (half the present value "
+         "where twice wins everywhere, 0 turns the split off where the engine's loses): "
+         + ", ".join(f"{n}: {w:.4f} / {t:.4f} / " + (f"{x:.4f}" if x is not None else "-") + " ms"
+                     for n, w, t, x in sorted(split_rows)))
     rows_ = sorted(((size(s), d) for s, d in chunks.items() if design in d and decode_name in d), key=lambda x: x[0])
     wins = [n for n, _ in rows_ if all(as_run(d, design) < as_run(d, decode_name) for m, d in rows_ if m >= n)]
     first = None if not rows_ else (min(wins) if wins else "none (the decode kernel wins at every size)")

@@ -284,15 +284,18 @@ int main(int argc, char** argv) {
                                         reps)});
       }
       // Both designs of the chunk kernel (CUDA cores; tensor cores, where they run), each checked,
-      // whole and split as the engine splits a step's tiles (chunk_splits(); 3 ways with --small).
+      // whole, split as the engine splits a step's tiles (chunk_splits(); 3 ways with --small) and
+      // split twice as many ways (whether shorter splits than kChunkSplitMinPositions pay).
       const int tile_splits = small ? 3 : gpu::chunk_splits(tiles, h, length, prop.multiProcessorCount);
-      const size_t partials = static_cast<size_t>(tiles) * gpu::kChunkTileRows * h * tile_splits;
+      const size_t partials = static_cast<size_t>(tiles) * gpu::kChunkTileRows * h * 2 * tile_splits;
       DeviceArray<float> tile_po(partials * d), tile_pl(partials);
       for (const bool tc : {false, true}) {
         if (tc && !gpu::chunk_tensor_cores_run(d)) continue;
         const std::string design =
             tc ? "chunk kernel on tensor cores (tiles of 32 rows)" : "chunk kernel (tiles of 32 rows)";
-        for (const int split : tile_splits > 1 ? std::vector<int>{1, tile_splits} : std::vector<int>{1}) {
+        const std::vector<int> counts =
+            tile_splits > 1 ? std::vector<int>{1, tile_splits, 2 * tile_splits} : std::vector<int>{1};
+        for (const int split : counts) {
           const auto run = [&] {
             if (split == 1) gpu::paged_chunk_attention(c, first.get(), count.get(), tiles, tc);
             else
@@ -303,7 +306,10 @@ int main(int argc, char** argv) {
           run();
           const std::vector<float> hc = chunk.download();
           const auto [diff, within] = agreement(hy, hc, 1e-4, 1e-4);
-          const std::string name = split == 1 ? design : cat(design, ", split ", split, " ways");
+          const std::string name = split == 1 ? design
+                                   : split == tile_splits
+                                       ? cat(design, ", split ", split, " ways")
+                                       : cat(design, ", split ", split, " ways (twice the engine's)");
           checks.push_back(cat(name, " against yours, ", shape, ", 32/4 heads of 64: largest difference ", diff, ": ",
                                within ? "within" : "OUTSIDE", " the tolerance 1e-4 + 1e-4 |yours|"));
           results.push_back({name, shape, bytes, cuda_time_ms(run, reps)});

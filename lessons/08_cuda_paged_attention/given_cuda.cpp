@@ -156,10 +156,14 @@ class PagedAttention final : public DeviceAttention {
       grow(tile_first_, tiles), grow(tile_rows_, tiles);
       tile_first_.upload(plan_.tile_first.data(), tiles);
       tile_rows_.upload(plan_.tile_rows.data(), tiles);
-      // A few tiles after a long context: split their positions too (chunk_attention.hpp).
-      chunk_splits_ = fixed_splits_ > 0 ? fixed_splits_
-                                        : chunk_splits(static_cast<int>(tiles), c_.num_attention_heads, max_length_,
-                                                       multiprocessors_);
+      // A few tiles after a long context: split their positions too (chunk_attention.hpp), by the
+      // tiles' own longest row (a decode row's long context beside a short prompt is not theirs).
+      int longest = 1;
+      for (size_t t = 0; t < tiles; ++t)
+        for (int i = 0; i < plan_.tile_rows[t]; ++i) longest = std::max(longest, r.lengths[plan_.tile_first[t] + i]);
+      chunk_splits_ = fixed_splits_ > 0
+                          ? fixed_splits_
+                          : chunk_splits(static_cast<int>(tiles), c_.num_attention_heads, longest, multiprocessors_);
       if (chunk_splits_ > 1) {
         const size_t partials = tiles * kChunkTileRows * c_.num_attention_heads * chunk_splits_;
         grow(chunk_partial_out_, partials * c_.head_dim), grow(chunk_partial_lse_, partials);

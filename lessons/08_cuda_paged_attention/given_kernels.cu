@@ -97,10 +97,12 @@ __device__ int chunk_piece(int longest, int splits) {
   return (per + kKeys - 1) / kKeys * kKeys;
 }
 
-/// The positions every row of tile `tile` sees, at most: its longest row's.
+/// The positions every row of tile `tile` sees, at most: its longest row's (a load a lane, then
+/// the warp's max). Every lane of the warp calls it.
 __device__ int tile_longest(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tile) {
-  int longest = 0;
-  for (int r = 0; r < tile_rows[tile]; ++r) longest = max(longest, a.lengths[tile_first[tile] + r]);
+  const int lane = threadIdx.x % 32;
+  int longest = lane < tile_rows[tile] ? a.lengths[tile_first[tile] + lane] : 0;  // rows <= kRows = 32
+  for (int o = 16; o > 0; o >>= 1) longest = max(longest, __shfl_xor_sync(kFullMask, longest, o));
   return longest;
 }
 
@@ -122,8 +124,9 @@ size_t chunk_smem_bytes(int d) {
 /// partial_out not null): the block reads only its split's positions and writes each row's
 /// partial (output and log-sum-exp) where chunk_partial() says; a row that sees none of them
 /// writes nothing (the merge skips it); unsplit, the rows' outputs.
-__global__ void paged_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale, int splits,
-                                   float* partial_out, float* partial_lse) {
+__global__ void __launch_bounds__(kThreads, 3)
+    paged_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale, int splits,
+                       float* partial_out, float* partial_lse) {
   extern __shared__ float smem[];
   const int d = a.head_dim;
   float* qs = smem;                  // [kRows][d], scaled
@@ -297,6 +300,7 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
       split(k, k_hi, k_lo, j * d + c);
       split(v, v_hi, v_lo, j * d + c);
     });
+    if (w0 >= rows) continue;  // a tile of 16 rows or fewer: this warp's rows are empty (it still stages)
     // S_w = Q_w K^T (K's rows [key][d] are K^T's columns: column-major, leading dimension d).
     for (int n0 = 0; n0 < kKeys; n0 += 16) {
       Acc s;
@@ -359,7 +363,8 @@ __global__ void merge_chunk_kernel(PagedBatch a, const int* tile_first, const in
   if (r >= tile_rows[blockIdx.x]) return;
   const int row = tile_first[blockIdx.x] + r, d = a.head_dim;
   const int piece = chunk_piece(tile_longest(a, tile_first, tile_rows, blockIdx.x), splits);
-  const int reach = (a.lengths[row] + piece - 1) / piece;  // splits 0 .. reach - 1 hold some of its positions
+  // Splits 0 .. reach - 1 hold some of its positions (lengths are >= 1, so piece is too).
+  const int reach = piece > 0 ? (a.lengths[row] + piece - 1) / piece : 0;
   for (int e = threadIdx.x; e < a.heads * d; e += blockDim.x) {
     const int h = e / d, c = e % d;
     const long at = chunk_partial(a, splits, blockIdx.x, r, h, 0);
@@ -392,12 +397,12 @@ bool chunk_tensor_cores_run(int head_dim) {
 namespace {
 
 /// One launch of the chunk kernel (tensor cores or not), unsplit or split.
-void launch_chunk(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles, bool tensor_cores,
-                  int splits, float* partial_out, float* partial_lse) {
+void launch_chunk(const char* who, const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
+                  bool tensor_cores, int splits, float* partial_out, float* partial_lse) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
   if (tensor_cores) {
-    require(chunk_tensor_cores_run(a.head_dim), "paged_chunk_attention: tensor cores need a device of compute "
+    require(chunk_tensor_cores_run(a.head_dim), who, ": tensor cores need a device of compute "
             "capability 8.0 or later and a head_dim that is a multiple of 16 and whose tiles fit in shared memory; "
             "got head_dim ", a.head_dim, " (chunk_tensor_cores_run says whether they run)");
     const size_t smem = chunk_tensor_smem_bytes(a.head_dim);
@@ -412,7 +417,7 @@ void launch_chunk(const PagedBatch& a, const int* tile_first, const int* tile_ro
   INFER_CUDA_CHECK(cudaGetDevice(&device));
   INFER_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const size_t smem = chunk_smem_bytes(a.head_dim);
-  require(smem <= static_cast<size_t>(optin), "paged_chunk_attention: head_dim ", a.head_dim, " needs ", smem,
+  require(smem <= static_cast<size_t>(optin), who, ": head_dim ", a.head_dim, " needs ", smem,
           " bytes of shared memory per block; this device allows ", optin);
   INFER_CUDA_CHECK(
       cudaFuncSetAttribute(paged_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -427,7 +432,7 @@ void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int
   check_paged_batch(a, "paged_chunk_attention");
   require(tiles >= 1, "paged_chunk_attention: tiles must be >= 1, got ", tiles);
   require_device_pointers("paged_chunk_attention", {tile_first, tile_rows});
-  launch_chunk(a, tile_first, tile_rows, tiles, tensor_cores, 1, nullptr, nullptr);
+  launch_chunk("paged_chunk_attention", a, tile_first, tile_rows, tiles, tensor_cores, 1, nullptr, nullptr);
 }
 
 void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
@@ -436,7 +441,8 @@ void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, con
   require(tiles >= 1, "paged_chunk_attention_split: tiles must be >= 1, got ", tiles);
   require(splits >= 1 && splits <= 65535, "paged_chunk_attention_split: splits must be in [1, 65535], got ", splits);
   require_device_pointers("paged_chunk_attention_split", {tile_first, tile_rows, partial_out, partial_lse});
-  launch_chunk(a, tile_first, tile_rows, tiles, tensor_cores, splits, partial_out, partial_lse);
+  launch_chunk("paged_chunk_attention_split", a, tile_first, tile_rows, tiles, tensor_cores, splits, partial_out,
+               partial_lse);
   merge_chunk_kernel<<<dim3(static_cast<unsigned>(tiles), kRows), 128>>>(a, tile_first, tile_rows, splits, partial_out,
                                                                           partial_lse);
   cuda_check_launch("merge_chunk_kernel");

@@ -377,7 +377,7 @@ GRADED_TEST(Lesson08Kernels, EachCallIsItsLaunchesAndCanBeCapturedInAGraph, 2) {
 // float32 design's, 1.4e-6, within lesson 08's 1e-5 + 1e-4 |x|).
 template <typename Run>
 void expect_chunk_rows_equal_lesson04(std::initializer_list<Shape> shapes, std::initializer_list<int> block_sizes,
-                                      Run run) {
+                                      Run run, bool misaligned_pools = false) {
   const std::vector<int> cached = {0, 10, 37, 100}, tokens = {40, 1, 9, 70};
   const StepKernels plan = step_kernels(tokens, true);
   for (const Shape s : shapes) {
@@ -397,12 +397,19 @@ void expect_chunk_rows_equal_lesson04(std::initializer_list<Shape> shapes, std::
       const std::vector<float> q = random_values(static_cast<size_t>(rows) * qd, 600 + bs);
       DeviceArray<float> dq(q);
       DeviceArray<int> dtables(flat), dlengths(lengths), first(plan.tile_first), count(plan.tile_rows);
+      DeviceArray<float> dk, dv;  // with misaligned_pools, the pools again one float further on
+      if (misaligned_pools) {
+        std::vector<float> k = f.dk.download(), v = f.dv.download();
+        k.insert(k.begin(), 0.0f), v.insert(v.begin(), 0.0f);
+        dk = DeviceArray<float>(k), dv = DeviceArray<float>(v);
+      }
       for (const bool tensor_cores : {false, true}) {
         if (tensor_cores && !chunk_tensor_cores_run(s.head_dim)) continue;  // head_dim 24, or no tensor cores
         SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
         DeviceArray<float> out = poisoned(static_cast<size_t>(rows) * qd);
         PagedBatch a = f.args(out.get());
         a.q = dq.get(), a.block_tables = dtables.get(), a.lengths = dlengths.get(), a.batch = rows;
+        if (misaligned_pools) a.k_pool = dk.get() + 1, a.v_pool = dv.get() + 1;
         run(a, first.get(), count.get(), static_cast<int>(plan.tile_first.size()), tensor_cores);
         const std::vector<float> got = out.download();
         for (int r = 0; r < rows; ++r) {
@@ -433,23 +440,28 @@ TEST(GivenChunkKernel, TilesOfChunksEqualLesson04RowByRow) {
       });
 }
 
-// The same rows with each tile's positions split (paged_chunk_attention_split), into 2, 3 and 7
+// The same rows with each tile's positions split (paged_chunk_attention_split), into 1, 2, 3 and 7
 // ranges of whole key tiles: the chunk of 70 after 100 has tiles of up to 170 positions (7 splits
-// of 32: the last one empty), the chunk of 9 after 37 rows that the second of 2 splits reaches
-// and rows it does not. The workspace is poisoned with NaN first: a partial the merge reads that
-// no block wrote shows. head_dim 18 (not a multiple of 4) takes the staging's one-float loads.
+// of 32: the last one empty), and rows that split 4 of 7 reaches (lengths 129 to 132) beside rows
+// it does not. The workspace is poisoned with NaN first: a partial the merge reads that no block
+// wrote shows. head_dim 18 (not a multiple of 4) takes the staging's one-float loads, and so do
+// pools 4 bytes past a 16-byte boundary at head_dim 64 (on a GPU, a 16-byte load there faults; the
+// emulator's processor takes it, so only a GPU run tells).
 TEST(GivenChunkKernel, SplitOverPositionsEqualsLesson04RowByRow) {
   REQUIRE_DEVICE();
-  for (const int splits : {2, 3, 7}) {
+  const auto split = [](int splits) {
+    return [=](const PagedBatch& a, const int* first, const int* count, int tiles, bool tensor_cores) {
+      const size_t partials = static_cast<size_t>(tiles) * kChunkTileRows * a.heads * splits;
+      DeviceArray<float> out = poisoned(partials * a.head_dim), lse = poisoned(partials);
+      paged_chunk_attention_split(a, first, count, tiles, splits, out.get(), lse.get(), tensor_cores);
+    };
+  };
+  for (const int splits : {1, 2, 3, 7}) {
     SCOPED_TRACE(cat(splits, " splits"));
-    expect_chunk_rows_equal_lesson04(
-        {Shape{8, 2, 64}, Shape{6, 2, 18}}, {16},
-        [splits](const PagedBatch& a, const int* first, const int* count, int tiles, bool tensor_cores) {
-          const size_t partials = static_cast<size_t>(tiles) * kChunkTileRows * a.heads * splits;
-          DeviceArray<float> out = poisoned(partials * a.head_dim), lse = poisoned(partials);
-          paged_chunk_attention_split(a, first, count, tiles, splits, out.get(), lse.get(), tensor_cores);
-        });
+    expect_chunk_rows_equal_lesson04({Shape{8, 2, 64}, Shape{6, 2, 18}}, {16}, split(splits));
   }
+  SCOPED_TRACE("pools 4 bytes past a 16-byte boundary, 3 splits");
+  expect_chunk_rows_equal_lesson04({Shape{8, 2, 64}}, {16}, split(3), true);
   const std::vector<int> tiles = {0}, rows = {1}, lengths = {1};
   DeviceArray<int> first(tiles), count(rows), length(lengths), table(tiles);
   DeviceArray<float> q(64), kv(64), out(64), partial(kChunkTileRows * 64);

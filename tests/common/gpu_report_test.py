@@ -140,6 +140,31 @@ with tempfile.TemporaryDirectory() as out:
         sys.exit(f"the engine's decode kernel is misread from the graphs table: {warps}")
     if "| 25 | " not in shortest or "400 positions: best 8 ways, 408 tokens/s (chosen: 400)" not in shortest:
         sys.exit(f"choose_splits()'s shortest split is misread from the split table: {shortest}")
+    # The chunk kernel's split (CUDA cores chosen: tensor cores slower at 32 tokens): at 8 and 32
+    # tokens, split as the engine splits it beats whole, and twice as many ways beats that at both
+    # (half of 256: 128); twice as many losing at one (256 stays); the engine's split losing at one
+    # (0: off). The decode kernel's rows as the engine runs them (split) against the chunk kernel's.
+    def chunk_rows(twice_8, rule_32):
+        rows = []
+        for n, whole, rule, twice_ms in ((8, 0.77, 0.10, twice_8), (32, 2.1, rule_32, 0.2)):
+            shape = f"chunk of {n} after {2048 - n}"
+            rows += [{"name": "chunk kernel (tiles of 32 rows)", "shape": shape, "ms": whole},
+                     {"name": "chunk kernel (tiles of 32 rows), split 8 ways", "shape": shape, "ms": rule},
+                     {"name": "chunk kernel (tiles of 32 rows), split 16 ways (twice the engine's)", "shape": shape,
+                      "ms": twice_ms},
+                     {"name": "chunk kernel on tensor cores (tiles of 32 rows)", "shape": shape, "ms": 3.0},
+                     {"name": "chunk rows through your decode kernel", "shape": shape, "ms": 1.3},
+                     {"name": "chunk rows through your decode kernel, split 9 ways", "shape": shape, "ms": 0.01 * n}]
+        lines = gpu_targets.summary({"benches": {"lesson08_cuda_bench": {"kernels": rows}}})
+        return [next(line for line in lines if line.startswith(f"| `{k}`"))
+                for k in ("kChunkTensorCores", "kChunkSplitMinPositions", "kChunkKernelMinTokens")]
+    tc, split, least = chunk_rows(0.08, 0.3)
+    if "| false | " not in tc or "| 128 | " not in split or "8: 0.7700 / 0.1000 / 0.0800 ms" not in split:
+        sys.exit(f"the chunk kernel's split is misread: {tc} / {split}")
+    if "| 32 | " not in least or "8: 0.1000 / 0.0800 ms, 32: 0.3000 / 0.3200 ms" not in least:
+        sys.exit(f"the chunk kernel's least tokens are misread against the decode kernel split: {least}")
+    if "| 256 | " not in chunk_rows(0.12, 0.3)[1] or "| 0 | " not in chunk_rows(0.08, 2.5)[1]:
+        sys.exit(f"the chunk kernel's split is misread: {chunk_rows(0.12, 0.3)[1]} / {chunk_rows(0.08, 2.5)[1]}")
     if "OUTSIDE" in md or " within" not in md:
         sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
     # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)
