@@ -7,7 +7,7 @@ Each target (issues "the GPU lessons at the H200's limits" and "the whole engine
 lesson texts quote them) is printed with the report's figure and met / not met; each tuning
 constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
 kFuseOneRowStep, kFusedGemvWarps, kSkinnySplitWarps, kSkinnySplitMaxBatch, kChunkTensorCores,
-kChunkSplitMinPositions, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses
+kChunkTensorMinRows, kChunkSplitMinPositions, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses
 until a report) with the value in the source and the value the report's rows pick, and the rows
 that pick it. A figure the report does not have is said so,
 never guessed. Nothing is changed: the picks are for a person to commit, with the report.
@@ -398,6 +398,21 @@ def summary(report):
          "tensor cores / CUDA cores, chunks of 32 tokens and more, each split as the engine splits it: "
          + ", ".join(f"{size(s)}: {as_run(d, tc_name):.4f} / {as_run(d, cuda_name):.4f} ms"
                      for s, d in sorted(tc_rows, key=lambda x: size(x[0]))))
+    # The fewest rows a step's longest tile needs for tensor cores: the smallest chunk from which
+    # they beat the CUDA cores at every larger one, each split as the engine splits it (a chunk of
+    # n tokens is tiles of min(n, 32) rows).
+    both = sorted(((size(s), d) for s, d in chunks.items() if tc_name in d and cuda_name in d), key=lambda x: x[0])
+    tc_wins = [n for n, _ in both if all(as_run(d, tc_name) < as_run(d, cuda_name) for m, d in both if m >= n)]
+    tc_least = None if not both else (min(min(tc_wins), 32) if tc_wins else "none (the CUDA cores win at every size)")
+    if tc_wins and min(tc_wins) == both[0][0]:
+        tc_least = f"{tc_least} or fewer (the smallest chunk measured)"
+    elif tc_wins:
+        below = max(n for n, _ in both if n < min(tc_wins))
+        tc_least = (f"{tc_least} (somewhere in {below + 1} to {min(min(tc_wins), 32)}: "
+                    "the sizes between were not measured)")
+    pick("kChunkTensorMinRows", "lessons/08_cuda_paged_attention/chunk_attention.hpp", tc_least,
+         "tensor cores / CUDA cores by chunk, each split as the engine splits it: "
+         + ", ".join(f"{n}: {as_run(d, tc_name):.4f} / {as_run(d, cuda_name):.4f} ms" for n, d in both))
     design = tc_name if use_tc else cuda_name
     # The tiles' split: halved where twice the splits beat the engine's at every shape the bench
     # split, kept where the engine's beat the whole kernel, else 0 (off).

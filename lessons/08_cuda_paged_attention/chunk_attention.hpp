@@ -87,4 +87,13 @@ bool chunk_tensor_cores_run(int head_dim);
 /// says yes by far) until lesson 08's bench rows in a GPU report compare the two.
 inline constexpr bool kChunkTensorCores = true;
 
+/// The fewest rows the longest tile of a step must have for the forward to take the tensor-core
+/// design (where kChunkTensorCores and chunk_tensor_cores_run() allow it; shorter tiles go to the
+/// CUDA cores). Its block is two warps of 16 rows: a tile of 8 leaves one warp only staging and
+/// half the other's rows empty. The report at e215520 timed a chunk of 8 after 2,040 positions at
+/// 1.20 ms on tensor cores against 0.77 on CUDA cores, and a chunk of 32 at 1.21 against 2.11; 16
+/// (one warp's rows full) is a guess between them until lesson 08's bench rows pick it
+/// (tools/gpu_targets.py).
+inline constexpr int kChunkTensorMinRows = 16;
+
 }  // namespace infer::gpu

@@ -161,6 +161,9 @@ class PagedAttention final : public DeviceAttention {
       int longest = 1;
       for (size_t t = 0; t < tiles; ++t)
         for (int i = 0; i < plan_.tile_rows[t]; ++i) longest = std::max(longest, r.lengths[plan_.tile_first[t] + i]);
+      // Tensor cores for tiles that fill a warp's rows at least (kChunkTensorMinRows).
+      chunk_tensor_step_ =
+          chunk_tensor_ && *std::max_element(plan_.tile_rows.begin(), plan_.tile_rows.end()) >= kChunkTensorMinRows;
       chunk_splits_ = fixed_splits_ > 0
                           ? fixed_splits_
                           : chunk_splits(static_cast<int>(tiles), c_.num_attention_heads, longest, multiprocessors_);
@@ -209,9 +212,9 @@ class PagedAttention final : public DeviceAttention {
     const int tiles = static_cast<int>(plan_.tile_first.size());
     if (tiles > 0 && chunk_splits_ > 1)
       paged_chunk_attention_split(a, tile_first_.get(), tile_rows_.get(), tiles, chunk_splits_,
-                                  chunk_partial_out_.get(), chunk_partial_lse_.get(), chunk_tensor_);
+                                  chunk_partial_out_.get(), chunk_partial_lse_.get(), chunk_tensor_step_);
     else if (tiles > 0)
-      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), tiles, chunk_tensor_);
+      paged_chunk_attention(a, tile_first_.get(), tile_rows_.get(), tiles, chunk_tensor_step_);
     const long q_dim = static_cast<long>(a.heads) * a.head_dim;
     for (size_t i = 0; i < plan_.run_first.size(); ++i) {  // the decode rows, run by run
       const long first = plan_.run_first[i];
@@ -245,7 +248,8 @@ class PagedAttention final : public DeviceAttention {
   ModelConfig c_;
   CudaPagedKVPool& pool_;
   int fixed_splits_, tiled_warps_, multiprocessors_ = 1;
-  bool chunk_tensor_ = false;  // the chunk kernel on tensor cores (chunk_attention.hpp)
+  bool chunk_tensor_ = false;       // the chunk kernel on tensor cores where they run (chunk_attention.hpp)
+  bool chunk_tensor_step_ = false;  // and in this step (its longest tile has kChunkTensorMinRows rows)
   std::vector<PagedKVCache*> seqs_;
   std::vector<int> rows_;  // each chunk's tokens
   std::vector<const TreeMask*> masks_;  // each chunk's mask (null: causal)

@@ -133,13 +133,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   float* ks = qs + kRows * d;        // [kKeys][d + 1]: padded, so lanes reading key j hit distinct banks
   float* vs = ks + kKeys * (d + 1);  // [kKeys][d]
   long* slot = reinterpret_cast<long*>(vs + kKeys * d);  // [kKeys]: the pool rows of the tile's positions
-  const int first = tile_first[blockIdx.x], rows = tile_rows[blockIdx.x];
+  // The last tiles first: in a causal chunk they see the most positions, and the shortest then
+  // fill the device's last wave.
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int first = tile_first[tile], rows = tile_rows[tile];
   const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
   // The positions this block reads: the tile's all, or its split's.
-  const int longest = tile_longest(a, tile_first, tile_rows, blockIdx.x);
+  const int longest = tile_longest(a, tile_first, tile_rows, tile);
   const int piece = partial_out ? chunk_piece(longest, splits) : longest;
   const int begin = partial_out ? min(static_cast<int>(blockIdx.z) * piece, longest) : 0;
   const int end = min(begin + piece, longest);
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = rr * kWarps + warp;
     if (r >= rows || begin >= length[rr]) continue;  // unsplit, begin is 0: every row sees position 0
-    float* to = partial_out ? partial_out + chunk_partial(a, splits, blockIdx.x, r, h, blockIdx.z) * d
+    float* to = partial_out ? partial_out + chunk_partial(a, splits, tile, r, h, blockIdx.z) * d
                             : a.out + (first + r) * qd + static_cast<long>(h) * d;
 #pragma unroll
     for (int x = 0; x < kDimsPerLane; ++x) {
@@ -201,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (c < d) to[c] = acc[rr][x] / l[rr];
     }
     if (partial_out && lane == 0)
-      partial_lse[chunk_partial(a, splits, blockIdx.x, r, h, blockIdx.z)] = m[rr] + logf(l[rr]);
+      partial_lse[chunk_partial(a, splits, tile, r, h, blockIdx.z)] = m[rr] + logf(l[rr]);
   }
 }
 
@@ -271,13 +274,16 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   float* os = sc + kRows * kKeys;                              // [kRows][d]
   float* corr = os + kRows * d;                                // [kRows]
   long* slot = reinterpret_cast<long*>(corr + kRows);          // [kKeys]
-  const int first = tile_first[blockIdx.x], rows = tile_rows[blockIdx.x];
+  // The last tiles first: in a causal chunk they see the most positions, and the shortest then
+  // fill the device's last wave.
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int first = tile_first[tile], rows = tile_rows[tile];
   const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long qd = static_cast<long>(a.heads) * d;
   const int* table = a.block_tables + static_cast<long>(first) * a.max_blocks;
   // The positions this block reads: the tile's all, or its split's.
-  const int longest = tile_longest(a, tile_first, tile_rows, blockIdx.x);
+  const int longest = tile_longest(a, tile_first, tile_rows, tile);
   const int piece = partial_out ? chunk_piece(longest, splits) : longest;
   const int begin = partial_out ? min(static_cast<int>(blockIdx.z) * piece, longest) : 0;
   const int end = min(begin + piece, longest);
@@ -341,7 +347,7 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   for (int e = lane; e < 16 * d; e += 32) {
     const int r = e / d, c = e % d, row = w0 + r;
     if (row >= rows || begin >= a.lengths[first + row]) continue;  // unsplit, begin is 0
-    float* to = partial_out ? partial_out + chunk_partial(a, splits, blockIdx.x, row, h, blockIdx.z) * d
+    float* to = partial_out ? partial_out + chunk_partial(a, splits, tile, row, h, blockIdx.z) * d
                             : a.out + (first + row) * qd + static_cast<long>(h) * d;
     to[c] = os[w0 * d + e] / l[r];
   }
@@ -350,7 +356,7 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
 #pragma unroll
     for (int r = 0; r < 16; ++r)
       if (r == lane) lse = m[r] + logf(l[r]);
-    partial_lse[chunk_partial(a, splits, blockIdx.x, w0 + lane, h, blockIdx.z)] = lse;
+    partial_lse[chunk_partial(a, splits, tile, w0 + lane, h, blockIdx.z)] = lse;
   }
 #endif
 }

@@ -52,7 +52,7 @@ with tempfile.TemporaryDirectory() as out:
             sys.exit(f"{bench}'s section lacks {missing}:\n{section}")
     # tools/gpu_targets.py's section: every tuning constant picked from the benches' rows.
     for name in ("kTensorGemmVariant", "kTensorGemmMinBatch", "kFuseOneRowStep", "kSkinnySplitMaxBatch",
-                 "kChunkTensorCores", "kChunkSplitMinPositions", "kChunkKernelMinTokens"):
+                 "kChunkTensorCores", "kChunkTensorMinRows", "kChunkSplitMinPositions", "kChunkKernelMinTokens"):
         row = next((line for line in md.splitlines() if line.startswith(f"| `{name}`")), "")
         if not row or "not in this report" in row:
             sys.exit(f"the report's tuning table has no pick for {name}: {row!r}")
@@ -144,21 +144,27 @@ with tempfile.TemporaryDirectory() as out:
     # tokens, split as the engine splits it beats whole, and twice as many ways beats that at both
     # (half of 256: 128); twice as many losing at one (256 stays); the engine's split losing at one
     # (0: off). The decode kernel's rows as the engine runs them (split) against the chunk kernel's.
-    def chunk_rows(twice_8, rule_32):
+    def chunk_rows(twice_8, rule_32, tc_32=3.0):
         rows = []
-        for n, whole, rule, twice_ms in ((8, 0.77, 0.10, twice_8), (32, 2.1, rule_32, 0.2)):
+        for n, whole, rule, twice_ms, tc_ms in ((8, 0.77, 0.10, twice_8, 3.0), (32, 2.1, rule_32, 0.2, tc_32)):
             shape = f"chunk of {n} after {2048 - n}"
             rows += [{"name": "chunk kernel (tiles of 32 rows)", "shape": shape, "ms": whole},
                      {"name": "chunk kernel (tiles of 32 rows), split 8 ways", "shape": shape, "ms": rule},
                      {"name": "chunk kernel (tiles of 32 rows), split 16 ways (twice the engine's)", "shape": shape,
                       "ms": twice_ms},
-                     {"name": "chunk kernel on tensor cores (tiles of 32 rows)", "shape": shape, "ms": 3.0},
+                     {"name": "chunk kernel on tensor cores (tiles of 32 rows)", "shape": shape, "ms": tc_ms},
                      {"name": "chunk rows through your decode kernel", "shape": shape, "ms": 1.3},
                      {"name": "chunk rows through your decode kernel, split 9 ways", "shape": shape, "ms": 0.01 * n}]
         lines = gpu_targets.summary({"benches": {"lesson08_cuda_bench": {"kernels": rows}}})
         return [next(line for line in lines if line.startswith(f"| `{k}`"))
-                for k in ("kChunkTensorCores", "kChunkSplitMinPositions", "kChunkKernelMinTokens")]
-    tc, split, least = chunk_rows(0.08, 0.3)
+                for k in ("kChunkTensorCores", "kChunkSplitMinPositions", "kChunkKernelMinTokens",
+                          "kChunkTensorMinRows")]
+    tc, split, least, tc_rows = chunk_rows(0.08, 0.3)
+    if "| none (the CUDA cores win at every size) |" not in tc_rows:
+        sys.exit(f"the tensor cores' fewest rows are misread: {tc_rows}")
+    tc_rows = chunk_rows(0.08, 0.3, tc_32=0.25)[3]  # tensor cores (unsplit) beat the CUDA cores split at 32
+    if "| 32 (somewhere in 9 to 32: the sizes between were not measured) |" not in tc_rows:
+        sys.exit(f"the tensor cores' fewest rows are misread: {tc_rows}")
     if "| false | " not in tc or "| 128 | " not in split or "8: 0.7700 / 0.1000 / 0.0800 ms" not in split:
         sys.exit(f"the chunk kernel's split is misread: {tc} / {split}")
     if "| 32 | " not in least or "8: 0.1000 / 0.0800 ms, 32: 0.3000 / 0.3200 ms" not in least:
