@@ -80,13 +80,22 @@ json table(const std::string& title, std::vector<std::string> columns) {
   return {{"title", title}, {"columns", columns}, {"rows", json::array()}, {"notes", json::array()}};
 }
 
-/// A runner lent to an engine: the 1.1B shape's forward is uploaded once (2.2 GB) and used by
-/// several engines in turn.
+/// A runner lent to an engine or a speculator, its forwards timed: the 1.1B shape's forward is
+/// uploaded once (2.2 GB) and used by several engines in turn, and a speculative run's draft and
+/// target steps are timed as that run makes them (forward() returns the logits on the host, so
+/// each call's host clock holds its device time).
 struct Borrowed final : ModelRunner {
   ModelRunner& f;
+  double seconds = 0;  // in forward(), all calls
+  long calls = 0;
   explicit Borrowed(ModelRunner& f) : f(f) {}
   const ModelConfig& config() const override { return f.config(); }
-  Matrix forward(const StepInput& s) override { return f.forward(s); }
+  Matrix forward(const StepInput& s) override {
+    Stopwatch clock;
+    Matrix logits = f.forward(s);
+    seconds += clock.seconds(), ++calls;
+    return logits;
+  }
 };
 
 // --------------------------------------------------------------- 1. step costs --
@@ -159,7 +168,8 @@ double decode_rate(gpu::CudaForward& forward, KVManager& memory, int batch, int 
 
 struct SpecRun {
   double tokens_per_s = 0, tokens_per_step = 0, acceptance = 0;
-  long tokens = 0;
+  double seconds = 0, target_seconds = 0;  // the run's, and its target forwards'
+  long tokens = 0, target_steps = 0;
   std::vector<std::vector<int>> outputs;
 };
 
@@ -167,18 +177,18 @@ struct SpecRun {
 SpecRun run_engine(const ModelWeights* weights, gpu::CudaForward* shared, const ModelConfig& c,
                    const std::vector<std::vector<int>>& prompts, int max_new, std::unique_ptr<Speculator> speculator,
                    int k) {
-  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<gpu::CudaForward> owned;  // outlives the engine, which borrows it (declared after it)
   std::unique_ptr<gpu::CudaPagedKVPool> pool;
   const int blocks = 2 * blocks_for(c.max_position_embeddings, 16);
   if (weights) {
     gpu::CudaPagedParts parts = gpu::cuda_paged_parts(*weights, gpu::WeightType::F32, blocks, 16);
-    runner = std::move(parts.forward), pool = std::move(parts.pool);
-  } else {
-    runner = std::make_unique<Borrowed>(*shared);  // the 1.1B shape's, reused, over slots
+    owned = std::move(parts.forward), pool = std::move(parts.pool);
   }
+  auto timed = std::make_unique<Borrowed>(owned ? *owned : *shared);  // the 1.1B shape's, reused, over slots
+  Borrowed& target = *timed;
   std::unique_ptr<KVManager> memory = pool ? std::unique_ptr<KVManager>(std::make_unique<PagedKVManager>(std::move(pool)))
                                            : gpu::cuda_slots(c, 1, 0);
-  auto engine = serving_engine(std::move(runner), std::move(memory),
+  auto engine = serving_engine(std::move(timed), std::move(memory),
                                {.max_running = 1, .token_budget = 4096, .speculative_tokens = k}, std::move(speculator));
   SpecRun out;
   long steps = 0, proposed = 0, accepted = 0;
@@ -194,11 +204,12 @@ SpecRun run_engine(const ModelWeights* weights, gpu::CudaForward* shared, const 
     out.outputs.push_back(results.front().tokens);
     out.tokens += static_cast<long>(results.front().tokens.size());
   }
-  const double seconds = clock.seconds();
+  out.seconds = clock.seconds();
   for (const auto& e : engine->log()) steps += e.forwards, proposed += e.proposed, accepted += e.accepted;
-  out.tokens_per_s = out.tokens / seconds;
+  out.tokens_per_s = out.tokens / out.seconds;
   out.tokens_per_step = steps > 0 ? static_cast<double>(out.tokens) / steps : 0;
   out.acceptance = proposed > 0 ? static_cast<double>(accepted) / proposed : 0;
+  out.target_seconds = target.seconds, out.target_steps = target.calls;
   return out;
 }
 
@@ -517,13 +528,25 @@ int main(int argc, char** argv) {
       for (const char* t : texts) prompts.push_back(ByteTokenizer::encode(t));
       const int max_new = small_run ? 8 : quick ? 48 : 128;
       json spec = table("Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
-                        {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup"});
+                        {"proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup",
+                         "predicted from the run's steps", "ms a step: draft, target, the rest"});
+      // A step's time in the run itself: the draft's forwards, the target's, and the rest (the
+      // engine's planning, sampling and bookkeeping, the speculator's own work), per target step.
+      const auto split_ms = [](const SpecRun& r, double draft_seconds) {
+        const double steps = static_cast<double>(std::max(1L, r.target_steps));
+        const auto ms = [](double v) { return cat(std::round(v * 1e5) / 100); };
+        return cat(ms(draft_seconds / steps), ", ", ms(r.target_seconds / steps), ", ",
+                   ms((r.seconds - r.target_seconds - draft_seconds) / steps));
+      };
       const SpecRun plain = run_engine(&target, nullptr, target.config, prompts, max_new, nullptr, 0);
-      spec["rows"].push_back({"none (plain)", "0", cat(std::round(plain.tokens_per_s)), "1", "", cat(std::round(100 * plain.tokens_per_step) / 100), ""});
+      const double t_1_run = plain.target_seconds / std::max(1L, plain.target_steps);
+      spec["rows"].push_back({"none (plain)", "0", cat(std::round(plain.tokens_per_s)), "1", "",
+                              cat(std::round(100 * plain.tokens_per_step) / 100), "", "", split_ms(plain, 0)});
       const SpecRun lookup = run_engine(&target, nullptr, target.config, prompts, max_new, prompt_lookup_speculator(), 4);
       spec["rows"].push_back({"prompt lookup", "4", cat(std::round(lookup.tokens_per_s)),
                               cat(std::round(100 * lookup.tokens_per_s / plain.tokens_per_s) / 100),
-                              cat(std::round(100 * lookup.acceptance), "%"), cat(std::round(100 * lookup.tokens_per_step) / 100), ""});
+                              cat(std::round(100 * lookup.acceptance), "%"), cat(std::round(100 * lookup.tokens_per_step) / 100),
+                              "", "", split_ms(lookup, 0)});
       // The formula's inputs: the draft's step t_d and the target's t_1 and t_v(k + 1), measured above
       // and here; a from k = 1's acceptance.
       gpu::CudaDraft d = gpu::cuda_draft(draft, gpu::WeightType::F32);
@@ -533,22 +556,32 @@ int main(int argc, char** argv) {
       double a = 0;
       bool equal = lookup.outputs == plain.outputs;
       for (int k : {1, 2, 4, 8}) {
+        Borrowed drafted(*d.forward);  // the draft's forwards in this run, timed
         const SpecRun r = run_engine(&target, nullptr, target.config, prompts, max_new,
-                                     draft_speculator(*d.forward, d.new_cache, target.config.vocab_size), k);
+                                     draft_speculator(drafted, d.new_cache, target.config.vocab_size), k);
         equal = equal && r.outputs == plain.outputs;
         if (k == 1) a = r.acceptance;
         const double expected = a < 1 ? (1 - std::pow(a, k + 1)) / (1 - a) : k + 1;
         const double verify = tv.count(k + 1) ? tv.at(k + 1) : tv.at(9);  // k = 8: m = 9
         const double predicted = expected * tv.at(1) / (k * t_d + verify);
+        // The same formula over the run's own step times: the draft's time and the target's per
+        // target step (a round), against plain decoding's target step.
+        const double steps = static_cast<double>(std::max(1L, r.target_steps));
+        const double from_run = expected * t_1_run / ((drafted.seconds + r.target_seconds) / steps);
         spec["rows"].push_back({"draft", cat(k), cat(std::round(r.tokens_per_s)),
                                 cat(std::round(100 * r.tokens_per_s / plain.tokens_per_s) / 100),
                                 cat(std::round(100 * r.acceptance), "%"), cat(std::round(100 * r.tokens_per_step) / 100),
-                                cat(std::round(100 * predicted) / 100)});
+                                cat(std::round(100 * predicted) / 100), cat(std::round(100 * from_run) / 100),
+                                split_ms(r, drafted.seconds)});
       }
       spec["notes"].push_back(cat("draft step t_d = ", std::round(t_d * 1e5) / 100, " ms, target step t_1 = ",
                                   std::round(tv.at(1) * 1e5) / 100, " ms (c = ", std::round(100 * t_d / tv.at(1)) / 100,
                                   "); a = ", std::round(100 * a) / 100,
-                                  " (k = 1's acceptance); predicted S(k) = E(k) t_1 / (k t_d + t_v(k + 1)), lesson 06's formula."));
+                                  " (k = 1's acceptance); predicted S(k) = E(k) t_1 / (k t_d + t_v(k + 1)), lesson 06's formula. "
+                                  "From the run's steps: the same E(k), with t_1 plain decoding's target step in its run and "
+                                  "k t_d + t_v(k + 1) the draft's and the target's time per target step in this one (each "
+                                  "forward timed by the host clock, the logits on the host at its end); the rest of a step "
+                                  "is the engine's own work, which the formula leaves out."));
       spec["notes"].push_back(equal ? "Every speculative output equals plain greedy decoding's."
                                     : "SOME SPECULATIVE OUTPUT DIFFERS FROM PLAIN GREEDY DECODING'S.");
       // The 1.1B shape: prompt lookup over its pattern weights' greedy text (which need not repeat
@@ -569,11 +602,11 @@ int main(int argc, char** argv) {
         equal = equal && big_lookup.outputs == big_plain.outputs && copy_lookup.outputs == copy_plain.outputs;
         const auto rows = [&](const std::string& what, const SpecRun& plain_run, const SpecRun& lookup_run) {
           spec["rows"].push_back({cat("1.1B shape", by, ": none", what), "0", cat(std::round(plain_run.tokens_per_s)), "1", "",
-                                  cat(std::round(100 * plain_run.tokens_per_step) / 100), ""});
+                                  cat(std::round(100 * plain_run.tokens_per_step) / 100), "", "", split_ms(plain_run, 0)});
           spec["rows"].push_back({cat("1.1B shape", by, ": prompt lookup", what), "4", cat(std::round(lookup_run.tokens_per_s)),
                                   cat(std::round(100 * lookup_run.tokens_per_s / plain_run.tokens_per_s) / 100),
                                   cat(std::round(100 * lookup_run.acceptance), "%"),
-                                  cat(std::round(100 * lookup_run.tokens_per_step) / 100), ""});
+                                  cat(std::round(100 * lookup_run.tokens_per_step) / 100), "", "", split_ms(lookup_run, 0)});
         };
         rows(" (pattern text)", big_plain, big_lookup);
         rows(" (a prompt holding its greedy text)", copy_plain, copy_lookup);

@@ -171,6 +171,18 @@ with tempfile.TemporaryDirectory() as out:
         sys.exit(f"the chunk kernel's least tokens are misread against the decode kernel split: {least}")
     if "| 256 | " not in chunk_rows(0.12, 0.3)[1] or "| 0 | " not in chunk_rows(0.08, 2.5)[1]:
         sys.exit(f"the chunk kernel's split is misread: {chunk_rows(0.12, 0.3)[1]} / {chunk_rows(0.08, 2.5)[1]}")
+    # Draft speculation against lesson 06's formula: judged on the prediction from the run's own
+    # steps (k = 1 within 10%, k = 2 within 5%), the one from the costs alone shown beside it.
+    spec = {"title": "Speculative decoding on the GPU: bundled pair, greedy, one request at a time",
+            "columns": ["proposer", "k", "tokens/s", "speedup", "guesses kept", "tokens per step", "predicted speedup",
+                        "predicted from the run's steps", "ms a step: draft, target, the rest"],
+            "rows": [["none (plain)", "0", "3000", "1", "", "1", "", "", "0, 0.21, 0.08"],
+                     ["draft", "1", "2700", "0.9", "67%", "1.66", "0.75", "1.0", "0.1, 0.25, 0.08"],
+                     ["draft", "2", "2900", "0.95", "57%", "2.1", "0.6", "1.0", "0.2, 0.3, 0.08"]]}
+    line = next(line for line in gpu_targets.summary({"benches": {"lesson10_cuda_bench": {"tables": [spec]}}})
+                if line.startswith("| draft speculation"))
+    if "k = 1: 1.20, 0.90, k = 2: 1.58, 0.95" not in line or not line.endswith("| met |"):
+        sys.exit(f"the draft speculation target misreads its table: {line}")
     if "OUTSIDE" in md or " within" not in md:
         sys.exit(f"a check of one kernel against another is missing or failed:\n{md}")
     # (matplotlib is Debian's python3-matplotlib: /usr/bin/python3's, as ./course runs the plots)
