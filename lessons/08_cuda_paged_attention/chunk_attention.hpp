@@ -68,7 +68,8 @@ void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, con
 /// tile's query rows staged again and 32 partial rows written and merged for each query head: at
 /// head_dim 64, 16 KB against the 512 bytes a position's keys and values take, so about an eighth
 /// of what 256 positions read (a guess until lesson 08's bench rows in a GPU report compare the
-/// split chunk kernel with the unsplit one: tools/gpu_targets.py says whether they do).
+/// chunk kernel unsplit, split as chunk_splits() says and split twice as many ways:
+/// tools/gpu_targets.py then keeps it, halves it or sets 0).
 inline constexpr int kChunkSplitMinPositions = 256;
 
 /// The number of splits the paged engine gives a step's chunk tiles (given, checked on every
