@@ -57,8 +57,14 @@ void paged_chunk_attention(const PagedBatch& a, const int* tile_first, const int
 /// the workspace; a second merges each row's partials into its output (flash_decoding.hpp's
 /// formula), skipping the splits that hold none of its positions. Each row gets what
 /// paged_chunk_attention() gives it, within the same tolerance; rows no tile names are not written.
+/// @param a the step's rows, as for paged_chunk_attention() (a.out receives the merged rows)
+/// @param tile_first device array of `tiles` ints: each tile's first row
+/// @param tile_rows device array of `tiles` ints: each tile's rows, 1 to kChunkTileRows
+/// @param tiles the tiles, at least 1
+/// @param splits ranges of each tile's positions, 1 to 65535 (more than its key tiles is fine)
 /// @param partial_out workspace of at least tiles * kChunkTileRows * heads * splits * head_dim floats
 /// @param partial_lse workspace of at least tiles * kChunkTileRows * heads * splits floats
+/// @param tensor_cores the tensor-core design (where chunk_tensor_cores_run() says it runs)
 /// @throws infer::Error as paged_chunk_attention(), for splits outside [1, 65535] and null
 ///         workspaces (naming paged_chunk_attention_split)
 void paged_chunk_attention_split(const PagedBatch& a, const int* tile_first, const int* tile_rows, int tiles,
