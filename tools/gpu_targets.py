@@ -449,14 +449,19 @@ def summary(report):
          "where twice wins everywhere, 0 turns the split off where the engine's loses): "
          + ", ".join(f"{n}: {w:.4f} / {t:.4f} / " + (f"{x:.4f}" if x is not None else "-") + " ms"
                      for n, w, t, x in sorted(split_rows)))
-    rows_ = sorted(((size(s), d) for s, d in chunks.items() if design in d and decode_name in d), key=lambda x: x[0])
-    wins = [n for n, _ in rows_ if all(as_run(d, design) < as_run(d, decode_name) for m, d in rows_ if m >= n)]
+    # The chunk kernel in the design the engine takes for a chunk of n tokens (tiles of min(n, 32)
+    # rows: tensor cores from kChunkTensorMinRows rows, where they are chosen).
+    min_rows = int(constant("lessons/08_cuda_paged_attention/chunk_attention.hpp", "kChunkTensorMinRows") or 0)
+    at_n = lambda n: tc_name if use_tc and min(n, 32) >= min_rows else cuda_name  # noqa: E731
+    rows_ = sorted(((size(s), d) for s, d in chunks.items() if at_n(size(s)) in d and decode_name in d),
+                   key=lambda x: x[0])
+    wins = [n for n, _ in rows_ if all(as_run(d, at_n(m)) < as_run(d, decode_name) for m, d in rows_ if m >= n)]
     first = None if not rows_ else (min(wins) if wins else "none (the decode kernel wins at every size)")
     if isinstance(first, int) and first == rows_[0][0]:
         first = f"{first} or fewer (the smallest chunk measured)"
     pick("kChunkKernelMinTokens", "lessons/08_cuda_paged_attention/cuda_paged.hpp", first,
-         "the chunk kernel / your decode kernel over a chunk's rows, each split as the engine splits it: "
-         + ", ".join(f"{n}: {as_run(d, design):.4f} / {as_run(d, decode_name):.4f} ms" for n, d in rows_))
+         "the chunk kernel / your decode kernel over a chunk's rows, each in the design and split the engine "
+         "takes: " + ", ".join(f"{n}: {as_run(d, at_n(n)):.4f} / {as_run(d, decode_name):.4f} ms" for n, d in rows_))
 
     # The serving engine's decode kernel: lesson 10's graphs table, the 1.1B shape with your attention
     # and with the tiled design, from graphs, at every batch the table has.

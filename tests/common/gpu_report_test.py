@@ -162,9 +162,11 @@ with tempfile.TemporaryDirectory() as out:
     tc, split, least, tc_rows = chunk_rows(0.08, 0.3)
     if "| none (the CUDA cores win at every size) |" not in tc_rows:
         sys.exit(f"the tensor cores' fewest rows are misread: {tc_rows}")
-    tc_rows = chunk_rows(0.08, 0.3, tc_32=0.25)[3]  # tensor cores (unsplit) beat the CUDA cores split at 32
+    _, _, least_tc, tc_rows = chunk_rows(0.08, 0.3, tc_32=0.25)  # tensor cores (unsplit) beat CUDA cores split at 32
     if "| 32 (somewhere in 9 to 32: the sizes between were not measured) |" not in tc_rows:
         sys.exit(f"the tensor cores' fewest rows are misread: {tc_rows}")
+    if "8: 0.1000 / 0.0800 ms, 32: 0.2500 / 0.3200 ms" not in least_tc:  # CUDA cores at 8 rows, tensor at 32
+        sys.exit(f"the chunk kernel's least tokens take the wrong design by size: {least_tc}")
     if "| false | " not in tc or "| 128 | " not in split or "8: 0.7700 / 0.1000 / 0.0800 ms" not in split:
         sys.exit(f"the chunk kernel's split is misread: {tc} / {split}")
     if "| 32 | " not in least or "8: 0.1000 / 0.0800 ms, 32: 0.3000 / 0.3200 ms" not in least:
