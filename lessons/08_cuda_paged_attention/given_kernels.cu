@@ -27,25 +27,20 @@ __device__ float warp_max(float v) {
   return v;
 }
 
-/// Loads of each pool a thread has in flight while staging a tile (wide() pools).
+/// Loads of each pool a thread has in flight while staging a tile (`wide` pools).
 constexpr int kInFlight = 4;
-
-/// Whether the pools can be read four floats a load: head_dim a multiple of 4 (so every row of a
-/// head starts 16 bytes after the last) and both pools 16-byte aligned.
-__device__ bool wide(const PagedBatch& a) {
-  return a.head_dim % 4 == 0 &&
-         (reinterpret_cast<unsigned long long>(a.k_pool) | reinterpret_cast<unsigned long long>(a.v_pool)) % 16 == 0;
-}
 
 /// The block's next tile of keys and values, positions j0 .. j0 + nk of the table's sequence: their
 /// pool rows looked up once into slot[0..kKeys), then every (key j, dimension c) of the K/V head
 /// `g` handed to put(j, c, k, v), zeros past nk. The whole block takes part, between barriers (the
-/// first waits until everyone is done with the previous tile). Where the pools are wide(), each
+/// first waits until everyone is done with the previous tile). Where the pools are `wide` (the
+/// host's launch_chunk says: head_dim a multiple of 4, both pools on 16-byte boundaries), each
 /// thread issues kInFlight 16-byte loads of each before it puts any (a tile's keys and values are
 /// 16 KB at head_dim 64: one float a load, one at a time, left the reads waiting on latency);
 /// otherwise one float a load.
 template <typename Put>
-__device__ void stage_kv_tile(const PagedBatch& a, const int* table, int g, int j0, int nk, long* slot, Put put) {
+__device__ void stage_kv_tile(const PagedBatch& a, bool wide, const int* table, int g, int j0, int nk, long* slot,
+                              Put put) {
   const int d = a.head_dim;
   const long kvd = static_cast<long>(a.kv_heads) * d;
   __syncthreads();
@@ -55,7 +50,7 @@ __device__ void stage_kv_tile(const PagedBatch& a, const int* table, int g, int 
         threadIdx.x < nk ? static_cast<long>(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
   }
   __syncthreads();
-  if (wide(a)) {
+  if (wide) {
     const int quads = d / 4, n = kKeys * quads;
     for (int e0 = threadIdx.x; e0 < n; e0 += kInFlight * blockDim.x) {
       float4 k[kInFlight], v[kInFlight];
@@ -125,7 +120,7 @@ size_t chunk_smem_bytes(int d) {
 /// partial (output and log-sum-exp) where chunk_partial() says; a row that sees none of them
 /// writes nothing (the merge skips it); unsplit, the rows' outputs.
 __global__ void __launch_bounds__(kThreads, 3)
-    paged_chunk_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale, int splits,
+    paged_chunk_kernel(PagedBatch a, bool wide, const int* tile_first, const int* tile_rows, float scale, int splits,
                        float* partial_out, float* partial_lse) {
   extern __shared__ float smem[];
   const int d = a.head_dim;
@@ -163,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   for (int j0 = begin; j0 < end; j0 += kKeys) {
     const int nk = min(kKeys, end - j0);
-    stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
+    stage_kv_tile(a, wide, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
       ks[j * (d + 1) + c] = k;
       vs[j * d + c] = v;
     });
@@ -256,8 +251,8 @@ __device__ void mma_halves(Acc& acc, const __nv_bfloat16* a_hi, const __nv_bfloa
 /// positions (pool rows looked up once, keys and values staged as halves): S_w = Q_w K^T into
 /// shared memory, the online softmax per row (lane j on position j), P split into halves, the
 /// warp's output rows rescaled, then O_w += P V. Split as paged_chunk_kernel.
-__global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, const int* tile_rows, float scale,
-                                          int splits, float* partial_out, float* partial_lse) {
+__global__ void paged_chunk_tensor_kernel(PagedBatch a, bool wide, const int* tile_first, const int* tile_rows,
+                                          float scale, int splits, float* partial_out, float* partial_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
   extern __shared__ __align__(32) unsigned char raw[];
@@ -302,7 +297,7 @@ __global__ void paged_chunk_tensor_kernel(PagedBatch a, const int* tile_first, c
   }
   for (int j0 = begin; j0 < end; j0 += kKeys) {
     const int nk = min(kKeys, end - j0);
-    stage_kv_tile(a, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
+    stage_kv_tile(a, wide, table, g, j0, nk, slot, [&](int j, int c, float k, float v) {
       split(k, k_hi, k_lo, j * d + c);
       split(v, v_hi, v_lo, j * d + c);
     });
@@ -407,6 +402,8 @@ void launch_chunk(const char* who, const PagedBatch& a, const int* tile_first, c
                   bool tensor_cores, int splits, float* partial_out, float* partial_lse) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
+  // Four floats a load where every row of a head starts on a 16-byte boundary.
+  const bool wide = a.head_dim % 4 == 0 && aligned16(a.k_pool) && aligned16(a.v_pool);
   if (tensor_cores) {
     require(chunk_tensor_cores_run(a.head_dim), who, ": tensor cores need a device of compute "
             "capability 8.0 or later and a head_dim that is a multiple of 16 and whose tiles fit in shared memory; "
@@ -414,7 +411,7 @@ void launch_chunk(const char* who, const PagedBatch& a, const int* tile_first, c
     const size_t smem = chunk_tensor_smem_bytes(a.head_dim);
     INFER_CUDA_CHECK(cudaFuncSetAttribute(paged_chunk_tensor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-    paged_chunk_tensor_kernel<<<grid, kTcThreads, smem>>>(a, tile_first, tile_rows, scale, splits, partial_out,
+    paged_chunk_tensor_kernel<<<grid, kTcThreads, smem>>>(a, wide, tile_first, tile_rows, scale, splits, partial_out,
                                                           partial_lse);
     cuda_check_launch("paged_chunk_tensor_kernel");
     return;
@@ -427,7 +424,8 @@ void launch_chunk(const char* who, const PagedBatch& a, const int* tile_first, c
           " bytes of shared memory per block; this device allows ", optin);
   INFER_CUDA_CHECK(
       cudaFuncSetAttribute(paged_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  paged_chunk_kernel<<<grid, kThreads, smem>>>(a, tile_first, tile_rows, scale, splits, partial_out, partial_lse);
+  paged_chunk_kernel<<<grid, kThreads, smem>>>(a, wide, tile_first, tile_rows, scale, splits, partial_out,
+                                               partial_lse);
   cuda_check_launch("paged_chunk_kernel");
 }
 
