@@ -5,8 +5,9 @@
 // lessons/00_naive_decoder/README.md. Check your work with `./course check 00`.
 // Stuck on a function? `./course hint 00 NAME` gives a hint, one tier at a time.
 //
-// A suggested order: rms_norm, swiglu_mlp, apply_rope, causal_attention, forward, then the
-// sampler (argmax, sampling_distribution, sample_from) and generate.
+// A suggested order, the README's Steps 1 to 5: rms_norm, swiglu_mlp, apply_rope,
+// causal_attention, the sampler (argmax, sampling_distribution, sample_from), then forward and
+// generate.
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ Matrix rms_norm(ConstMatrixRef x, const Vector& weight, float eps) {
 void apply_rope(MatrixRef x, int head_dim, int start_pos, float theta) {
   // Rotates every head of every row in place, row t being position start_pos + t, with the
   // "rotate half" pairing of the contract (element i with i + head_dim/2, never with i + 1).
-  // Must stay accurate at positions in the hundreds, where an angle is hundreds of radians.
+  // Must stay accurate at positions near 100,000, where an angle is about 100,000 radians.
   (void)x, (void)head_dim, (void)start_pos, (void)theta;
   throw NotImplemented("00", "apply_rope");
 }
@@ -37,7 +38,7 @@ Matrix causal_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, in
                         int head_dim) {
   // softmax(q k^T / sqrt(head_dim)) v for every query head, as the contract describes: query
   // head h shares its K/V head with its group, and query row i (position S - T + i) never sees
-  // a key after its own position. Must stay finite when scores are huge (near a thousand).
+  // a key after its own position. Must stay finite when scores are huge (in the thousands).
   (void)q, (void)k, (void)v, (void)num_heads, (void)num_kv_heads, (void)head_dim;
   throw NotImplemented("00", "causal_attention");
 }
@@ -87,7 +88,7 @@ int sample_from(const Vector& probs, double u) {
 std::vector<int> generate(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                           Sampler& sampler, const TokenCallback& on_token) {
   // The generated ids only (not the prompt), at most max_new_tokens of them, stopping right
-  // after EOS (which is kept). Each new token goes to on_token, if set, as soon as it is chosen.
+  // after EOS (model.config.eos_token_id, which is kept). Each new token goes to on_token, if set, as soon as it is chosen.
   // Throws infer::Error before generating anything for an empty prompt or one with an id outside
   // the "vocabulary", a negative max_new_tokens, or a prompt.size() + max_new_tokens that does not
   // fit in the "context" (never silently cut).

@@ -17,7 +17,9 @@ ShardPlan shard_plan(const ModelConfig& config, int rank, int world) {
   // head h / group_size()): its own when the ranks do not outnumber the K/V heads, one shared
   // with world / num_key_value_heads ranks when they do. Refuses a world below 1, a rank outside
   // [0, world), and a world that does not divide the query heads or the units, or neither divides
-  // nor is a multiple of the K/V heads (infer::Error giving the world and the count).
+  // nor is a multiple of the K/V heads, each with an infer::Error whose message the header states:
+  // the world and the count it does not divide; "rank" for a rank outside the group; "K/V" for
+  // the K/V heads.
   (void)config, (void)rank, (void)world;
   throw NotImplemented("12", "shard_plan");
 }
@@ -32,8 +34,9 @@ ModelWeights load_shard(WeightSource& source, const ShardPlan& plan) {
 }
 
 void RowParallelProjection::rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const {
-  // y[:, first + i] = the sum over the ranks of x shard_^T (rows first.. of the shard), i in
-  // [0, count); with `accumulate`, added to what y held, which counts once, not once per rank.
+  // y[:, first + i] = the sum over the ranks of x shard_^T (rows [first, first + count) of W, and
+  // only those asked of the shard), i in [0, count); with `accumulate`, added to what y held,
+  // which counts once, not once per rank.
   // One all-reduce through comm_ per call, of this call's floats. Refuses a y that is not
   // [x.rows(), rows()] and rows outside W.
   (void)x, (void)y, (void)first, (void)count, (void)accumulate;

@@ -3,8 +3,9 @@
 //   build/solutions/bin/lesson00_bench [--out DIR] [--reps N]
 //
 // One decoding step of the naive decoder is forward() over the whole sequence, so at length
-// n it costs about n times a one-token forward: per-token latency grows linearly, and the
-// total time of a generation quadratically. Writes DIR/naive_step_time.csv
+// n it costs about n times a one-token forward, plus attention's n^2: per-token latency grows
+// with n (linearly, then faster as attention's share grows), and the total time of a generation
+// at least quadratically. Writes DIR/naive_step_time.csv
 // (length, ms per step, tokens per second) for lessons/00_naive_decoder/plot.py.
 #include <algorithm>
 #include <cstdio>

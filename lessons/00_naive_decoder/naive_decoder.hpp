@@ -169,8 +169,8 @@ using TokenCallback = std::function<void(int token)>;
 /// The naive generation loop: run forward() over the whole sequence, pick the next token
 /// from the last row of logits, append it, repeat.
 ///
-/// Stops after `max_new_tokens` tokens, or right after the model emits EOS (EOS is kept in
-/// the result).
+/// Stops after `max_new_tokens` tokens, or right after the model emits EOS, the model's own
+/// `model.config.eos_token_id` (EOS is kept in the result).
 /// @return the generated ids only, not the prompt
 /// @throws infer::Error if the prompt is empty or holds an id outside the vocabulary (the
 ///         message mentions the "vocabulary"; check_tokens() says it for you), if

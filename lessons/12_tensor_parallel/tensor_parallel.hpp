@@ -9,7 +9,7 @@
 /// holds a partial sum of the whole residual update, one all-reduce adds them up. The embedding,
 /// the norms and the output head are the same on every rank (replicated).
 ///
-/// Yours (solutions/12_tensor_parallel/ is the reference):
+/// Yours, in exercises/12_tensor_parallel/tensor_parallel.cpp:
 /// - shard_plan(): which heads, K/V heads and units a rank holds, and the shapes it refuses;
 /// - load_shard(): a rank's slice of every matrix, reading only its own bytes;
 /// - RowParallelProjection::rows_into(): a product by a column slice of W, and the all-reduce
@@ -61,7 +61,8 @@ class Communicator {
   virtual int size() const = 0;
 
   /// data[0, n) becomes the sum over the ranks of their data[0, n), the same floats on every rank
-  /// (every rank adds them in rank order). Every rank passes the same n.
+  /// (thread_group()'s ranks add them in rank order; MPI's promises the same floats on every rank,
+/// in an order of its own). Every rank passes the same n.
   void all_reduce(float* data, long n);
   /// `bytes` of rank `root` handed to every rank (the others' `bytes` are replaced).
   void broadcast(std::vector<char>& bytes, int root);
@@ -155,10 +156,14 @@ ShardPlan shard_plan(const ModelConfig& config, int rank, int world);
 /// K/V heads only.
 ModelConfig rank_config(const ModelConfig& config, const ShardPlan& plan);
 
-/// Where a rank reads its weights from, by Hugging Face's tensor names
-/// (`model.layers.0.self_attn.q_proj.weight`, ...; `lm_head.weight` is the embedding where the
-/// model ties them, handed out, and counted, a second time: the engine keeps the head as its own
-/// matrix), counting the bytes it hands out. Given: file_weights() and memory_weights().
+/// Where a rank reads its weights from, by Hugging Face's tensor names, counting the bytes it
+/// hands out. Given: file_weights() and memory_weights(). The names, for layer i:
+/// `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `model.layers.{i}.mlp.{gate,up,down}_proj.weight`
+/// (matrices), `model.layers.{i}.input_layernorm.weight`,
+/// `model.layers.{i}.post_attention_layernorm.weight` (vectors); and for the model,
+/// `model.embed_tokens.weight`, `lm_head.weight` (matrices) and `model.norm.weight` (a vector).
+/// `lm_head.weight` is the embedding where the model ties them, handed out, and counted, a second
+/// time: the engine keeps the head as its own matrix.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -209,8 +214,9 @@ class RowParallelProjection final : public Projection {
   /// `accumulate`: what y held is added once, not once per rank); y's other columns are left as
   /// they are. x holds this rank's columns only ([x.rows, cols()]); y is the whole output
   /// ([x.rows, rows()], refused otherwise), and its columns [first, first + count) are not
-  /// contiguous in memory when count < rows(). The shard's own rows_into() asks the same of its y
-  /// (as wide as rows(), whatever count is). Every rank calls it with the same first and count, in the
+  /// contiguous in memory when count < rows(). It asks its shard for rows [first, first + count)
+  /// alone (the other ranks compute nothing beyond them either); the shard's own rows_into() asks
+  /// the same of its y (as wide as rows(), whatever count is). Every rank calls it with the same first and count, in the
   /// same order, on one thread: it takes part in exactly one all-reduce, of x.rows * count floats.
   /// Throws infer::Error for shapes the shard refuses.
   void rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const override;

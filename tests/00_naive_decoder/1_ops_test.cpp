@@ -116,16 +116,16 @@ GRADED_TEST(Lesson00Ops, AttentionNeverLooksAhead, 1) {
 }
 
 GRADED_TEST(Lesson00Ops, AttentionIsStableOnHugeScores, 1) {
-  // Scores near a thousand: exp() of them overflows float (inf / inf = NaN) unless each row's
+  // Scores in the thousands: exp() of them overflows float (inf / inf = NaN) unless each row's
   // largest score is subtracted first, which changes nothing mathematically.
   const Matrix q = reference::random_matrix(4, 2 * 8, 18, 40.0), k = reference::random_matrix(4, 1 * 8, 19, 40.0),
                v = reference::random_matrix(4, 1 * 8, 20);
   const Matrix got = causal_attention(q, k, v, 2, 1, 8);
-  ASSERT_TRUE(got.allFinite()) << "causal_attention returned inf or NaN for scores in the hundreds: subtract each "
+  ASSERT_TRUE(got.allFinite()) << "causal_attention returned inf or NaN for scores in the thousands: subtract each "
                                   "row's maximum score before exp()";
   const Matrix want = reference::to_matrix(
       reference::attention(reference::to_rows(q), reference::to_rows(k), reference::to_rows(v), 2, 1, 8));
-  EXPECT_TRUE(all_close(want, got, kAtol, kRtol, "causal_attention with scores in the hundreds"));
+  EXPECT_TRUE(all_close(want, got, kAtol, kRtol, "causal_attention with scores in the thousands"));
 }
 
 GRADED_TEST(Lesson00Ops, SwigluMatchesReference, 2) {
