@@ -4,6 +4,9 @@
 // formula, is lessons/01_roofline/roofline.hpp; the lesson text is lessons/01_roofline/README.md.
 // Check your work with `./course check 01`.
 // Stuck on a function? `./course hint 01 NAME` gives a hint, one tier at a time.
+//
+// The sections follow the contract header; each names its step of the README, which starts with
+// the KV-cache bytes at the end of this file.
 #include "lessons/01_roofline/roofline.hpp"
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 namespace infer {
 
 // ------------------------------------------------------------ model shapes --
+// Step 2 of the README.
 
 double dense_parameter_count(const ModelShape& s) {
   // Every parameter of a dense Llama of this shape, counted from the shape alone (the contract
@@ -28,6 +32,7 @@ double matmul_parameter_count(const ModelShape& s) {
 }
 
 // ---------------------------------------------------------- work and bytes --
+// Step 3.
 
 StepCost prefill_cost(const ModelShape& s, int T, DType weights, DType kv) {
   // The FLOPs and bytes of one T-token prefill, by the contract's formulas: causal, so a query
@@ -44,6 +49,7 @@ StepCost decode_cost(const ModelShape& s, int context, int batch, DType weights,
 }
 
 // ------------------------------------------------------------- the roofline --
+// Step 4.
 
 double ridge_point(const Hardware& hw) {
   (void)hw;
@@ -63,6 +69,7 @@ Bound classify(const Hardware& hw, double intensity) {
 }
 
 // -------------------------------------------------------------------- time --
+// Step 5.
 
 StepTime step_time(const StepCost& cost, const Hardware& hw, int gpus) {
   // Each roof's time on its own (StepTime says which is which), with `gpus` devices sharing
@@ -77,6 +84,7 @@ double max_tokens_per_second(const StepCost& decode, int batch, const Hardware& 
 }
 
 // ---------------------------------------------------------- KV-cache memory --
+// Step 1 (kv_bytes_per_token, kv_bytes, gqa_kv_reduction), then Step 6 (capacity, max_users).
 
 double kv_bytes_per_token(const ModelShape& s, DType kv) {
   // The contract's formula: K and V, in every layer, for the K/V heads only (not the query heads).

@@ -4,6 +4,8 @@
 // lesson text is lessons/02_kv_cache/README.md. Check your work with `./course check 02`.
 // The constructors and the trivial accessors are written for you in lessons/02_kv_cache/given.cpp.
 // Stuck on a function? `./course hint 02 NAME` gives a hint, one tier at a time.
+//
+// The sections follow the contract header; each names its step of the README.
 #include "lessons/02_kv_cache/kv_cache.hpp"
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 namespace infer {
 
 // ------------------------------------------------------------- float cache --
+// Step 1 of the README.
 
 void KVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
   // Stores the new rows at positions length(layer) onward, in this layer only. All or nothing:
@@ -45,6 +48,7 @@ size_t KVCache::bytes_used() const {
 size_t KVCache::bytes_reserved() const { throw NotImplemented("02", "KVCache::bytes_reserved"); }
 
 // -------------------------------------------------------------- INT8 cache --
+// Step 4: write it after the cached forward and generation below.
 
 void Int8KVCache::append(int layer, ConstMatrixRef k, ConstMatrixRef v) {
   // KVCache::append's contract (same checks, same all-or-nothing), but each new row is stored
@@ -77,6 +81,7 @@ size_t Int8KVCache::bytes_used() const {
 size_t Int8KVCache::bytes_reserved() const { throw NotImplemented("02", "Int8KVCache::bytes_reserved"); }
 
 // ---------------------------------------------------------- cached forward --
+// Steps 2 and 3.
 
 Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KVStore& cache) {
   // Logits for the new tokens only, equal (to float rounding) to forward() over the whole
@@ -89,9 +94,9 @@ Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KV
 
 std::vector<int> generate_cached(const ModelWeights& model, std::span<const int> prompt, int max_new_tokens,
                                  Sampler& sampler, KVStore& cache, const TokenCallback& on_token) {
-  // The same tokens as generate(), with the same errors, plus one: the cache must be empty and
-  // hold prompt.size() + max_new_tokens positions, or infer::Error says "the cache holds N
-  // positions" (N its max_tokens). Every position's K/V is computed exactly once, and the last
+  // The same tokens as generate(), with the same errors, plus two: the cache must be empty (or
+  // infer::Error says it must "start empty") and hold prompt.size() + max_new_tokens positions
+  // (or infer::Error says "the cache holds N positions", N its max_tokens). Every position's K/V is computed exactly once, and the last
   // token returned is never run through the model (nothing would read its K/V).
   (void)model, (void)prompt, (void)max_new_tokens, (void)sampler, (void)cache, (void)on_token;
   throw NotImplemented("02", "generate_cached");

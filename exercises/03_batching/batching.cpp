@@ -11,6 +11,7 @@
 #include <cmath>
 #include <numeric>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "common/linear.hpp"

@@ -66,7 +66,8 @@ void PagedKVCache::reserve(int tokens) {
   // Makes room for positions [length(), tokens): afterwards the table covers `tokens` positions,
   // and each block those positions lie in is this sequence's alone: a block another sequence
   // shares is first copied to a fresh block (the pool's copy_block), so no other sequence ever
-  // sees this one's writes. A block is taken only when a position reaches it (never early).
+  // sees this one's writes. Blocks are taken only for positions below `tokens` that lie past the
+  // table (never for a position beyond `tokens`).
   // Nothing is written and no length changes. All or nothing: if the pool is short of the blocks
   // it needs (new ones and copies) it throws "out of KV blocks" having taken nothing. Throws
   // infer::Error for tokens outside [0, max_tokens].
@@ -108,7 +109,10 @@ size_t PagedKVCache::bytes_used() const {
   throw NotImplemented("04", "PagedKVCache::bytes_used");
 }
 
-size_t PagedKVCache::bytes_reserved() const { throw NotImplemented("04", "PagedKVCache::bytes_reserved"); }
+size_t PagedKVCache::bytes_reserved() const {
+  // The bytes of the blocks in the table, whole: blocks * the pool's bytes per block.
+  throw NotImplemented("04", "PagedKVCache::bytes_reserved");
+}
 
 std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {
   // A child with the same history, as the contract says: it copies no rows and takes no free

@@ -1,5 +1,5 @@
 // Lesson 05, your turn: a radix tree of KV blocks (match, insert, lock, LRU eviction), the hit
-// rates of the source's exercise 4, a time model in which prefills cost what they compute (and
+// rates of exercise 4 (Step 3), a time model in which prefills cost what they compute (and
 // TTFT with it), and the wiring of your tree into the engine's memory.
 //
 // Replace each `throw NotImplemented(...)`. The contract is
@@ -55,8 +55,10 @@ RadixCache::Match RadixCache::match(std::span<const int> tokens) {
 
 int RadixCache::insert(std::span<const int> tokens, std::span<const int> blocks) {
   // Caches the first blocks.size() * block_size tokens: the new part in a new node (new_node()),
-  // holding their blocks (share); the cached part untouched. Then evicts down to the capacity. Returns the new
-  // tokens. Refuses (changing nothing) tokens shorter than the blocks cover.
+  // holding their blocks (share); the cached part untouched; a node whose run the tokens leave
+  // partway split there. Every node on the path stamped most recently used; then evicts down to
+  // the capacity. Returns the new tokens. Refuses (changing nothing) tokens shorter than the
+  // blocks cover ("tokens") and a block that is free.
   (void)tokens, (void)blocks;
   throw NotImplemented("05", "RadixCache::insert");
 }
@@ -76,7 +78,8 @@ void RadixCache::unlock(NodeId id) {
 int RadixCache::evict_to(int target_blocks) {
   // Whole unlocked leaves, least recently used first (ties: the lower id), until at most
   // target_blocks are cached or none is evictable. Each evicted block is freed once; the node is
-  // unhooked from its parent and its slot given back (drop_node()).
+  // unhooked from its parent and its slot given back (drop_node()). A target below 0 evicts
+  // everything evictable. Returns the blocks let go of (not the nodes).
   (void)target_blocks;
   throw NotImplemented("05", "RadixCache::evict_to");
 }
@@ -111,7 +114,8 @@ std::unique_ptr<KVStore> PrefixKVManager::open_for(std::span<const int> tokens) 
 
 void PrefixKVManager::release(std::unique_ptr<KVStore> store, std::span<const int> tokens) {
   // A finished sequence: its full blocks into the tree under their tokens, its lock let go, the
-  // store closed.
+  // store closed. Refuses a null store ("no store"), one this manager did not open ("not a store
+  // this manager opened", another pool's included) and too few tokens.
   (void)store, (void)tokens;
   throw NotImplemented("05", "PrefixKVManager::release");
 }

@@ -1,5 +1,5 @@
 // Lesson 01 bench: this machine's roofline, with real prefill and decode steps placed on it,
-// and the source's capacity table computed by lesson 01's functions.
+// and a capacity table computed by lesson 01's functions.
 //
 //   build/solutions/bin/lesson01_bench [--out DIR] [--quick]
 //

@@ -122,8 +122,9 @@ struct StepCost {
 /// Bytes: every parameter read once (shape.parameters * weight bytes), plus writing the T
 /// tokens' K and V to the cache. A simplification, on the high side: a step reads only its
 /// tokens' rows of the embedding table, not all of it (the table is 1.5% of Llama 3 70B's
-/// parameters, and 15% of the bundled model's; a tied table is read whole anyway, as lm_head).
-/// The weights in `weights`' bytes, the K/V in `kv`'s. Throws infer::Error for T < 1.
+/// parameters, and 3% of the bundled model's; a tied table is read whole anyway, as lm_head).
+/// The weights in `weights`' bytes, the K/V in `kv`'s. Throws infer::Error for T < 1 (the
+/// message names T).
 StepCost prefill_cost(const ModelShape& shape, int T, DType weights, DType kv);
 
 /// One decode step for a batch of `batch` sequences, each `context` tokens long including
@@ -133,7 +134,8 @@ StepCost prefill_cost(const ModelShape& shape, int T, DType weights, DType kv);
 /// Bytes: every parameter read once for the whole batch (that is batching's point; the same
 /// simplification about the embedding table as prefill_cost), plus, per sequence, reading
 /// `context - 1` cached tokens' K and V and writing the new token's. The weights in `weights`'
-/// bytes, the K/V in `kv`'s. Throws infer::Error for context < 1 or batch < 1.
+/// bytes, the K/V in `kv`'s. Throws infer::Error for context < 1 or batch < 1 (the message
+/// names the one it refuses: "context" or "batch").
 StepCost decode_cost(const ModelShape& shape, int context, int batch, DType weights, DType kv);
 
 // ============================================================= the roofline ==
@@ -190,12 +192,12 @@ struct StepTime {
 };
 
 /// The floor of a step's time on `gpus` devices of `hw` splitting it evenly.
-/// Throws infer::Error for gpus < 1.
+/// Throws infer::Error for gpus < 1 (the message says "gpus").
 StepTime step_time(const StepCost& cost, const Hardware& hw, int gpus = 1);
 
 /// The most tokens per second a decode step allows: each of its `batch` sequences gets one
 /// token per step, and a step takes at least step_time(cost, hw, gpus).seconds(). Per user,
-/// divide by batch. Throws infer::Error for batch < 1 or gpus < 1.
+/// divide by batch. Throws infer::Error for batch < 1 or gpus < 1 (the message names which).
 double max_tokens_per_second(const StepCost& decode, int batch, const Hardware& hw, int gpus = 1);
 
 // ========================================================= KV-cache memory ==
@@ -229,11 +231,12 @@ struct Capacity {
 };
 
 /// Weights, overhead and KV budget of a deployment, and the tokens of KV it can hold. Throws
-/// infer::Error for no GPU, no memory, or an overhead_fraction outside [0, 1).
+/// infer::Error for no GPU or no memory (the message says "GPU"), or an overhead_fraction
+/// outside [0, 1) (the message names "overhead_fraction").
 Capacity capacity(const ModelShape& shape, const MemoryBudget& budget, DType weights, DType kv);
 
 /// Concurrent users, each holding `context` tokens of KV: max_tokens / context, rounded down.
-/// Throws infer::Error for context < 1.
+/// Throws infer::Error for context < 1 (the message says "context").
 long max_users(const Capacity& cap, int context);
 
 // ================================================== this machine's roofs (given) ==

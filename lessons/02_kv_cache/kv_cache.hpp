@@ -168,9 +168,9 @@ class Int8KVCache final : public KVStore {
 Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KVStore& cache);
 
 /// Lesson 00's generate() with a cache: one prefill of the prompt, then one decode step per
-/// token. Same arguments, same results, same exceptions; in addition `cache` must be empty and
-/// hold prompt.size() + max_new_tokens positions, or infer::Error says "the cache holds N
-/// positions" and what the generation needs. The last token is never run through the model (no
+/// token. Same arguments, same results, same exceptions; in addition `cache` must be empty (or
+/// infer::Error says it must "start empty"), and hold prompt.size() + max_new_tokens positions
+/// (or infer::Error says "the cache holds N positions" and what the generation needs). The last token is never run through the model (no
 /// later step would read its K/V), so at most prompt.size() + max_new_tokens - 1 positions are
 /// stored; the demand is one more on purpose: it is the same bound as the context's, so a
 /// generation that fits the model's context fits a context-sized cache.

@@ -100,7 +100,9 @@ struct SimOutcome {
 struct SimRun {
   int max_batch = 0;                ///< the batch size
   std::vector<SimOutcome> outcomes; ///< one per request, in request order
-  std::vector<int> busy_slots;      ///< per step from 0: requests that produced a token in that step
+  std::vector<int> busy_slots;      ///< per step from 0: requests that produced a token in that step;
+                                    ///< one entry per step up to the last request's finish (its size is
+                                    ///< the largest finish_step: no trailing idle step)
 };
 
 /// Runs `requests` (any order; sorted by arrival, then id, inside) step by step under `policy`.
@@ -126,7 +128,7 @@ double percentile(std::vector<double> values, double p);
 /// Summarizes a run. Throws infer::Error for a run with no outcomes.
 BatchStats summarize(const SimRun& run);
 
-/// Output lengths for the source's exercise 2: Pareto(shape, scale) by inversion,
+/// Output lengths for the README's exercise (fifty requests of heavy-tailed lengths): Pareto(shape, scale) by inversion,
 /// `scale / u^(1/shape)` for u uniform in (0, 1], rounded down and capped at `cap`. Draw u as
 /// `1 - Rng(seed).uniform()` (uniform() is in [0, 1)), one draw per length, in order: the same
 /// seed then gives everyone the same lengths. Throws infer::Error for n < 0, shape <= 0,
@@ -141,9 +143,11 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 /// The projections and the MLP run as one matrix product over the batch: one linear()
 /// (common/linear.hpp) per weight matrix, over all B rows, the output head's included (the test
 /// watches linear() to see each matrix read once for the batch; swiglu_mlp() calls it for the
-/// MLP's three); RoPE uses each row's own position; each row appends its K/V to its own cache and attends over it.
-/// Validate everything first (ids, equal counts, room in every cache): a refused call appends
-/// nothing. Two rows must not share a cache.
+/// MLP's three); RoPE uses each row's own position; each row appends its K/V to its own cache and attends over it
+/// (`caches[i]->attend(...)`, lesson 02's KVStore::attend).
+/// Validate everything first (ids, equal counts, room in every cache and in the model's context):
+/// a refused call appends nothing, and a bad id's message names it. Two rows must not share a
+/// cache.
 /// @return [B, vocab] logits, row i for sequence i; equal to forward_cached() of each alone.
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches);
 

@@ -1,5 +1,5 @@
-// Lesson 03 bench: static against continuous batching on the bundled model, with the source's
-// Pareto-distributed output lengths. First, the source's exercise 2 on your simulator (20 seeded
+// Lesson 03 bench: static against continuous batching on the bundled model, with the
+// Pareto-distributed output lengths. First, the README's exercise on your simulator (20 seeded
 // workloads): the utilization and step figures the lesson's text quotes.
 //
 //   build/solutions/bin/lesson03_bench [--out DIR] [--requests N] [--batch B] [--seed S]
@@ -33,7 +33,7 @@ using namespace infer;
 
 namespace {
 
-/// The source's exercise 2 on the simulator (the text's figures): 50 requests of 16 prompt
+/// The README's exercise on the simulator (the text's figures): 50 requests of 16 prompt
 /// tokens at step 0, output lengths Pareto(1.5, 20) capped at 200, 4 slots, over 20 seeds.
 void simulator_exercise() {
   constexpr int kSeeds = 20;
@@ -47,7 +47,7 @@ void simulator_exercise() {
     cont += c.utilization / kSeeds, stat += st.utilization / kSeeds, worst = std::min(worst, c.utilization);
     ratio += static_cast<double>(st.total_steps) / c.total_steps / kSeeds;
   }
-  std::printf("The simulator, the source's exercise 2 (50 requests, Pareto(1.5, 20) outputs capped at 200, 4 slots, "
+  std::printf("The simulator, the README's exercise (50 requests, Pareto(1.5, 20) outputs capped at 200, 4 slots, "
               "%d seeds):\n  utilization: continuous %.0f%% on average (%.0f%% at worst), static %.0f%%; "
               "static needs %.2fx the steps of continuous on average\n\n",
               kSeeds, 100 * cont, 100 * worst, 100 * stat, ratio);
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     try {
       simulator_exercise();
     } catch (const std::exception& e) {  // (--mine with the simulator not written yet: the engine's part still runs)
-      std::printf("The simulator, the source's exercise 2: not run (%s)\n\n", e.what());
+      std::printf("The simulator, the README's exercise: not run (%s)\n\n", e.what());
     }
     const auto limits = pareto_lengths(n, 1.5, 20, 200, seed);
     ModelConfig big;  // 24M parameters, 96 MB of float32: more than the caches hold

@@ -150,8 +150,8 @@ class PagedKVPool final : public KVBlockPool {
 /// of one head's, whole or in pieces (the tests measure the largest allocation of a decode step
 /// and the total; scratch the size of one row of scores is fine). q holds the queries of the newest q.rows() positions: row i is
 /// position length - q.rows() + i.
-/// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks, or if
-///         q.rows() > length.
+/// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks (naming
+///         `length`), or if q.rows() > length.
 Matrix paged_attention(ConstMatrixRef q, const PagedKVPool& pool, std::span<const int> block_table, int layer,
                        int length, int num_heads, int num_kv_heads, int head_dim);
 
@@ -190,7 +190,7 @@ class PagedKVCache final : public KVStore {
   /// a fresh block, pool.copy_block(), and the shared one let go). Writes no row of its own and
   /// changes no length; a table that already covers them privately is left as it is. All or
   /// nothing: throws "out of KV blocks" and takes nothing if the pool is short of the blocks
-  /// (new ones and copies) it needs. Throws for tokens outside [0, max_tokens()].
+  /// (new ones and copies) it needs. Throws for tokens outside [0, max_tokens()], naming `tokens`.
   void reserve(int tokens) override;
   /// Appends rows like KVCache::append: position p = length(layer) + i goes to slot
   /// `table[p / B] * B + p % B` of the pool (KVBlockPool::write), after reserve() has made room
@@ -273,11 +273,14 @@ class PagedKVManager final : public KVManager {
 
   /// A PagedKVCache of max_tokens = the model's context with its first `tokens` positions
   /// reserved, or nullptr when they need more blocks than are free (nothing taken). Throws for
-  /// tokens outside [0, capacity_tokens()].
+  /// tokens outside [0, capacity_tokens()], naming `tokens`.
   std::unique_ptr<KVStore> open(int tokens) override;
   /// Destroys the store (freeing its blocks). Throws for a store that is not one of its pool's.
   /// Given.
   void close(std::unique_ptr<KVStore> store) override;
+  /// The class comment's rule. `running` is in admission order: its back is the newest, the
+  /// first to be preempted. Throws infer::Error for a store that is not paged (its paged() is
+  /// nullptr) or one of another pool.
   int preemptions_needed(std::span<const KVStore* const> running) const override;
   /// min(num_blocks * block_size, the model's context). Given.
   int capacity_tokens() const override;

@@ -14,7 +14,7 @@
 // longest, and predicts the cold and warm TTFT from an engine's step log with your
 // step_end_ms() and ttft_ms().
 //
-// Part 2, the source's exercise 4 (no model): 1,000 prompts of 48 + 16 tokens, 60% starting
+// Part 2, exercise 4 (no model): 1,000 prompts of 48 + 16 tokens, 60% starting
 // with one of 5 common prefixes, blocks of 16, through caches of 1 to 512 blocks and an
 // unbounded one: request and token hit rates against capacity.
 //

@@ -52,7 +52,8 @@ class RadixCache {
   };
 
   /// An empty cache over `allocator`'s blocks, caching runs of `block_size` tokens, at most
-  /// `capacity_blocks` blocks. Throws infer::Error for block_size or capacity_blocks below 1.
+  /// `capacity_blocks` blocks. Throws infer::Error for block_size or capacity_blocks below 1 (the
+  /// message names "block_size" or "capacity").
   RadixCache(BlockAllocator& allocator, int block_size, int capacity_blocks);
   /// Gives back every block the cache holds (one free() each).
   ~RadixCache();
@@ -71,15 +72,15 @@ class RadixCache {
   /// path becomes the most recently used; then the cache evicts down to its capacity. Where the
   /// tokens leave a node's run partway, that node is split there as match() splits it: the first
   /// part becomes a new node above, and the node's id stays with the rest of its run. Returns
-  /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short or a
-  /// block is free (count 0: nobody's K/V is in it).
+  /// how many tokens were new. Throws infer::Error, changing nothing, if tokens is too short (the
+  /// message says "tokens") or a block is free (count 0: nobody's K/V is in it).
   int insert(std::span<const int> tokens, std::span<const int> blocks);
 
   /// Raises the lock count of `node` and of every ancestor: a running request uses them.
   /// Throws for a node that does not exist (an evicted node no longer does).
   void lock(NodeId node);
   /// Lowers what lock() raised. Throws for a node that does not exist (evicted, say) or is not
-  /// locked.
+  /// locked (the message says "not locked").
   void unlock(NodeId node);
 
   /// Evicts least recently used unlocked leaves, one whole node at a time (a parent left without
@@ -149,7 +150,7 @@ struct PrefixRequest {
   std::vector<int> tokens;  ///< the prompt
 };
 
-/// The source's exercise 4 as a workload (given): `n` prompts, each of `prefix_tokens` +
+/// Exercise 4 (the README's Step 3) as a workload (given): `n` prompts, each of `prefix_tokens` +
 /// `suffix_tokens` ids in [3, vocab). With probability `shared_fraction` a prompt starts with
 /// one of `num_prefixes` common prefixes, chosen uniformly; otherwise its whole prompt is
 /// random. Seeded: the same arguments give the same prompts.
@@ -255,9 +256,10 @@ class PrefixKVManager final : public KVManager {
   const RadixCache& cache() const { return *cache_; }
   /// The pool.
   const KVBlockPool& pool() const { return paged_.pool(); }
-  /// Prompt positions found in the cache by open_for(), so far.
+  /// Prompt positions found in the cache, summed over the stores open_for() opened so far.
   long matched_tokens() const { return matched_; }
-  /// Positions open_for() was asked for, so far.
+  /// Positions asked for, summed over the stores open_for() opened so far (a refused call counts
+  /// nothing).
   long requested_tokens() const { return requested_; }
 
  private:

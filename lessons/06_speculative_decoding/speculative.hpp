@@ -185,10 +185,11 @@ class TargetModel {
 /// (greedy at temperature 0), keeping its own KV cache.
 ///
 /// What it keeps true: its cache holds the K/V of cached_tokens(), a prefix of the context it was
-/// last given. catch_up(context) makes the cache hold exactly the context but its last token:
+/// last given followed, after propose(), by the guesses it fed back. catch_up(context) makes the cache hold exactly the context but its last token:
 /// it drops whatever disagrees with the context and runs what is missing. propose() catches up,
-/// runs the context's last token, then draws k tokens, feeding each but the last back to get the
-/// next one's distribution: its cache then also holds the last token and the first k - 1
+/// runs the context's last token, then draws k tokens (each `sample_from(q row, rng_.uniform())`,
+/// rng_ seeded with params.seed when the proposer is made), feeding each but the last back to get
+/// the next one's distribution: its cache then also holds the last token and the first k - 1
 /// guesses (fewer if the cache or the context runs out of room). q's rows are
 /// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
 /// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
@@ -275,7 +276,8 @@ struct SpecStats {
 /// @throws infer::Error, with the words in quotes in its message, for an "empty" prompt (or bad
 ///         ids: check_tokens()), "k must be" >= 0, a negative "max_new_tokens", a prompt plus
 ///         max_new_tokens that "exceeds the context", a target cache that is not empty ("must
-///         start empty") or too small (the "cache holds" N positions), or a proposal with more
+///         start empty") or too small (the "cache holds" N positions, where it must hold
+///         prompt.size() + max_new_tokens), or a proposal with more
 ///         tokens than asked ("at most"), ids outside the "vocabulary", or a q of the wrong shape.
 std::vector<int> generate_speculative(TargetModel& target, Proposer& proposer, std::span<const int> prompt,
                                       int max_new_tokens, int k, const SamplingParams& params, KVStore& target_cache,

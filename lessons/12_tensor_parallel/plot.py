@@ -85,7 +85,7 @@ if model:
         f"Llama-3-70B bf16, modelled (HBM {float(r0['assumed_hbm_bytes_per_s']) / 1e12:.1f} TB/s; "
         f"labels: all-reduce share)", fontsize=10)
 right.grid(alpha=0.3, which="both")
-right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=4)
+right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=4, handlelength=3.5)  # long enough to tell dashed from solid
 
 fig.tight_layout()
 fig.savefig(os.path.join(out, "tensor_parallel.png"), dpi=110)

@@ -62,7 +62,7 @@ class Communicator {
 
   /// data[0, n) becomes the sum over the ranks of their data[0, n), the same floats on every rank
   /// (thread_group()'s ranks add them in rank order; MPI's promises the same floats on every rank,
-/// in an order of its own). Every rank passes the same n.
+  /// in an order of its own). Every rank passes the same n.
   void all_reduce(float* data, long n);
   /// `bytes` of rank `root` handed to every rank (the others' `bytes` are replaced).
   void broadcast(std::vector<char>& bytes, int root);
@@ -147,7 +147,8 @@ struct ShardPlan {
 /// Throws infer::Error for world < 1 (the message gives the world), a rank outside [0, world)
 /// (the message says "rank"), a world that does not divide the query heads or the MLP units (the
 /// message gives both the world and the count it does not divide), and one that neither divides
-/// nor is a multiple of the K/V heads (the message says "K/V").
+/// nor is a multiple of the K/V heads (the message says "K/V"). Where several apply, any one of
+/// them will do: the tests refuse shapes that break one rule alone.
 ShardPlan shard_plan(const ModelConfig& config, int rank, int world);
 
 /// The shape of rank plan.rank's shard (given): `config` with plan.heads.size() query heads,
@@ -215,8 +216,9 @@ class RowParallelProjection final : public Projection {
   /// they are. x holds this rank's columns only ([x.rows, cols()]); y is the whole output
   /// ([x.rows, rows()], refused otherwise), and its columns [first, first + count) are not
   /// contiguous in memory when count < rows(). It asks its shard for rows [first, first + count)
-  /// alone (the other ranks compute nothing beyond them either); the shard's own rows_into() asks
-  /// the same of its y (as wide as rows(), whatever count is). Every rank calls it with the same first and count, in the
+  /// alone (the other ranks compute nothing beyond them either). The shard's own rows_into() also
+  /// wants a y as wide as rows(), whatever count is, so this rank's partial sums need a scratch
+  /// matrix [x.rows, rows()], and the all-reduce wants the asked columns side by side. Every rank calls it with the same first and count, in the
   /// same order, on one thread: it takes part in exactly one all-reduce, of x.rows * count floats.
   /// Throws infer::Error for shapes the shard refuses.
   void rows_into(ConstMatrixRef x, MatrixRef y, long first, long count, bool accumulate) const override;

@@ -62,7 +62,7 @@ GRADED_TEST(Lesson01Memory, CapacityLeavesWhatWeightsAndOverheadDoNotTake, 2) {
 }
 
 GRADED_TEST(Lesson01Memory, Int4KvServesAboutFourTimesTheUsers, 2) {
-  // The source's exercise 1: Llama 3 70B, 4 x A100-80GB, 4K context, FP16 vs FP8 vs INT4 KV.
+  // Llama 3 70B, 4 x A100-80GB, 4K context, FP16 vs FP8 vs INT4 KV.
   const MemoryBudget four_a100{.gpu_bytes = 80 * kGiB, .num_gpus = 4};
   const long fp16 = max_users(capacity(llama3_70b(), four_a100, DType::BF16, DType::FP16), 4096);
   const long fp8 = max_users(capacity(llama3_70b(), four_a100, DType::BF16, DType::FP8), 4096);

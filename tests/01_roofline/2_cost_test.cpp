@@ -1,5 +1,5 @@
 // Lesson 01: FLOPs and bytes of prefill and decode, checked on a shape small enough to count by
-// hand, then the roofline and the source's scenario table.
+// hand, then the roofline and the scenario table.
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/01_roofline/roofline.hpp"
@@ -76,6 +76,10 @@ GRADED_TEST(Lesson01Cost, SizesBelowOneAreRefused, 1) {
   EXPECT_TRUE(throws_error_mentioning([&] { max_tokens_per_second(d, 0, a100_80gb()); }, "batch"));
   const Capacity c = capacity(llama3_8b(), {}, DType::BF16, DType::BF16);
   EXPECT_TRUE(throws_error_mentioning([&] { max_users(c, 0); }, "context"));
+  EXPECT_TRUE(throws_error_mentioning([] { capacity(llama3_8b(), {.num_gpus = 0}, DType::BF16, DType::BF16); }, "GPU"));
+  EXPECT_TRUE(throws_error_mentioning([] { capacity(llama3_8b(), {.gpu_bytes = 0}, DType::BF16, DType::BF16); }, "GPU"));
+  EXPECT_TRUE(throws_error_mentioning(
+      [] { capacity(llama3_8b(), {.overhead_fraction = 1.0}, DType::BF16, DType::BF16); }, "overhead_fraction"));
 }
 
 GRADED_TEST(Lesson01Cost, IntensityGrowsWithBatchAndPromptLength, 1) {
@@ -120,7 +124,7 @@ GRADED_TEST(Lesson01Roofline, TheBandsEdgesBelongToTheTransition, 1) {
 
 GRADED_TEST(Lesson01Roofline, SourceScenarioTableIsClassifiedLikeTheSource, 3) {
   // Llama 3 70B in BF16 on an A100. Decode steps at a short context (128 tokens), where the
-  // weights dominate the bytes, as in the source's table.
+  // weights dominate the bytes, as in the scenario table.
   const Hardware a100 = a100_80gb();
   const ModelShape m = llama3_70b();
   struct Row {
@@ -161,10 +165,10 @@ GRADED_TEST(Lesson01Time, EachRoofGivesAFloorAndTheSlowerOneWins, 2) {
 }
 
 GRADED_TEST(Lesson01Time, Llama3_70BOnFourA100sDecodesAbout57TokensPerSecond, 2) {
-  // 141 GB of BF16 weights do not fit one 80 GB A100. Split over four (tensor parallelism),
+  // 141 GB of BF16 weights do not fit one 80 GiB A100. Split over four (tensor parallelism),
   // each reads a quarter: (70.6e9 x 2 bytes + 127 x 327,680 bytes of K/V read + 327,680
-  // written) / (4 x 2 TB/s) = 17.66 ms, so at most 56.6 tokens/s for one user, close to the
-  // "about 50" a real deployment sees (the traffic between the GPUs is not counted here).
+  // written) / (4 x 2 TB/s) = 17.66 ms, so at most 56.6 tokens/s for one user (the traffic
+  // between the GPUs is not counted here: lesson 12 models it).
   const StepCost d = decode_cost(llama3_70b(), 128, 1, DType::BF16, DType::BF16);
   const StepTime t = step_time(d, a100_80gb(), 4);
   EXPECT_GT(t.memory_seconds, 10 * t.compute_seconds) << "decode at batch 1 is memory-bound";

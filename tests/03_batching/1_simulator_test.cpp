@@ -1,5 +1,5 @@
 // Lesson 03, part A: the scheduler in a step simulator, on hand-worked schedules and on the
-// source's exercise 2.
+// README's exercise of fifty requests.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -151,7 +151,7 @@ GRADED_TEST(Lesson03Sim, BadArgumentsAreRefused, 1) {
 }
 
 std::vector<SimRequest> pareto_workload(uint64_t seed) {
-  // The source's exercise 2: 50 requests, output lengths Pareto(shape 1.5, scale 20), all at
+  // The README's exercise: 50 requests, output lengths Pareto(shape 1.5, scale 20), all at
   // step 0; capped at 200 tokens, a server's max_tokens (the bundled model's context is 256).
   const auto lengths = pareto_lengths(50, 1.5, 20, 200, seed);
   std::vector<SimRequest> reqs;

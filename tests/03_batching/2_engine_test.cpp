@@ -215,7 +215,10 @@ GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput
 }
 
 GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 1) {
-  Engine engine(testing::small_model(), Policy::Continuous, 5);
+  // Memory for 8 sequences, a batch of 5: only the scheduler's admissions keep the batch to 5 (with
+  // 5 slots, the memory would refuse a sixth whatever the scheduler asked).
+  Engine engine(testing::small_model(), Policy::Continuous, 5,
+                std::make_unique<SlotKVManager>(testing::small_model().config, 8));
   for (const auto& r : random_requests(60, 4)) engine.submit(r);
   engine.run();
   ASSERT_FALSE(engine.log().empty());

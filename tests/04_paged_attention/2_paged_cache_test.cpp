@@ -179,7 +179,7 @@ GRADED_TEST(Lesson04Cache, AnExhaustedPoolThrowsAndWritesNothing, 2) {
   EXPECT_EQ(second.length(0), 0) << "a refused append stores nothing";
   EXPECT_TRUE(second.block_table().empty());
   EXPECT_TRUE(testing::throws_error_mentioning([&] { first.append(0, k, v); }, "out of KV blocks"))
-      << "6 more positions need 2 more blocks; none is free";
+      << "6 more positions make 12, in 3 blocks of 4: 1 more block, and none is free";
   EXPECT_EQ(first.length(0), 6) << "a refused append stores nothing, not even the rows that would fit";
   EXPECT_TRUE(testing::all_close(k, first.keys(0), 0, 0, "the first sequence's keys after refused appends"));
   EXPECT_TRUE(testing::throws_error_mentioning([&] { second.reserve(1); }, "out of KV blocks"));

@@ -1,4 +1,4 @@
-// Lesson 06, part C: tree speculation (the source's exercise 5). The tree mask lets each node see
+// Lesson 06, part C: tree speculation. The tree mask lets each node see
 // exactly itself and its ancestors; a forward over the tree gives each node the logits of its
 // own path; a tree never accepts fewer guesses than the chain along its first branch; and greedy
 // tree speculation gives the target's greedy tokens with one target forward per round.
