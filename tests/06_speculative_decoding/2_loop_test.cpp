@@ -1,9 +1,13 @@
 // Lesson 06, part B: the draft-target loop on the bundled models. Greedy speculation gives the
 // target's greedy tokens exactly, with the draft and with prompt lookup; a counting seam at the
 // target shows k + 1 tokens per forward with a proposer that is always right and one with a
-// proposer that is always wrong; after a rejection both caches hold exactly the kept tokens.
+// proposer that is always wrong; sampled runs draw their tokens from the target's distribution;
+// after a rejection both caches hold exactly the kept tokens.
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -317,6 +321,113 @@ GRADED_TEST(Lesson06Loop, RollbackWorksForAStoreWithoutItsOwnTruncate, 1) {
   for (int l = 0; l < m.config.num_hidden_layers; ++l)
     EXPECT_TRUE(testing::all_close(fresh.keys(l), cache.keys(l).topRows(shown), 0.05, 0.02, "INT8 keys after rollback"))
         << "layer " << l;
+}
+
+/// Guesses drawn from its own distributions: row i uniform over `sets[i]` (a different set for
+/// each row, so a q row paired with the wrong guess gives that guess no mass), with its own Rng.
+class UniformGuesser final : public Proposer {
+ public:
+  UniformGuesser(std::vector<std::vector<int>> sets, int vocab, uint64_t seed)
+      : sets_(std::move(sets)), vocab_(vocab), rng_(seed) {}
+  Proposal propose(std::span<const int> context, int k) override {
+    (void)context;
+    Proposal p;
+    const int n = std::min(k, static_cast<int>(sets_.size()));
+    p.q = Matrix::Zero(n, vocab_);
+    for (int i = 0; i < n; ++i) {
+      const auto& set = sets_[static_cast<size_t>(i)];
+      for (int t : set) p.q(i, t) = 1.0f / static_cast<float>(set.size());
+      p.tokens.push_back(set[rng_.below(set.size())]);
+    }
+    return p;
+  }
+
+ private:
+  std::vector<std::vector<int>> sets_;
+  int vocab_;
+  Rng rng_;
+};
+
+/// The k most likely tokens of `probs`, most likely first.
+std::vector<int> top_tokens(const Vector& probs, int k) {
+  std::vector<int> ids(static_cast<size_t>(probs.size()));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return probs[a] > probs[b]; });
+  ids.resize(static_cast<size_t>(k));
+  return ids;
+}
+
+GRADED_TEST(Lesson06Loop, SampledSpeculationFollowsTheTargetsDistribution, 2) {
+  // The lesson's promise, end to end: sampled speculation draws each token from the target's own
+  // distribution (p, with the request's temperature and top-k), whatever the proposer guesses.
+  // 3,000 seeded runs of 3 tokens with 2 guesses a round; the first two tokens' joint counts
+  // against p(x1) p(x2 | x1) from lesson 00's forward, by a chi-square test at significance
+  // 0.001 (a correct loop fails it for one seed in a thousand; these seeds are fixed). The Rng
+  // seeded once per run, p from the request's params, each q row with its own guess: a loop that
+  // breaks any of these writes well-formed text and fails here.
+  const ModelWeights& m = testing::bundled_model();
+  const std::vector<int> prompt = ByteTokenizer::encode("Q: What is");
+  const SamplingParams base{.temperature = 1.3f, .top_k = 3};
+  auto next_p = [&](const std::vector<int>& context) {
+    const Matrix logits = forward(m, context);
+    return sampling_distribution(logits.row(logits.rows() - 1).transpose(), base);
+  };
+  const Vector p1 = next_p(prompt);
+  const std::vector<int> first = top_tokens(p1, base.top_k);
+  std::vector<Vector> p2;  // p(x2 | x1) for each x1 in first
+  for (int x1 : first) {
+    std::vector<int> context = prompt;
+    context.push_back(x1);
+    p2.push_back(next_p(context));
+  }
+  // The guesser's sets: the target's likely first tokens, then the likely tokens after the most
+  // likely first one (so some guesses are kept, some rejected).
+  const std::vector<std::vector<int>> sets = {first, top_tokens(p2[0], 4)};
+  std::map<std::pair<int, int>, long> counts;
+  const int runs = 3000;
+  for (int s = 0; s < runs; ++s) {
+    SamplingParams params = base;
+    params.seed = 5000 + static_cast<uint64_t>(s);
+    TargetModel target(m);
+    UniformGuesser guesser(sets, m.config.vocab_size, 90000 + static_cast<uint64_t>(s));
+    KVCache cache(m.config, static_cast<int>(prompt.size()) + 3);
+    const std::vector<int> out = generate_speculative(target, guesser, prompt, 3, 2, params, cache);
+    ASSERT_GE(out.size(), 2u) << "seed " << params.seed << ": " << out.size() << " tokens (no EOS is likely here)";
+    ++counts[{out[0], out[1]}];
+  }
+  // Expected counts; cells expected below 5 times are pooled into one (chi-square's rule).
+  std::vector<double> expected, observed;
+  double pooled_e = 0, pooled_o = 0;
+  for (size_t a = 0; a < first.size(); ++a) {
+    for (int b = 0; b < m.config.vocab_size; ++b) {
+      const double e = runs * static_cast<double>(p1[first[a]]) * static_cast<double>(p2[a][b]);
+      const long o = counts.count({first[a], b}) ? counts[{first[a], b}] : 0;
+      if (e == 0) {
+        ASSERT_EQ(o, 0) << "token " << b << " after " << first[a] << " has no mass in p, but was drawn " << o << " times";
+        continue;
+      }
+      if (e < 5) {
+        pooled_e += e, pooled_o += static_cast<double>(o);
+      } else {
+        expected.push_back(e), observed.push_back(static_cast<double>(o));
+      }
+    }
+  }
+  long outside = 0;
+  for (const auto& [pair, n] : counts)
+    if (std::find(first.begin(), first.end(), pair.first) == first.end()) outside += n;
+  ASSERT_EQ(outside, 0) << "first tokens outside the target's top " << base.top_k << ": p was not built with the request's params";
+  if (pooled_e > 0) expected.push_back(pooled_e), observed.push_back(pooled_o);
+  double x2 = 0;
+  for (size_t i = 0; i < expected.size(); ++i) x2 += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
+  // Critical values at 0.001 for 1 to 15 degrees of freedom.
+  const double critical[] = {10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124,
+                             27.877, 29.588, 31.264, 32.909, 34.528, 36.123, 37.697};
+  const size_t df = expected.size() - 1;
+  ASSERT_GE(df, 1u);
+  ASSERT_LE(df, std::size(critical));
+  EXPECT_LT(x2, critical[df - 1]) << "the first two tokens of " << runs << " sampled runs do not follow the target's "
+                                  << "distribution (chi-square " << x2 << " over " << df << " degrees of freedom)";
 }
 
 GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) {
