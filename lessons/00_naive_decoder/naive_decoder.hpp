@@ -39,7 +39,7 @@ Matrix rms_norm(ConstMatrixRef x, const Vector& weight, float eps);
 
 /// Rotary position embedding, in place, with Hugging Face Llama's "rotate half" pairing.
 ///
-/// Row t of `x` is the token at position `start_pos + t`; its columns are `num_heads`
+/// Row t of `x` is the token at position `start_pos + t`; its columns are x.cols() / head_dim
 /// consecutive heads of `head_dim` values. Within each head, element i is paired with
 /// element i + head_dim/2 (not with its neighbour i + 1), and the pair is rotated by the
 /// angle `pos * theta^(-2i / head_dim)` for i in [0, head_dim/2):
@@ -47,7 +47,7 @@ Matrix rms_norm(ConstMatrixRef x, const Vector& weight, float eps);
 ///     x'[i]          = x[i] * cos(angle_i) - x[i + half] * sin(angle_i)
 ///     x'[i + half]   = x[i + half] * cos(angle_i) + x[i] * sin(angle_i)
 ///
-/// @param x         [T, num_heads * head_dim] queries or keys, rotated in place
+/// @param x         [T, heads * head_dim] queries or keys, rotated in place
 /// @param head_dim  size of one head (even)
 /// @param start_pos position of row 0
 /// @param theta     the config's rope_theta
@@ -129,7 +129,8 @@ int argmax(const Vector& logits);
 ///   tokens exactly as the logits do; ties broken towards the smaller index, so exactly
 ///   min(k, vocab) tokens stay), then renormalize.
 /// - top_p < 1: sort the remaining tokens by probability (largest first, ties by index),
-///   keep the shortest prefix whose total reaches top_p, zero the rest, renormalize.
+///   keep the shortest prefix whose total reaches top_p (total >= top_p), zero the rest,
+///   renormalize.
 ///
 /// @return a probability for every token: non-negative, summing to 1.
 Vector sampling_distribution(const Vector& logits, const SamplingParams& params);

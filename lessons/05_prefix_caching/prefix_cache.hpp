@@ -166,7 +166,8 @@ struct HitRates {
 };
 
 /// Runs the requests in order through a RadixCache of `capacity_blocks` blocks of `block_size`
-/// (capacity_blocks = 0: unbounded): each request matches its whole prompt (open_for() matches all
+/// (capacity_blocks = 0: unbounded, that is a capacity of every request's full blocks, since
+/// RadixCache itself takes a capacity of 1 or more): each request matches its whole prompt (open_for() matches all
 /// but the last token; here no logits are needed), takes blocks for the rest
 /// of it from a pool large enough for the cache plus one request, and is inserted whole (its
 /// full blocks) before the next one arrives, then lets go of its own holds. No request is locked
@@ -226,8 +227,9 @@ std::vector<EngineStepLog> simulated_step_log(std::span<const SimRequest> reques
 ///   the tree alone, so evicting them frees them); if that is still not enough it returns
 ///   nullptr (the engine tries again later), having locked, taken and counted nothing. A store
 ///   it opens adds its matched positions to matched_tokens() and tokens.size() to
-///   requested_tokens(). Throws infer::Error, with a message that names the
-///   "positions", for an empty `tokens` or more than a sequence can hold.
+///   requested_tokens(). With no match the store starts empty (locking the root, or nothing, is
+///   the same: the root is never evicted). Throws infer::Error, with a message that names the
+///   "positions", for an empty `tokens` or more than capacity_tokens().
 /// - release(store, tokens): a finished sequence. Its full blocks go into the tree under the
 ///   tokens they hold (tokens holds at least store->length() ids), its lock is let go, and the
 ///   store is closed. Throws infer::Error for a null store ("no store") or one this manager did
