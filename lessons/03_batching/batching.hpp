@@ -106,8 +106,9 @@ struct SimRun {
 };
 
 /// Runs `requests` (any order; sorted by arrival, then id, inside) step by step under `policy`.
-/// No requests give an empty run. Throws infer::Error for an output_tokens below 1, a negative
-/// arrival or an id that appears twice, its message naming the request's id and the value.
+/// No requests give an empty run. Throws infer::Error for max_batch < 1 (the given Scheduler's
+/// constructor refuses it, requests or not), an output_tokens below 1, a negative arrival or an
+/// id that appears twice, its message naming the request's id and the value.
 SimRun simulate(std::span<const SimRequest> requests, Policy policy, int max_batch);
 
 /// Latency percentiles and throughput of a run.
@@ -145,9 +146,10 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 /// watches linear() to see each matrix read once for the batch; swiglu_mlp() calls it for the
 /// MLP's three); RoPE uses each row's own position; each row appends its K/V to its own cache and attends over it
 /// (`caches[i]->attend(...)`, lesson 02's KVStore::attend).
-/// Validate everything first (ids, equal counts, room in every cache and in the model's context):
-/// a refused call appends nothing, and a bad id's message names it. Two rows must not share a
-/// cache.
+/// Validate everything first (at least one token, as many tokens as caches, ids, room in every
+/// cache and in the model's context): a refused call appends nothing, and a bad id's message
+/// names it. Two rows must not share a cache. The caches are the caller's: non-null, made for
+/// this model.
 /// @return [B, vocab] logits, row i for sequence i; equal to forward_cached() of each alone.
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches);
 
