@@ -38,7 +38,10 @@ def find(sections, name):
     exact = [s for s in sections if s[0].lower().split("::")[-1] == key or s[0].lower() == key]
     if exact:
         return exact
-    return [s for s in sections if key in s[0].lower()]
+    found = [s for s in sections if key in s[0].lower()]
+    if not found and "::" in key:  # Class::function where the section is titled by the function
+        return find(sections, key.split("::")[-1])
+    return found
 
 
 def main(argv):

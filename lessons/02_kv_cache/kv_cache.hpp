@@ -53,7 +53,8 @@ class KVStore {
   virtual ConstMatrixRef keys(int layer) const = 0;
   /// Every stored value of `layer`, [length(layer), kv_dim], as float32.
   virtual ConstMatrixRef values(int layer) const = 0;
-  /// Forgets every position (the memory stays reserved).
+  /// Forgets every position (a contiguous store keeps its memory reserved; lesson 04's paged store
+  /// gives its blocks back).
   virtual void reset() = 0;
   /// Makes room for positions up to `tokens` before they are appended, so that appending them
   /// takes no memory: lesson 03's engine calls it for every sequence of a step before the step's

@@ -130,8 +130,8 @@ class PagedKVPool final : public KVBlockPool {
   MatrixRef value_block(int layer, int block);
   ConstMatrixRef value_block(int layer, int block) const;  ///< read-only
 
-  /// Copies block `src`'s keys and values into block `dst`, in every layer (copy-on-write).
-  /// Yours.
+  /// Copies block `src`'s keys and values into block `dst`, in every layer (copy-on-write; src ==
+  /// dst leaves the block as it is). Yours.
   void copy_block(int src, int dst) override;
 
   void write(int layer, std::span<const int> slots, ConstMatrixRef k, ConstMatrixRef v) override;  ///< given
@@ -148,7 +148,8 @@ class PagedKVPool final : public KVBlockPool {
 /// positions of `layer`, found through `block_table`: position p is row `p % B` of block
 /// `block_table[p / B]`. Reads the rows where they lie: no copy of the sequence's rows, not even
 /// of one head's, whole or in pieces (the tests measure the largest allocation of a decode step
-/// and the total; scratch the size of one row of scores is fine). q holds the queries of the newest q.rows() positions: row i is
+/// and the total; scratch the size of one row of scores is fine, and so is an array of the
+/// table's block addresses: bookkeeping, not a copy of the rows). q holds the queries of the newest q.rows() positions: row i is
 /// position length - q.rows() + i.
 /// @throws infer::Error if the table has fewer than blocks_for(length, B) blocks (naming
 ///         `length`), or if q.rows() > length.
@@ -185,9 +186,10 @@ class PagedKVCache final : public KVStore {
   int length(int layer) const override;  ///< given
   int max_tokens() const override;     ///< given
 
-  /// Makes room for positions [length(), tokens): afterwards the table covers `tokens` positions
-  /// and every block those positions lie in is this sequence's alone (a shared one was copied to
-  /// a fresh block, pool.copy_block(), and the shared one let go). Writes no row of its own and
+  /// Makes room for positions [length(), tokens) (length() is the last layer's): afterwards the
+  /// table covers `tokens` positions and every block those positions lie in is this sequence's
+  /// alone (a shared one was copied to a fresh block, pool.copy_block(), and the shared one let
+  /// go). Writes no row of its own and
   /// changes no length; a table that already covers them privately is left as it is. All or
   /// nothing: throws "out of KV blocks" and takes nothing if the pool is short of the blocks
   /// (new ones and copies) it needs. Throws for tokens outside [0, max_tokens()], naming `tokens`.

@@ -87,7 +87,7 @@ struct TokenTree {
 /// Which nodes each node of `tree` may attend to: mask(i, j) is true exactly when j is i or an
 /// ancestor of i. Throws infer::Error for a tree that is empty, whose sizes differ, whose root's
 /// parent is not -1, or where a node's parent is not an earlier node (the message names "parent",
-/// or "parents" when the sizes differ).
+/// or "parents" when the sizes differ or the tree is empty).
 TreeMask tree_mask(const TokenTree& tree);
 
 /// The model over a tree's nodes after the cache's positions (given): lesson 03's forward_step()
@@ -190,7 +190,8 @@ class TargetModel {
 /// runs the context's last token, then draws k tokens (each `sample_from(q row, rng_.uniform())`,
 /// rng_ seeded with params.seed when the proposer is made), feeding each but the last back to get
 /// the next one's distribution: its cache then also holds the last token and the first k - 1
-/// guesses (fewer if the cache or the context runs out of room). q's rows are
+/// guesses (fewer where the draft's cache, or its model's context, has no room to feed the next
+/// guess). q's rows are
 /// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
 /// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
 /// rollback(length) keeps at most the first `length` cached tokens, in the cache and in
@@ -216,7 +217,8 @@ class DraftProposer final : public Proposer {
   /// level, one forward_tree() of the draft per level over the tree so far; the draft's cache is
   /// caught up first and holds the context but its last token again at the end. Nodes are
   /// numbered level by level, so the first child of every node lies on the first branch: the
-  /// draft's greedy chain. Throws infer::Error for branches or depth below 1.
+  /// draft's greedy chain. The caller makes sure the tree fits in the draft's cache (generate_tree()
+  /// sizes it so). Throws infer::Error for branches or depth below 1.
   TokenTree propose_tree(std::span<const int> context, int branches, int depth);
 
   /// The draft's KV cache (for tests).
@@ -272,7 +274,8 @@ struct SpecStats {
 ///   context and every guess it kept (those past the EOS too), and the proposer is rolled back
 ///   to the same length.
 ///
-/// At temperature 0 the output equals generate_cached()'s, token for token.
+/// At temperature 0 the output equals generate_cached()'s, token for token. `stats`, where given,
+/// is reset at the start and counts this run alone.
 /// @throws infer::Error, with the words in quotes in its message, for an "empty" prompt (or bad
 ///         ids: check_tokens()), "k must be" >= 0, a negative "max_new_tokens", a prompt plus
 ///         max_new_tokens that "exceeds the context", a target cache that is not empty ("must
