@@ -53,7 +53,10 @@ GRADED_TEST(Lesson12Model, LogitsAtOneTwoAndFourRanksEqualTheWholeModels, 4) {
     const std::string where = cat(world, " ranks");
     EXPECT_TRUE(testing::all_close(want.prefill, got[0].prefill, 1e-4, 1e-4, where + ": prefill"));
     EXPECT_TRUE(testing::all_close(want.decode, got[0].decode, 1e-4, 1e-4, where + ": decode"));
-    for (int r = 1; r < world; ++r) EXPECT_EQ(got[r].decode, got[0].decode) << where << ", rank " << r;
+    for (int r = 1; r < world; ++r) {
+      EXPECT_EQ(got[r].prefill, got[0].prefill) << where << ", rank " << r << ": prefill";
+      EXPECT_EQ(got[r].decode, got[0].decode) << where << ", rank " << r << ": decode";
+    }
   }
 }
 
@@ -82,13 +85,15 @@ GRADED_TEST(Lesson12Model, EachRanksKvCacheHoldsItsOwnHeads, 1) {
   const ModelConfig& c = model.config;
   const long whole = static_cast<long>(c.num_key_value_heads) * c.head_dim;
   for (int world : {1, 2, 4}) {
-    auto source = memory_weights(model);
-    const ModelWeights shard = load_shard(*source, shard_plan(c, 0, world));
-    KVCache cache(shard.config, 4);
-    const Matrix k = Matrix::Ones(1, cache.keys(0).cols());
-    cache.append(0, k, k);
-    const long want = world <= c.num_key_value_heads ? whole / world : c.head_dim;
-    EXPECT_EQ(cache.keys(0).cols(), want) << world << " ranks: K floats per position and layer";
+    for (int rank = 0; rank < world; ++rank) {
+      auto source = memory_weights(model);
+      const ModelWeights shard = load_shard(*source, shard_plan(c, rank, world));
+      KVCache cache(shard.config, 4);
+      const Matrix k = Matrix::Ones(1, cache.keys(0).cols());
+      cache.append(0, k, k);
+      const long want = world <= c.num_key_value_heads ? whole / world : c.head_dim;
+      EXPECT_EQ(cache.keys(0).cols(), want) << world << " ranks, rank " << rank << ": K floats per position and layer";
+    }
   }
 }
 
