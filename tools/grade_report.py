@@ -246,13 +246,28 @@ def write_classroom_outputs(path, report, lessons):
             f.write(f"{key}={base64.b64encode(json.dumps(r).encode()).decode()}\n")
 
 
+def section_order(lesson, root=ROOT):
+    """{heading: its place in the lesson's README}, headings named as readme_section() names them."""
+    path = os.path.join(root, "lessons", lesson, "README.md")
+    order = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("#"):
+                    heading = re.sub(r"\s*\{#[^}]*\}\s*$", "", line.lstrip("#").strip())
+                    order.setdefault(heading, len(order))
+    return order
+
+
 def print_first_failure(report, results, root=ROOT):
-    """Prints the first case that does not pass, what it said and where to read; True if any."""
+    """Prints the first case that does not pass, what it said and where to read; True if any.
+    "First" in the order the lesson's README takes its steps (the test files' order among cases
+    of one section, and after every section for a case the README does not name)."""
     for r in report["lessons"]:
-        for t in r["tests"]:
-            if t["status"] == "passed" or t["status"] in UNGRADED:
-                continue
-            failing = [u for u in r["tests"] if u["status"] != "passed" and u["status"] not in UNGRADED]
+        failing = [u for u in r["tests"] if u["status"] != "passed" and u["status"] not in UNGRADED]
+        if failing:
+            order = section_order(r["lesson"], root)
+            t = min(failing, key=lambda u: order.get(readme_section(r["lesson"], u["name"], root), len(order)))
             print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
                   + ", ".join(u["name"].split(".")[-1] for u in failing))
             print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")

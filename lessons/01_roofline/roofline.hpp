@@ -227,7 +227,7 @@ struct Capacity {
   double overhead_bytes = 0;   ///< overhead_fraction of the total memory
   double kv_budget_bytes = 0;  ///< what is left for the KV cache (0 if the weights don't fit)
   long max_tokens = 0;         ///< whole tokens of KV that fit in the budget
-  bool fits = false;           ///< whether anything is left for the KV cache after weights and overhead
+  bool fits = false;           ///< whether anything (more than 0 bytes) is left for the KV cache after weights and overhead
 };
 
 /// Weights, overhead and KV budget of a deployment, and the tokens of KV it can hold. Throws

@@ -127,7 +127,8 @@ class KVCache final : public KVStore {
 };
 
 /// An INT8 cache: each row of each K/V head is stored as int8 values with one float scale,
-/// `scale = max|x| / 127`, `q = round(x / scale)`; reading dequantizes `q * scale`. An all-zero
+/// `scale = max|x| / 127`, `q = round(x / scale)` (to the nearest, ties away from zero:
+/// std::lround; |q| <= 127 then holds without a clamp); reading dequantizes `q * scale`. An all-zero
 /// head gets scale 1 (any scale stores zeros; 1 avoids dividing by 0). A quarter of the float32
 /// bytes, plus one float per head per token for K and for V.
 class Int8KVCache final : public KVStore {
@@ -171,7 +172,8 @@ Matrix forward_cached(const ModelWeights& model, std::span<const int> tokens, KV
 /// Lesson 00's generate() with a cache: one prefill of the prompt, then one decode step per
 /// token. Same arguments, same results, same exceptions; in addition `cache` must be empty (or
 /// infer::Error says it must "start empty"), and hold prompt.size() + max_new_tokens positions
-/// (or infer::Error says "the cache holds N positions" and what the generation needs). The last token is never run through the model (no
+/// (or infer::Error says "the cache holds N positions" and what the generation needs). The tests
+/// give each refusal a call that breaks only its own rule: the order of the checks is yours. The last token is never run through the model (no
 /// later step would read its K/V), so at most prompt.size() + max_new_tokens - 1 positions are
 /// stored; the demand is one more on purpose: it is the same bound as the context's, so a
 /// generation that fits the model's context fits a context-sized cache.

@@ -90,8 +90,8 @@ struct CompletionRequest {
 /// | --- | --- | --- | --- |
 /// | model | string | required; must equal model.name (else 404, code "model_not_found") | |
 /// | prompt (completions) | string, or array of token ids | required; a string is encoded with BOS first (ByteTokenizer::encode: id 1, ByteTokenizer::kBos; an empty string is just BOS); ids are JSON integers (1.0 is refused), taken as they are, each in [0, vocab), at least one | |
-/// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "developer" (OpenAI's newer name for system), "user" or "assistant"; content a string, or a non-empty array of text parts {"type": "text", "text": string} joined by newlines (any other part, an image say, is refused); rendered by chat_prompt() | |
-/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts; a context error names whichever counted) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
+/// | messages (chat) | array of {role, content} | required, non-empty; role is "system", "developer" (OpenAI's newer name for system), "user" or "assistant"; content a string, or a non-empty array of text parts (null is refused) {"type": "text", "text": string} joined by newlines (any other part, an image say, is refused); rendered by chat_prompt() | |
+/// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts and the other is not read; a context error names whichever counted) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
 /// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
 /// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
 /// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary) | 0 |
@@ -99,10 +99,10 @@ struct CompletionRequest {
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
 /// | stream_options | object | {"include_usage": boolean}; checked whether or not "stream" is true (ignored when it is not) | |
-/// | stop | string, or array of strings | at most 4, each non-empty (an empty array: none) | none |
+/// | stop | string, or array of strings | at most 4, each non-empty (a bare "" too is refused; an empty array: none) | none |
 /// | logprobs (completions) | integer | in [0, 5]: the sampled token's log-probability and the N most likely tokens'; not with "stream": true | none |
 /// | logprobs (chat) | boolean | true: each token's log-probability; not with "stream": true | false |
-/// | top_logprobs (chat) | integer | in [0, 20], only with "logprobs": true | 0 |
+/// | top_logprobs (chat) | integer | in [0, 20]; any value without "logprobs": true is refused | 0 |
 ///
 /// Every error is an ApiError with status 400 and `param` set to the top-level field's name (also
 /// for a mistake inside it: a message's role is "messages", include_usage is "stream_options"),

@@ -122,7 +122,7 @@ GRADED_TEST(Lesson01Roofline, TheBandsEdgesBelongToTheTransition, 1) {
   EXPECT_EQ(classify(hw, 8.001), Bound::Compute);
 }
 
-GRADED_TEST(Lesson01Roofline, SourceScenarioTableIsClassifiedLikeTheSource, 3) {
+GRADED_TEST(Lesson01Roofline, TheFiveScenariosFallInTheirRegimes, 3) {
   // Llama 3 70B in BF16 on an A100. Decode steps at a short context (128 tokens), where the
   // weights dominate the bytes, as in the scenario table.
   const Hardware a100 = a100_80gb();
