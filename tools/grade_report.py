@@ -98,6 +98,13 @@ def failure_message(output, limit=25):
     return "\n".join(keep[:limit])
 
 
+def heading_of(line):
+    """A README line's heading as the grader names it (its anchor dropped), or None."""
+    if not line.startswith("#"):
+        return None
+    return re.sub(r"\s*\{#[^}]*\}\s*$", "", line.lstrip("#").strip())
+
+
 def readme_section(lesson, test_name, root=ROOT):
     """The heading of the README section that mentions the test (or its suite)."""
     path = os.path.join(root, "lessons", lesson, "README.md")
@@ -108,9 +115,8 @@ def readme_section(lesson, test_name, root=ROOT):
     best = None
     with open(path, encoding="utf-8") as f:
         for line in f:
-            if line.startswith("#"):
-                heading = line.lstrip("#").strip()
-                heading = re.sub(r"\s*\{#[^}]*\}\s*$", "", heading)
+            if (h := heading_of(line)) is not None:
+                heading = h
             elif test_name.split(".")[-1] in line and heading:
                 return heading
             elif suite in line and heading and best is None:
@@ -253,9 +259,8 @@ def section_order(lesson, root=ROOT):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             for line in f:
-                if line.startswith("#"):
-                    heading = re.sub(r"\s*\{#[^}]*\}\s*$", "", line.lstrip("#").strip())
-                    order.setdefault(heading, len(order))
+                if (h := heading_of(line)) is not None:
+                    order.setdefault(h, len(order))
     return order
 
 

@@ -8,10 +8,12 @@
 #include "common/testing/graded.hpp"
 #include "common/testing/throws.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
+#include "tests/06_speculative_decoding/chi_square.hpp"
 
 namespace infer {
 namespace {
 
+using testing::chi_square;
 using testing::vec;
 
 Matrix rows(std::initializer_list<Vector> vs) {
@@ -21,26 +23,8 @@ Matrix rows(std::initializer_list<Vector> vs) {
   return m;
 }
 
-/// Pearson's chi-square statistic of `counts` against the distribution `p` (entries with p = 0
-/// must have no count at all; they add infinity otherwise).
-double chi_square(const std::vector<long>& counts, const Vector& p) {
-  long n = 0;
-  for (long c : counts) n += c;
-  double x2 = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    const double expected = static_cast<double>(n) * p[static_cast<Eigen::Index>(i)];
-    if (expected == 0) {
-      if (counts[i] > 0) return INFINITY;
-      continue;
-    }
-    x2 += (static_cast<double>(counts[i]) - expected) * (static_cast<double>(counts[i]) - expected) / expected;
-  }
-  return x2;
-}
-
-// Critical values of the chi-square distribution at significance 0.001: a correct sampler
-// exceeds them in one seeded run out of a thousand. Degrees of freedom 4 (five tokens).
-constexpr double kChi2Df4At001 = 18.467;
+// Five tokens: four degrees of freedom.
+const double kChi2Df4At001 = testing::chi_square_critical_001(4);
 
 GRADED_TEST(Lesson06Verify, TheResidualIsThePositivePartOfPMinusQNormalized, 1) {
   const Vector r = residual_distribution(vec({0.5f, 0.3f, 0.2f, 0.0f}), vec({0.1f, 0.5f, 0.2f, 0.2f}));
@@ -148,7 +132,7 @@ GRADED_TEST(Lesson06Verify, CertainGuessesAreKeptWithTheTargetsProbability, 1) {
       EXPECT_NE(v.next_token, 1) << "a rejected guess cannot come back";
     }
   }
-  EXPECT_LT(chi_square(first, p), 13.816) << "two degrees of freedom at 0.001";
+  EXPECT_LT(chi_square(first, p), testing::chi_square_critical_001(2)) << "two degrees of freedom at 0.001";
 }
 
 GRADED_TEST(Lesson06Verify, BadShapesAreRefused, 1) {

@@ -4,7 +4,6 @@
 // proposer that is always wrong; sampled runs draw their tokens from the target's distribution;
 // after a rejection both caches hold exactly the kept tokens.
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -18,6 +17,7 @@
 #include "common/tokenizer.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "tests/02_kv_cache/observed_store.hpp"
+#include "tests/06_speculative_decoding/chi_square.hpp"
 
 namespace infer {
 namespace {
@@ -396,21 +396,24 @@ GRADED_TEST(Lesson06Loop, SampledSpeculationFollowsTheTargetsDistribution, 2) {
     ASSERT_GE(out.size(), 2u) << "seed " << params.seed << ": " << out.size() << " tokens (no EOS is likely here)";
     ++counts[{out[0], out[1]}];
   }
-  // Expected counts; cells expected below 5 times are pooled into one (chi-square's rule).
-  std::vector<double> expected, observed;
-  double pooled_e = 0, pooled_o = 0;
+  // The joint distribution's cells; those expected below 5 times are pooled into one
+  // (chi-square's rule).
+  std::vector<double> p_cells;
+  std::vector<long> observed;
+  double pooled_p = 0;
+  long pooled_o = 0;
   for (size_t a = 0; a < first.size(); ++a) {
     for (int b = 0; b < m.config.vocab_size; ++b) {
-      const double e = runs * static_cast<double>(p1[first[a]]) * static_cast<double>(p2[a][b]);
+      const double p = static_cast<double>(p1[first[a]]) * static_cast<double>(p2[a][b]);
       const long o = counts.count({first[a], b}) ? counts[{first[a], b}] : 0;
-      if (e == 0) {
+      if (p == 0) {
         ASSERT_EQ(o, 0) << "token " << b << " after " << first[a] << " has no mass in p, but was drawn " << o << " times";
         continue;
       }
-      if (e < 5) {
-        pooled_e += e, pooled_o += static_cast<double>(o);
+      if (runs * p < 5) {
+        pooled_p += p, pooled_o += o;
       } else {
-        expected.push_back(e), observed.push_back(static_cast<double>(o));
+        p_cells.push_back(p), observed.push_back(o);
       }
     }
   }
@@ -418,17 +421,16 @@ GRADED_TEST(Lesson06Loop, SampledSpeculationFollowsTheTargetsDistribution, 2) {
   for (const auto& [pair, n] : counts)
     if (std::find(first.begin(), first.end(), pair.first) == first.end()) outside += n;
   ASSERT_EQ(outside, 0) << "first tokens outside the target's top " << base.top_k << ": p was not built with the request's params";
-  if (pooled_e > 0) expected.push_back(pooled_e), observed.push_back(pooled_o);
-  double x2 = 0;
-  for (size_t i = 0; i < expected.size(); ++i) x2 += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
-  // Critical values at 0.001 for 1 to 15 degrees of freedom.
-  const double critical[] = {10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124,
-                             27.877, 29.588, 31.264, 32.909, 34.528, 36.123, 37.697};
-  const size_t df = expected.size() - 1;
-  ASSERT_GE(df, 1u);
-  ASSERT_LE(df, std::size(critical));
-  EXPECT_LT(x2, critical[df - 1]) << "the first two tokens of " << runs << " sampled runs do not follow the target's "
-                                  << "distribution (chi-square " << x2 << " over " << df << " degrees of freedom)";
+  if (pooled_p > 0) p_cells.push_back(pooled_p), observed.push_back(pooled_o);
+  Vector p(static_cast<Eigen::Index>(p_cells.size()));
+  for (size_t i = 0; i < p_cells.size(); ++i) p[static_cast<Eigen::Index>(i)] = static_cast<float>(p_cells[i]);
+  const double x2 = testing::chi_square(observed, p);
+  const int df = static_cast<int>(p_cells.size()) - 1;
+  ASSERT_GE(df, 1);
+  ASSERT_LE(df, 15);
+  EXPECT_LT(x2, testing::chi_square_critical_001(df))
+      << "the first two tokens of " << runs << " sampled runs do not follow the target's "
+      << "distribution (chi-square " << x2 << " over " << df << " degrees of freedom)";
 }
 
 GRADED_TEST(Lesson06Loop, PromptLookupProposesWhatFollowedTheLastOccurrence, 2) {
