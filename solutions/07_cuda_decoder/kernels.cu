@@ -365,7 +365,7 @@ void gemv_batch_bf16(const uint16_t* w, const float* x, float* y, int rows, int 
   require(batch >= 1, "gemv_batch_bf16: batch must be >= 1, got ", batch);
   const Launch l = gemv_launch(1, rows, cols, true);
   require_device_pointers("gemv_batch_bf16", {w, x, y});
-  gemv_batch_kernel<uint16_t><<<l.blocks, l.threads>>>(w, x, y, rows, cols, batch);
+  gemv_batch_kernel<<<l.blocks, l.threads>>>(w, x, y, rows, cols, batch);  // W = uint16_t, deduced from w
   cuda_check_launch("gemv_batch_bf16");
 }
 

@@ -46,7 +46,7 @@ GRADED_TEST(Lesson03Sim, ContinuousScheduleMatchesTheHandWorkedExample, 2) {
   EXPECT_EQ(r.busy_slots, (std::vector<int>{2, 2, 2, 2, 2}));
 }
 
-GRADED_TEST(Lesson03Sim, ArrivalsOverTimeMatchTheHandWorkedExample, 2) {
+GRADED_TEST(Lesson03Sim, ArrivalsOverTimeMatchTheHandWorkedExample, 3) {
   // R0 arrives at 0 wanting 3 tokens, R1 at 1 wanting 1, R2 at 1 wanting 2, R3 at 4 wanting 2.
   const std::vector<SimRequest> reqs = {{0, 1, 3, 0}, {1, 1, 1, 1}, {2, 1, 2, 1}, {3, 1, 2, 4}};
   //   continuous   step 0  1  2  3  4  5
@@ -159,7 +159,7 @@ std::vector<SimRequest> pareto_workload(uint64_t seed) {
   return reqs;
 }
 
-GRADED_TEST(Lesson03Sim, ContinuousNeverLeavesASlotIdleWhileARequestWaits, 2) {
+GRADED_TEST(Lesson03Sim, ContinuousNeverLeavesASlotIdleWhileARequestWaits, 3) {
   const auto reqs = pareto_workload(1);
   const SimRun r = simulate(reqs, Policy::Continuous, 4);
   for (size_t step = 0; step < r.busy_slots.size(); ++step) {
@@ -172,7 +172,7 @@ GRADED_TEST(Lesson03Sim, ContinuousNeverLeavesASlotIdleWhileARequestWaits, 2) {
   }
 }
 
-GRADED_TEST(Lesson03Sim, ParetoWorkloadKeepsContinuousAbove80PercentAndAheadOfStatic, 3) {
+GRADED_TEST(Lesson03Sim, ParetoWorkloadKeepsContinuousAbove80PercentAndAheadOfStatic, 4) {
   // Averaged over 20 seeded workloads, so no single lucky draw decides it.
   double cont_util = 0, static_util = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {

@@ -21,7 +21,7 @@ std::vector<int> solo(const ModelWeights& m, const GenerationRequest& r) {
   return generate_cached(m, r.prompt, r.max_new_tokens, s, cache);
 }
 
-GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 3) {
+GRADED_TEST(Lesson03Engine, ForwardBatchEqualsEachSequenceAlone, 4) {
   const ModelWeights& m = testing::small_model();
   const std::vector<std::vector<int>> prompts = {{1, 5}, {1, 9, 10, 11, 12, 13}, {1, 7, 7, 7}};
   std::vector<std::unique_ptr<KVCache>> batched, alone;
@@ -69,7 +69,7 @@ std::string shown(const std::vector<long>& rows) {
   return out;
 }
 
-GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 2) {
+GRADED_TEST(Lesson03Engine, ForwardBatchRunsEachLayerOnceOverTheWholeBatch, 3) {
   // Batching means each layer's weights are read once for all B sequences: layer l of every
   // sequence happens before layer l + 1 of any, and each weight matrix meets all B rows in one
   // product. A loop of forward_cached, one sequence after the other, gives the same logits and
@@ -151,7 +151,7 @@ GRADED_TEST(Lesson03Engine, ForwardBatchRefusesABadCallBeforeAnyAppend, 1) {
   EXPECT_EQ(lengths(), before) << "a refused call appended to a cache (validate every row before the first append)";
 }
 
-GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
+GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 1) {
   Engine engine(testing::bundled_model(), Policy::Continuous, 3);
   std::vector<GenerationRequest> reqs;
   const char* prompts[] = {"The ", "Q: What", "You will", "Love is", "If you ", "A "};
@@ -168,7 +168,7 @@ GRADED_TEST(Lesson03Engine, BatchedGreedyOutputsEqualSoloRuns, 3) {
   }
 }
 
-GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 2) {
+GRADED_TEST(Lesson03Engine, SampledOutputsEqualSoloRunsToo, 1) {
   Engine engine(testing::small_model(), Policy::Continuous, 4);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 10; ++i) {
@@ -198,7 +198,7 @@ std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
   return reqs;
 }
 
-GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput, 4) {
+GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput, 1) {
   Engine engine(testing::small_model(), Policy::Continuous, 8);
   const auto reqs = random_requests(200, 9);
   for (const auto& r : reqs) engine.submit(r);
@@ -214,7 +214,7 @@ GRADED_TEST(Lesson03Engine, TwoHundredRequestsEachCompleteOnceWithTheirOwnOutput
   }
 }
 
-GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 1) {
+GRADED_TEST(Lesson03Engine, NeverRunsMoreThanTheBatchSize, 2) {
   // Memory for 8 sequences, a batch of 5: only the scheduler's admissions keep the batch to 5 (with
   // 5 slots, the memory would refuse a sixth whatever the scheduler asked).
   Engine engine(testing::small_model(), Policy::Continuous, 5,

@@ -7,7 +7,8 @@ Only what the course's kernels use: the CUDA headers become emulated_cuda.hpp (W
 `__CUDA_ARCH__` the emulated device's 900; `extern
 __shared__ T name[];` a pointer to the block's dynamic shared memory; other `__shared__` arrays
 statics (one block runs at a time; several names in one declaration, each its own), refilled with 0xFF for each block; `kernel<<<grid, block[,
-shared]>>>(args);` a call of emu::launch(). A launch with a stream, or a __shared__ declaration
+shared]>>>(args);` a call of emu::launch() (of emu::launch_deduced() for a kernel template of the file
+launched without its template arguments, which the compiler then deduces as nvcc does). A launch with a stream, or a __shared__ declaration
 outside a function, is refused with a message. Everything else compiles as it is, with the header's definitions. Line numbers are
 kept (#line), so that a compiler error or a failed check names the .cu file's own line.
 """
@@ -31,7 +32,21 @@ def split_top_level(text):
     return parts
 
 
-def launch(match):
+def template_kernels(src):
+    """The names of the kernel templates defined in `src` (template <...> __global__ ... void name(...)."""
+    names, bounds = set(), r"(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?"
+    for start in re.finditer(r"\btemplate\s*<", src):
+        i, depth = start.end(), 1
+        while i < len(src) and depth:
+            depth += {"<": 1, ">": -1}.get(src[i], 0)
+            i += 1
+        kernel = re.match(r"\s*(?:static\s+)?__global__\s+" + bounds + r"void\s+" + bounds + r"(\w+)\s*\(", src[i:])
+        if kernel:
+            names.add(kernel.group(1))
+    return names
+
+
+def launch(match, templates=frozenset()):
     kernel, config, args = match.group(1), match.group(2), match.group(3)
     cfg = split_top_level(config)
     if len(cfg) == 2:
@@ -39,7 +54,14 @@ def launch(match):
     if len(cfg) != 3:
         raise SystemExit(f"emulate_cu.py: a launch with a stream is not emulated: {match.group(0)}")
     name = '"' + " ".join(kernel.split()).replace("\\", "\\\\").replace('"', '\\"') + '"'  # for messages
-    call = f"::emu::launch({name}, {cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}" + (f", {args}" if args.strip() else "") + ");"
+    if kernel in templates:
+        # A kernel template without its template arguments: nvcc deduces them from the arguments,
+        # and a generic lambda that names the kernel lets the compiler deduce them in the same way.
+        target = f"[](const auto&... a) {{ {kernel}(a...); }}"
+        call = f"::emu::launch_deduced({name}, {cfg[0]}, {cfg[1]}, {cfg[2]}, {target}"
+    else:
+        call = f"::emu::launch({name}, {cfg[0]}, {cfg[1]}, {cfg[2]}, {kernel}"
+    call += (f", {args}" if args.strip() else "") + ");"
     # The lines that follow stay where they were (#line): as many newlines as the launch had.
     return call + "\n" * (match.group(0).count("\n") - call.count("\n"))
 
@@ -71,7 +93,9 @@ def rewrite(src, path):
                              f"emulator: {line.strip()}\n  (it takes `__shared__ T name[N]...;`, several names in one, "
                              f"and `extern __shared__ T name[];`, each on one line, inside a function; an initializer "
                              f"is not allowed in CUDA either)")
-    src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", launch, src, flags=re.S)
+    templates = template_kernels(src)
+    src = re.sub(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\);", lambda m: launch(m, templates), src,
+                 flags=re.S)
     if any("<<<" in line.split("//")[0] for line in src.splitlines()):
         raise SystemExit(f"emulate_cu.py: {path}: a launch it could not rewrite")
     return f'#include "tests/common/host_device/emulated_cuda.hpp"\n#line 1 "{path}"\n' + src

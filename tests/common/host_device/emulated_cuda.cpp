@@ -210,6 +210,10 @@ void check_shared(const void* kernel, size_t bytes) {
     const auto it = limits.find(kernel);
     if (it != limits.end()) limit = std::max<size_t>(limit, static_cast<size_t>(it->second));
   }
+  infer::require(kernel != nullptr || bytes <= limit, "emulated launch: ", bytes, " bytes of dynamic shared memory "
+                 "for a kernel template launched without its template arguments: the emulator cannot tell which "
+                 "specialization's cudaFuncSetAttribute applies; spell them out at the launch, "
+                 "kernel<...><<<grid, block, shared>>>(...), as the cudaFuncSetAttribute call does");
   infer::require(bytes <= limit, "emulated launch: ", bytes, " bytes of dynamic shared memory, more than the ", limit,
                  " the kernel may take (above 48 KiB a GPU needs cudaFuncSetAttribute(kernel, "
                  "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first; its launch would fail)");

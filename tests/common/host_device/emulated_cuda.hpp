@@ -143,7 +143,8 @@ void check_fragment_access(const char* what, const void* p, unsigned ldm, size_t
 void launch_or_record(std::function<void()> work);
 
 /// Throws infer::Error if `bytes` of dynamic shared memory is more than `kernel` may take: 48 KiB,
-/// or what cudaFuncSetAttribute raised it to (up to the stand-in device's 227 KiB opt-in).
+/// or what cudaFuncSetAttribute raised it to (up to the stand-in device's 227 KiB opt-in); a null
+/// `kernel` (a template launched without its template arguments) may take 48 KiB.
 void check_shared(const void* kernel, size_t bytes);
 void set_shared_limit(const void* kernel, int bytes);
 
@@ -157,6 +158,21 @@ void launch(const char* name, G grid, B block, size_t shared, void (*kernel)(P..
   launch_or_record([name, g = to_dim3(grid), b = to_dim3(block), shared, kernel,
                     params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
     run(name, g, b, shared, [&] { std::apply(kernel, params); });
+  });
+}
+
+/// kernel<<<grid, block, shared>>>(args...) for a kernel template launched without its template
+/// arguments, which nvcc deduces from the arguments: `call` is emulate_cu.py's generic lambda that
+/// names the kernel, so that the compiler deduces them here too, from the arguments' copies. Which
+/// specialization runs is known only inside the call, so a raised shared-memory limit
+/// (cudaFuncSetAttribute, which must name the specialization) cannot be looked up: above 48 KiB,
+/// such a launch is refused, asking for the arguments spelled out.
+template <typename G, typename B, typename F, typename... A>
+void launch_deduced(const char* name, G grid, B block, size_t shared, F call, A&&... args) {
+  check_shared(nullptr, shared);
+  launch_or_record([name, g = to_dim3(grid), b = to_dim3(block), shared, call,
+                    params = std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)] {
+    run(name, g, b, shared, [&] { std::apply(call, params); });
   });
 }
 
