@@ -106,22 +106,23 @@ def heading_of(line):
 
 
 def readme_section(lesson, test_name, root=ROOT):
-    """The heading of the README section that mentions the test (or its suite)."""
+    """The heading of the README section that mentions the test: by its whole name (Suite.Name),
+    where two suites have a case of one name; else by its name; else by its suite."""
     path = os.path.join(root, "lessons", lesson, "README.md")
     if not os.path.exists(path):
         return None
-    suite = test_name.split(".")[0]
+    suite, short = test_name.split(".")[0], test_name.split(".")[-1]
     heading = None
-    best = None
+    found = {}  # what matched -> the first heading it matched under
     with open(path, encoding="utf-8") as f:
         for line in f:
             if (h := heading_of(line)) is not None:
                 heading = h
-            elif test_name.split(".")[-1] in line and heading:
-                return heading
-            elif suite in line and heading and best is None:
-                best = heading
-    return best
+            elif heading:
+                for key, text in (("whole", test_name), ("name", short), ("suite", suite)):
+                    if text in line:
+                        found.setdefault(key, heading)
+    return found.get("whole") or found.get("name") or found.get("suite")
 
 
 def build_report(cases, results):
@@ -264,10 +265,11 @@ def section_order(lesson, root=ROOT):
     return order
 
 
-def print_first_failure(report, results, root=ROOT):
+def print_first_failure(report, results, root=ROOT, json_path=None):
     """Prints the first case that does not pass, what it said and where to read; True if any.
     "First" in the order the lesson's README takes its steps (the test files' order among cases
-    of one section, and after every section for a case the README does not name)."""
+    of one section, and after every section for a case the README does not name). `json_path`,
+    the report with every case's message, is named when more than one case fails."""
     for r in report["lessons"]:
         failing = [u for u in r["tests"] if u["status"] != "passed" and u["status"] not in UNGRADED]
         if failing:
@@ -290,6 +292,10 @@ def print_first_failure(report, results, root=ROOT):
             section = readme_section(r["lesson"], t["name"], root)
             where = f"lessons/{r['lesson']}/README.md"
             print(f"\nRead: {where}" + (f', section "{section}"' if section else ""))
+            if json_path and len(failing) > 1:
+                shown = os.path.relpath(json_path)
+                shown = json_path if shown.startswith("..") else shown
+                print(f"Every failing case's message: {shown} (\"message\" of each case in \"tests\")")
             return True
     return False
 
@@ -323,7 +329,7 @@ def main():
     if not args.quiet:
         print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
 
-    if args.first_failure and print_first_failure(report, results):
+    if args.first_failure and print_first_failure(report, results, json_path=args.json):
         return 1
     if args.expect_none_pass:
         passing = [t["name"] for r in report["lessons"] for t in r["tests"] if t["status"] == "passed"]

@@ -876,7 +876,7 @@ def main():
         for p in problems:
             print(f"GRADING NOT COMPLETE: {p}", file=sys.stderr)
     if args.first_failure and complete:
-        if grade_report.print_first_failure(report, results, args.source):
+        if grade_report.print_first_failure(report, results, args.source, args.json):
             return 1
     return 0 if complete else 2
 

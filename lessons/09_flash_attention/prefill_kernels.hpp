@@ -67,9 +67,10 @@ void check_prefill_shape(int T, int S, int heads, int kv_heads, int head_dim, co
 /// @param head_dim values per head
 /// @param workspace at least prefill_workspace_floats(version, T, S, heads) floats of device
 ///        memory (may be null when that is 0)
-/// @throws infer::Error for a version that does not exist, T or S below 1 or S < T, heads not a
-///         multiple of kv_heads, head_dim outside [1, 256], a null pointer (the workspace too, for
-///         version 1), before launching
+/// @throws infer::Error before launching, its message naming what it refuses: a version that
+///         does not exist ("version"), T or S below 1 or S < T, heads not a multiple of kv_heads,
+///         head_dim outside [1, 256] (check_prefill_shape's messages), a null q, k, v or out
+///         ("null"), and for version 1 a null workspace ("workspace")
 void prefill_attention(int version, const float* q, const float* k, const float* v, float* out, int T, int S,
                        int heads, int kv_heads, int head_dim, float* workspace);
 
