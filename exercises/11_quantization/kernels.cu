@@ -4,7 +4,8 @@
 // arguments (the sizes, the INT4 group, and require_device_pointers), launch the kernel and call
 // cuda_check_launch with the function's name (both in common/cuda_check.hpp; lesson 07's
 // grid_blocks in lessons/07_cuda_decoder/launch.hpp counts the blocks). The contract is
-// lessons/11_quantization/kernels.hpp; lesson 07's gemv_batch_bf16 is where to start. These are
+// lessons/11_quantization/kernels.hpp; your lesson 07 gemv_batch_bf16 (its README's Step 3b) is
+// where to start. These are
 // graded where a CUDA device is (`./course check 11` there, or `./course gpu-check`); without one
 // they compile and their tests skip, and `./course check 11 --emulate` runs them on the processor,
 // thread by thread: right or wrong, not fast.

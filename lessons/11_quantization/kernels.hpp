@@ -31,7 +31,9 @@
 /// saved are saved only if the GPU reads W as stored. So: no float copy of W anywhere in device
 /// memory, not even a temporary one; each packet of W is loaded once and widened to floats in
 /// registers; and each weight byte is read from memory once per 8 rows of x (once per call for a
-/// batch up to 8), so a decode step of 8 sequences reads the bytes of one.
+/// batch up to 8), so a decode step of 8 sequences reads the bytes of one. "From memory": a warp
+/// that reads its row of W again for its next row of x reads it from the cache it just filled,
+/// which costs instructions, not bytes; what is ruled out is walking the whole of W again.
 ///
 /// **Wide loads.** 16 bytes per lane per load, as lesson 07's fastest rungs: 16 INT8 weights, or 32
 /// INT4 ones (16 bytes of one group: its values k..k+15 in the low nibbles and group/2 + k.. in the

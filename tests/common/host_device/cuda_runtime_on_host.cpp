@@ -48,8 +48,8 @@ void on_fault(int, siginfo_t* info, void*) {
       const char* guard = static_cast<const char*>(b.base) + b.length - kPage;
       if (addr >= guard && addr < guard + kPage) {
         n = std::snprintf(msg, sizeof msg,
-                          "\nstand-in device: a read or write past the end of a cudaMalloc'd buffer, at its byte %ld "
-                          "of %zu (address %p, the buffer at %p)%s%s. Past a buffer's end lies another buffer, or "
+                          "\nstand-in device: a read or write past the end of a cudaMalloc'd buffer, at byte offset %ld "
+                          "of a buffer of %zu bytes (address %p, the buffer at %p)%s%s. Past a buffer's end lies another buffer, or "
                           "nothing, on a GPU: compute-sanitizer's memcheck reports it there.\n",
                           static_cast<long>(addr - start), b.size, info->si_addr, p,
                           course_emulated_where && *course_emulated_where() ? ", in " : "",
