@@ -32,7 +32,7 @@ template <typename A, typename B>
                                          << "], expected [" << expected.rows() << ", " << expected.cols()
                                          << "]";
   }
-  long bad = 0;
+  long bad = 0, nans = 0;
   double worst = 0;
   std::ostringstream first;
   for (Eigen::Index r = 0; r < expected.rows(); ++r) {
@@ -45,15 +45,18 @@ template <typename A, typename B>
           first << "\n  at (" << r << ", " << c << "): expected " << e << ", got " << g << " (|diff| "
                 << err << " > tolerance " << tol << ")";
         ++bad;
-        worst = std::max(worst, std::isnan(err) ? INFINITY : err);
+        if (std::isnan(err)) ++nans;
+        else worst = std::max(worst, err);
       }
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream largest;  // NaN has no size: said apart
+  if (nans < bad) largest << "largest difference " << worst << (nans > 0 ? ", " : "");
+  if (nans > 0) largest << nans << " of them NaN";
   return ::testing::AssertionFailure() << what << ": " << bad << " of " << expected.size()
                                        << " values differ by more than atol " << atol << " + rtol " << rtol
-                                       << " * |expected| (largest difference " << worst << "); first ones:"
-                                       << first.str();
+                                       << " * |expected| (" << largest.str() << "); first ones:" << first.str();
 }
 
 }  // namespace infer::testing

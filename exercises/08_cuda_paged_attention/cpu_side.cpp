@@ -3,7 +3,7 @@
 // Replace each `throw NotImplemented(...)`. The contract is
 // lessons/08_cuda_paged_attention/flash_decoding.hpp; the lesson text is
 // lessons/08_cuda_paged_attention/README.md. `./course check 08` grades this file on any machine;
-// the kernels (kernels.cu) are graded where a GPU is.
+// the kernels (kernels.cu) are graded where a GPU is, or emulated by `./course check 08 --emulate`.
 // Stuck on a function? `./course hint 08 NAME` gives a hint, one tier at a time.
 #include <cmath>
 #include <limits>

@@ -7,7 +7,9 @@
 /// pointer is a device pointer, every launch on the default stream; each function checks its
 /// sizes first and throws infer::Error (naming the function) before launching anything, then
 /// checks the launch (cuda_check_launch). Kernels cannot check the block tables' contents: the
-/// host that builds them does.
+/// host that builds them does. Each call is its launches and nothing else (no allocation, copy or
+/// synchronization), so that the engine can capture its decode step in a CUDA graph: a test
+/// captures each function and counts its launches (one each; two for the split version).
 ///
 /// The pool's layout is lesson 04's: per layer, keys [num_blocks * block_size, kv_heads *
 /// head_dim] and values the same, block b owning rows [b * block_size, (b + 1) * block_size).

@@ -60,6 +60,19 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   return out + header + data;
 }
 
+TEST(Compare, AllCloseSaysHowManyDifferencesAreNaNApartFromTheLargest) {
+  Eigen::VectorXf want(4), got(4);
+  want << 1, 2, 3, 4;
+  got << 1, std::nanf(""), 3.5f, std::nanf("");
+  const std::string message = testing::all_close(want, got, 1e-5, 1e-4, "v").message();
+  EXPECT_NE(message.find("3 of 4 values differ"), std::string::npos) << message;
+  EXPECT_NE(message.find("largest difference 0.5, 2 of them NaN"), std::string::npos) << message;
+  got << 1, std::nanf(""), 3, 4;
+  const std::string only_nan = testing::all_close(want, got, 1e-5, 1e-4, "v").message();
+  EXPECT_NE(only_nan.find("(1 of them NaN)"), std::string::npos) << only_nan;
+  EXPECT_EQ(only_nan.find("largest difference"), std::string::npos) << only_nan;
+}
+
 TEST(Safetensors, ReadsF32F16AndBf16) {
   TempDir dir;
   float f[2] = {1.5f, -2.25f};
