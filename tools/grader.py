@@ -856,6 +856,8 @@ def main():
         grade_report.write_classroom_outputs(args.classroom_outputs, report, grade_report.lesson_dirs(args.source))
 
     if not args.quiet:
+        if problems:  # said first too: the table below it reads like a grade
+            print("NOT A GRADE: grading did not complete (why: at the end); the points below do not count.")
         grade_report.print_table(report, sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
         shown = set()
         for r in report["lessons"]:
