@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 
 #include "common/errors.hpp"
@@ -47,6 +48,15 @@ inline bool cuda_device_available() {
     return false;
   }
   return count > 0;
+}
+
+/// Whether device 0 is the course's host stand-in (tests/common/host_device: the emulated build's
+/// runtime, `./course check NN --emulate`), not a GPU; false where there is no device.
+inline bool cuda_device_is_stand_in() {
+  cudaDeviceProp prop{};
+  if (!cuda_device_available() || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  constexpr char kStandIn[] = "host stand-in";
+  return std::strncmp(prop.name, kStandIn, sizeof kStandIn - 1) == 0;
 }
 
 }  // namespace infer

@@ -185,8 +185,11 @@ int main(int argc, char** argv) {
                          "and --kv-dtype (--paged keeps it in blocks)");
 #if COURSE_HAVE_CUDA
     if (device == "cuda" && !infer::cuda_device_available())
-      throw infer::Error("generate: --device cuda, but this machine has no CUDA device");
+      throw infer::Error("generate: --device cuda, but this machine has no CUDA device (your lesson's kernels can "
+                         "run emulated: ./course generate --mine NN --emulate ...)");
+    const bool on_stand_in = device == "cuda" && infer::cuda_device_is_stand_in();
 #else
+    const bool on_stand_in = false;
     if (device == "cuda") throw infer::Error("generate: this build has no CUDA (no CUDA compiler was found)");
 #endif
     // Lesson 12: the engine on rank 0 of N ranks, each holding a shard of the model. Checked
@@ -260,7 +263,7 @@ int main(int argc, char** argv) {
       }
 #endif
       for (int token : out) stream(token);
-      engine_name = infer::cat("tree speculation", device == "cuda" ? " on the GPU" : "", ", ", branches, " branches, ", num_spec, " levels: ", spec.rounds,
+      engine_name = infer::cat("tree speculation", device == "cuda" ? (on_stand_in ? " on the emulated GPU" : " on the GPU") : "", ", ", branches, " branches, ", num_spec, " levels: ", spec.rounds,
                                " target rounds, ", static_cast<int>(100 * spec.acceptance() + 0.5), "% of guesses kept, ",
                                std::round(100 * spec.tokens_per_round()) / 100, " tokens per round");
     } else if (engine_mode) {
@@ -346,7 +349,7 @@ int main(int argc, char** argv) {
       long proposed = 0, accepted = 0, most_reserved = 0;
       for (const auto& e : engine.log())
         proposed += e.proposed, accepted += e.accepted, most_reserved = std::max(most_reserved, e.reserved_tokens);
-      engine_name = infer::cat("engine on the ", device == "cuda" ? "GPU (" + weights + " weights)"
+      engine_name = infer::cat("engine on the ", device == "cuda" ? (on_stand_in ? "emulated GPU (" : "GPU (") + weights + " weights)"
                                                    : "CPU" + (quantized ? " (" + weights + " weights" +
                                                                               (weight.int8_activations ? ", int8 activations)" : ")")
                                                                         : std::string()),

@@ -107,22 +107,27 @@ def heading_of(line):
 
 def readme_section(lesson, test_name, root=ROOT):
     """The heading of the README section that mentions the test: by its whole name (Suite.Name),
-    where two suites have a case of one name; else by its name; else by its suite."""
+    where two suites have a case of one name; else by its name; else by its suite. Of several
+    sections that mention it, the first Step ("Step 3: ...") where there is one, since that is
+    where the student makes it pass (a contract section may name a case that needs every step)."""
     path = os.path.join(root, "lessons", lesson, "README.md")
     if not os.path.exists(path):
         return None
     suite, short = test_name.split(".")[0], test_name.split(".")[-1]
     heading = None
-    found = {}  # what matched -> the first heading it matched under
+    found = {}  # what matched -> the headings it matched under, in order
     with open(path, encoding="utf-8") as f:
         for line in f:
             if (h := heading_of(line)) is not None:
                 heading = h
             elif heading:
                 for key, text in (("whole", test_name), ("name", short), ("suite", suite)):
-                    if text in line:
-                        found.setdefault(key, heading)
-    return found.get("whole") or found.get("name") or found.get("suite")
+                    if text in line and heading not in found.setdefault(key, []):
+                        found[key].append(heading)
+    for key in ("whole", "name", "suite"):
+        if found.get(key):
+            return next((h for h in found[key] if h.startswith("Step ")), found[key][0])
+    return None
 
 
 def build_report(cases, results):
@@ -295,7 +300,7 @@ def print_first_failure(report, results, root=ROOT, json_path=None):
             if json_path and len(failing) > 1:
                 shown = os.path.relpath(json_path)
                 shown = json_path if shown.startswith("..") else shown
-                print(f"Every failing case's message: {shown} (\"message\" of each case in \"tests\")")
+                print(f"Every failing case's message: {shown} (each case's \"message\", in \"lessons\" > \"tests\")")
             return True
     return False
 

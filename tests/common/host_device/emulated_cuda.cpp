@@ -203,18 +203,18 @@ void set_shared_limit(const void* kernel, int bytes) {
   limits[kernel] = bytes;
 }
 
-void check_shared(const void* kernel, size_t bytes) {
+void check_shared(const char* name, const void* kernel, size_t bytes) {
   size_t limit = 48 * 1024;
   {
     std::lock_guard<std::mutex> lock(limits_mutex);
     const auto it = limits.find(kernel);
     if (it != limits.end()) limit = std::max<size_t>(limit, static_cast<size_t>(it->second));
   }
-  infer::require(kernel != nullptr || bytes <= limit, "emulated launch: ", bytes, " bytes of dynamic shared memory "
+  infer::require(kernel != nullptr || bytes <= limit, "emulated launch of ", name, ": ", bytes, " bytes of dynamic shared memory "
                  "for a kernel template launched without its template arguments: the emulator cannot tell which "
                  "specialization's cudaFuncSetAttribute applies; spell them out at the launch, "
                  "kernel<...><<<grid, block, shared>>>(...), as the cudaFuncSetAttribute call does");
-  infer::require(bytes <= limit, "emulated launch: ", bytes, " bytes of dynamic shared memory, more than the ", limit,
+  infer::require(bytes <= limit, "emulated launch of ", name, ": ", bytes, " bytes of dynamic shared memory, more than the ", limit,
                  " the kernel may take (above 48 KiB a GPU needs cudaFuncSetAttribute(kernel, "
                  "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first; its launch would fail)");
 }
@@ -297,8 +297,8 @@ void require_whole_warp(unsigned took_part) {
 void run(const char* kernel, dim3 grid, dim3 threads, size_t shared_bytes, const std::function<void()>& body) {
   kernel_name = kernel;
   const long n = static_cast<long>(threads.x) * threads.y * threads.z;
-  infer::require(n >= 1 && n <= 1024, "emulated launch: ", n, " threads a block (expected 1 to 1,024)");
-  infer::require(grid.x >= 1 && grid.y >= 1 && grid.z >= 1, "emulated launch: an empty grid");
+  infer::require(n >= 1 && n <= 1024, "emulated launch of ", kernel, ": ", n, " threads a block (expected 1 to 1,024)");
+  infer::require(grid.x >= 1 && grid.y >= 1 && grid.z >= 1, "emulated launch of ", kernel, ": an empty grid");
   grid_dim = grid, block_dim = threads;
   Block b;
   b.body = &body;

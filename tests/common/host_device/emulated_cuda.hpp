@@ -142,10 +142,11 @@ void check_fragment_access(const char* what, const void* p, unsigned ldm, size_t
 /// Runs `work` now, or records it into the CUDA graph being captured (the stand-in's, capture.hpp).
 void launch_or_record(std::function<void()> work);
 
-/// Throws infer::Error if `bytes` of dynamic shared memory is more than `kernel` may take: 48 KiB,
-/// or what cudaFuncSetAttribute raised it to (up to the stand-in device's 227 KiB opt-in); a null
-/// `kernel` (a template launched without its template arguments) may take 48 KiB.
-void check_shared(const void* kernel, size_t bytes);
+/// Throws infer::Error naming the launch (`name`) if `bytes` of dynamic shared memory is more than
+/// `kernel` may take: 48 KiB, or what cudaFuncSetAttribute raised it to (up to the stand-in
+/// device's 227 KiB opt-in); a null `kernel` (a template launched without its template arguments)
+/// may take 48 KiB.
+void check_shared(const char* name, const void* kernel, size_t bytes);
 void set_shared_limit(const void* kernel, int bytes);
 
 /// kernel<<<grid, block, shared>>>(args...), as emulate_cu.py writes it: the arguments copied (and
@@ -154,7 +155,7 @@ void set_shared_limit(const void* kernel, int bytes);
 /// a GPU's launch fails (cudaErrorInvalidValue, which cuda_check_launch would report).
 template <typename G, typename B, typename... P, typename... A>
 void launch(const char* name, G grid, B block, size_t shared, void (*kernel)(P...), A&&... args) {
-  check_shared(reinterpret_cast<const void*>(kernel), shared);
+  check_shared(name, reinterpret_cast<const void*>(kernel), shared);
   launch_or_record([name, g = to_dim3(grid), b = to_dim3(block), shared, kernel,
                     params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)] {
     run(name, g, b, shared, [&] { std::apply(kernel, params); });
@@ -169,7 +170,7 @@ void launch(const char* name, G grid, B block, size_t shared, void (*kernel)(P..
 /// such a launch is refused, asking for the arguments spelled out.
 template <typename G, typename B, typename F, typename... A>
 void launch_deduced(const char* name, G grid, B block, size_t shared, F call, A&&... args) {
-  check_shared(nullptr, shared);
+  check_shared(name, nullptr, shared);
   launch_or_record([name, g = to_dim3(grid), b = to_dim3(block), shared, call,
                     params = std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)] {
     run(name, g, b, shared, [&] { std::apply(call, params); });
