@@ -95,22 +95,28 @@ class Sandbox:
         if os.geteuid() == 0 and shutil.which("setpriv"):
             # As nobody, prlimit's process limit holds (it does not bind root).
             self.as_nobody = True
-            if self._run_quiet(check) == 0:
+            rc, said = self._run_quiet(check)
+            if rc == 0:
                 return None
             self.as_nobody = False
-            self.note = ("processes not limited in number: the course tree is not readable by "
-                         "nobody, so cases run as root inside the sandbox")
-        if self._run_quiet(check) == 0:
+            # Why, as the probe saw it: bwrap's own words where it said any (it cannot start while
+            # nobody's processes are at the limit, some other sandbox's), else the test -r's.
+            why = said.strip().splitlines()[-1] if said.strip() else "the course tree is not readable by nobody"
+            self.note = (f"processes not limited in number: a sandbox as nobody did not start ({why}), so cases "
+                         "run as root inside the sandbox")
+        if self._run_quiet(check)[0] == 0:
             return None
         self.kind = "none"
         return "bubblewrap is installed but cannot start a sandbox here (user namespaces disabled?)"
 
     def _run_quiet(self, argv):
+        """(return code, what it wrote to stderr, at most 4 KB) of argv in the sandbox."""
         try:
-            return subprocess.run(self.wrap(argv, "/"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=30).returncode
-        except (OSError, subprocess.TimeoutExpired):
-            return -1
+            done = subprocess.run(self.wrap(argv, "/"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=30)
+            return done.returncode, done.stderr[-4096:].decode("utf-8", "replace")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return -1, str(e)
 
     def wrap(self, argv, cwd_inside="/scratch"):
         if self.kind == "none":
