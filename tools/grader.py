@@ -22,11 +22,12 @@ What it promises, and how:
   library and test programs are deleted (or, with --no-configure, whenever the student's
   files differ from what the last build saw), so a lesson that does not build scores zero,
   with the compiler's first error in the report.
-* Student code runs sandboxed (bubblewrap): the course tree and the build are read-only, the
-  scratch directory is a small tmpfs, there is no network, no other process is visible, and
-  every process a case started dies with it (a PID namespace). prlimit caps CPU time, memory,
-  file size and (run as nobody when the grader is root) the number of processes; the grader caps
-  the output and the wall-clock time.
+* Student code runs sandboxed (bubblewrap): the course tree and this grading's build are
+  read-only, the other builds under build/ (a roster's classmates) are hidden, the scratch
+  directory, /tmp and /dev/shm are small tmpfs, there is no network, no other process is
+  visible, and every process a case started dies with it (a PID namespace). prlimit caps CPU
+  time, memory, file size and (run as an unprivileged uid of this grader's own when the grader
+  is root) the number of processes; the grader caps the output and the wall-clock time.
 * One lesson's fault stays in that lesson: each lesson is built, listed and run on its own.
   A build that runs past --build-timeout (default 20 min) is stopped, and each of its processes
   is capped at --build-memory-mb of address space: that lesson scores zero, saying why.
@@ -57,7 +58,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grade_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOBODY = 65534
+# As root, a grader runs the cases as a uid of its own, unprivileged and in no passwd file: the
+# process limit (prlimit --nproc) counts a uid's processes machine-wide, so graders running at once
+# (a roster's workers) must not share one, or one student's fork bomb starves another's sandbox.
+SANDBOX_UID = 2_100_000_000 + os.getpid()  # pids stay below 2^22; uids below 2^31
 
 
 class GradingError(Exception):
@@ -72,7 +76,7 @@ class Sandbox:
     def __init__(self, mode, source, build, timeout, memory_mb, max_output_mb):
         self.source, self.build = source, build
         self.timeout, self.memory_mb, self.max_output = timeout, memory_mb, max_output_mb * 2**20
-        self.kind, self.note, self.as_nobody = "none", "", False
+        self.kind, self.note, self.unprivileged = "none", "", False
         if mode == "off":
             self.note = "not sandboxed (--sandbox off): student code could change files and leave processes"
             return
@@ -93,16 +97,16 @@ class Sandbox:
         readable = [os.path.join(self.source, "CMakeLists.txt"), self.build]
         check = ["/bin/sh", "-c", " && ".join(f"test -r '{p}'" for p in readable)]
         if os.geteuid() == 0 and shutil.which("setpriv"):
-            # As nobody, prlimit's process limit holds (it does not bind root).
-            self.as_nobody = True
+            # As an unprivileged uid, prlimit's process limit holds (it does not bind root).
+            self.unprivileged = True
             rc, said = self._run_quiet(check)
             if rc == 0:
                 return None
-            self.as_nobody = False
+            self.unprivileged = False
             # Why, as the probe saw it: bwrap's own words where it said any (it cannot start while
             # nobody's processes are at the limit, some other sandbox's), else the test -r's.
-            why = said.strip().splitlines()[-1] if said.strip() else "the course tree is not readable by nobody"
-            self.note = (f"processes not limited in number: a sandbox as nobody did not start ({why}), so cases "
+            why = said.strip().splitlines()[-1] if said.strip() else "the course tree is not readable by other users"
+            self.note = (f"processes not limited in number: a sandbox as an unprivileged user did not start ({why}), so cases "
                          "run as root inside the sandbox")
         if self._run_quiet(check)[0] == 0:
             return None
@@ -124,8 +128,8 @@ class Sandbox:
         cpu = int(self.timeout) + 10
         out = ["prlimit", f"--cpu={cpu}", f"--as={self.memory_mb * 2**20}", "--fsize=67108864", "--core=0",
                "--nproc=1024", "--"]  # threads count too: lesson 10's HTTP tests run a few hundred
-        if self.as_nobody:
-            out += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+        if self.unprivileged:
+            out += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--"]
         out += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -133,13 +137,18 @@ class Sandbox:
                 out += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 out += ["--ro-bind", top, top]
-        out += ["--proc", "/proc", "--dev", "/dev"]
+        out += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 2**20), "--tmpfs", "/dev/shm"]
         for dev in sorted(os.listdir("/dev")):
             if dev.startswith("nvidia"):  # the CUDA lessons' tests need the GPU's device files
                 out += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
         out += ["--size", str(64 * 2**20), "--tmpfs", "/tmp", "--size", str(64 * 2**20), "--tmpfs", "/scratch",
                 "--ro-bind", self.source, self.source]
-        if not (self.build + "/").startswith(self.source.rstrip("/") + "/"):
+        # The course's build/ holds other builds and, in a roster, the classmates' copies and reports:
+        # hidden, then this grading's own build shown again (read-only, as the rest).
+        builds = os.path.join(self.source, "build")
+        if os.path.isdir(builds):
+            out += ["--tmpfs", builds]
+        if os.path.isdir(self.build):
             out += ["--ro-bind", self.build, self.build]
         out += ["--chdir", cwd_inside, "--"]
         return out + argv
@@ -265,6 +274,11 @@ def judge(name, run, timeout, max_output_mb):
     verdicts = {r[1]: r[0] for r in run["records"] if len(r) == 2}
     ended = any(r == ["END"] for r in run["records"])
     verdict = verdicts.get(name)
+    # main() writes one verdict, then END, once: anything else was written by other code.
+    if (sum(1 for r in run["records"] if len(r) == 2) > 1 or run["records"].count(["END"]) > 1
+            or (ended and run["records"][-1] != ["END"])):
+        return "failed", ("the program wrote more than one result for the case, or wrote after its end: "
+                          "code that writes the grader's records (read the report's suspicious lines)")
     how = (f"was killed by {signal_name(run['signal'])}" if run["signal"]
            else f"exited with status {run['rc']}")
     if run["flooded"]:
@@ -400,8 +414,10 @@ def provenance(path):
 def student_code(student, origin=None):
     """The student's code: its commit where it has one, and a digest of its sources either way.
     origin: the folder `student` was copied from (a roster grades copies): its commit is the one named."""
+    # Every file of the lesson folders (NN_topic/), whatever its extension: what a lesson's .cpp
+    # may include.
     sources = [os.path.join(d, f) for d, _, files in os.walk(student) for f in files
-               if f.endswith((".cpp", ".hpp", ".h", ".cu"))]
+               if re.match(r"\d\d_", os.path.relpath(d, student))]
     # The digest names the files relative to the folder, so a copy has its original's digest.
     h = hashlib.sha256()
     for p in sorted(sources):
@@ -415,7 +431,9 @@ def student_files(student, lesson):
     d = os.path.join(student, lesson)
     if not os.path.isdir(d):
         return []
-    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".cpp", ".hpp", ".h", ".cu")))
+    # Every file, not only sources: a lesson's .cpp may include any file of its folder (a .inc),
+    # and what it includes is what the scan and the digest must see.
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if os.path.isfile(os.path.join(d, f)))
 
 
 GIVEN_OBJECT = re.compile(r"given(_\w+)?\.cpp\.")  # given.cpp.o, given_api.cpp.o, given_cuda.cpp.o.d
@@ -505,10 +523,16 @@ SUSPICIOUS = [
     (CALL + r"(kill|raise|signal|sigaction)\s*\(", "sends or handles signals"),
     (r"\b(setjmp|longjmp|sigsetjmp|siglongjmp)\b", "jumps across functions"),
     (r"\b(getenv|environ|COURSE_GRADER)\w*", "reads the environment"),
-    (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS)", "touches the test framework"),
-    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority)", "runs code before main"),
+    (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS|all_close|throws_error_mentioning)",
+     "touches the test framework"),
+    (r"\bnamespace\s+testing\b", "touches the test framework"),
+    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority|init_array|fini_array|section\s*\()",
+     "runs code before or after main"),
+    (r"\b(syscall|SYS_\w+|asm|__asm__|__asm)\b", "makes system calls or runs assembly"),
+    (r"/proc/|/dev/fd|/sys/", "reads the process's or the system's files"),
+    (r"^\s*#\s*include\s*[\"<](/|.*\.\./)", "includes a file from outside the lesson"),
     (CALL + r"(fopen|remove|unlink|rename|mkdir|rmdir|chmod|open)\s*\(", "touches files"),
-    (r"\b(ofstream|fstream|std::filesystem)\b", "touches files"),
+    (r"\b(ofstream|ifstream|fstream|filebuf|std::filesystem)\b", "touches files"),
     (r"\b(close|dup2?|write)\s*\(\s*[0-9]", "writes to or closes file descriptors"),
 ]
 
@@ -518,7 +542,7 @@ def suspicious_lines(paths, student):
     for p in paths:
         try:
             with open(p, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
+                lines = f.read(1 << 20).splitlines()  # (a lesson's files are a few KB)
         except OSError:
             continue
         for i, line in enumerate(lines, 1):
@@ -749,7 +773,20 @@ def grade(args):
             return name, {"status": "not run", "message": "not run: grading stopped at the first lost case "
                           "(--stop-at-first-loss)", "output": "", "time": 0.0}
         t0 = time.monotonic()
-        run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
+        for attempt in range(3):
+            run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
+            # bubblewrap's own complaint and no record: the sandbox did not start (the machine's
+            # processes or memory at a limit), which is no fault of the code. Tried again, then said.
+            unstarted = (sandbox.kind != "none" and not run["records"]
+                         and run["output"].lstrip().startswith("bwrap:"))
+            if not unstarted:
+                break
+            time.sleep(2)
+        if unstarted:
+            problems.append(f"the sandbox did not start for {name}, three times: "
+                            + run["output"].strip().splitlines()[0][:200])
+            return name, {"status": "not run", "message": "not run: the sandbox did not start (see the report's "
+                          "problems)", "output": run["output"], "time": time.monotonic() - t0}
         status, message = judge(name, run, args.timeout, args.max_output_mb)
         if status == "skipped" and binary in cuda_binaries and manifest.get("cuda_emulated", False):
             # Emulated, a CUDA case that skips asks for what only a GPU shows: it waits for one,

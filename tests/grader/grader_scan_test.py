@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""The grader's own checks that need no build: judge() fails a case whose record was forged
+(two results, or a result after the end), the scan of a lesson's files flags each way of forging
+or peeking that a review of the grader tried (and nothing in the reference solutions or the
+starters), and it reads every file of a lesson's folder (an included .inc too).
+
+    grader_scan_test.py REPOSITORY_ROOT
+"""
+import os
+import sys
+import tempfile
+
+root = sys.argv[1]
+sys.path.insert(0, os.path.join(root, "tools"))
+import grader  # noqa: E402
+
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+
+
+run = {"rc": 0, "signal": None, "flooded": False, "timed_out": False, "output": ""}
+check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "passed", "one PASS, then END")
+check(grader.judge("S.T", {**run, "records": [["FAIL", "S.T"], ["END"], ["PASS", "S.T"], ["END"]]}, 1, 8)[0]
+      == "failed", "a PASS written after the real FAIL and END (an atexit handler)")
+check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"], ["PASS", "S.T"]]}, 1, 8)[0] == "failed",
+      "a record after END")
+check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["FAIL", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
+      "two verdicts for the case")
+
+# Each line is one way a review of the grader forged a result or peeked (each, alone, in a file).
+attacks = {
+    "section": '__attribute__((section(".init_array"), used)) void (*p)(int, char**, char**) = boot;',
+    "syscall": "  ::syscall(SYS_exit_group, 0);",
+    "proc": '  std::string env = std::string("/proc/self/envi") + "ron";',
+    "ifstream": "  std::ifstream in(path);",
+    "spi": "#include <gtest/gtest-spi.h>",
+    "reporter": "static auto* r = new ::testing::ScopedFakeTestPartResultReporter(nullptr);",
+    "namespace": "namespace testing {",
+    "all_close": "template <> gt::AssertionResult all_close<A, B>(const A&, const B&, double, double, const S&) {",
+    "outside": '#include "/tmp/class/ada/00_naive_decoder/naive_decoder.cpp"',
+    "parent": '#include "../../ada/00_naive_decoder/naive_decoder.cpp"',
+    "asm": '  asm volatile("syscall");',
+    "envp": '  if (std::strncmp(*e, "COURSE_GRADER_TOKEN=", 20) == 0) graded = true;',
+}
+with tempfile.TemporaryDirectory() as student:
+    lesson = os.path.join(student, "00_naive_decoder")
+    os.makedirs(lesson)
+    for name, line in attacks.items():
+        with open(os.path.join(lesson, f"{name}.inc"), "w") as f:
+            f.write("// an honest comment: exit(0) fork() syscall\n" + line + "\n")
+    files = grader.student_files(student, "00_naive_decoder")
+    check(len(files) == len(attacks), f"student_files lists every file of the folder: {files}")
+    flagged = {os.path.basename(line.split(":")[0])[:-4] for line in grader.suspicious_lines(files, student)}
+    for name in attacks:
+        check(name in flagged, f"the scan flags {name}: {attacks[name]}")
+    check(all(":2:" in line for line in grader.suspicious_lines(files, student)), "comments are not flagged")
+
+for track in ("solutions", "exercises"):
+    base = os.path.join(root, track)
+    for lesson in sorted(os.listdir(base)):
+        found = grader.suspicious_lines(grader.student_files(base, lesson), base)
+        check(not found, f"nothing flagged in {track}/{lesson}: {found[:3]}")
+
+for f in failures:
+    print("FAILED:", f)
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
