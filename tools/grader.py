@@ -104,7 +104,7 @@ class Sandbox:
                 return None
             self.unprivileged = False
             # Why, as the probe saw it: bwrap's own words where it said any (it cannot start while
-            # nobody's processes are at the limit, some other sandbox's), else the test -r's.
+            # the uid's processes are at their limit), else the test -r's.
             why = said.strip().splitlines()[-1] if said.strip() else "the course tree is not readable by other users"
             self.note = (f"processes not limited in number: a sandbox as an unprivileged user did not start ({why}), so cases "
                          "run as root inside the sandbox")
@@ -526,7 +526,7 @@ SUSPICIOUS = [
     (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS|all_close|throws_error_mentioning)",
      "touches the test framework"),
     (r"\bnamespace\s+testing\b", "touches the test framework"),
-    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority|init_array|fini_array|section\s*\()",
+    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority|init_array|fini_array|\bsection\s*\()",
      "runs code before or after main"),
     (r"\b(syscall|SYS_\w+|asm|__asm__|__asm)\b", "makes system calls or runs assembly"),
     (r"/proc/|/dev/fd|/sys/", "reads the process's or the system's files"),
@@ -777,8 +777,8 @@ def grade(args):
             run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
             # bubblewrap's own complaint and no record: the sandbox did not start (the machine's
             # processes or memory at a limit), which is no fault of the code. Tried again, then said.
-            unstarted = (sandbox.kind != "none" and not run["records"]
-                         and run["output"].lstrip().startswith("bwrap:"))
+            unstarted = (sandbox.kind != "none" and not run["records"] and run["rc"] == 1
+                         and not run["timed_out"] and run["output"].lstrip().startswith("bwrap:"))
             if not unstarted:
                 break
             time.sleep(2)
