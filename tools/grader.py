@@ -59,8 +59,8 @@ import grade_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # As root, a grader runs the cases as a uid of its own, unprivileged and in no passwd file: the
-# process limit (prlimit --nproc) counts a uid's processes machine-wide, so graders running at once
-# (a roster's workers) must not share one, or one student's fork bomb starves another's sandbox.
+# process limit (prlimit --nproc) counts a uid's processes, so graders running at once (a roster's
+# workers) do not share one student's count with another's.
 SANDBOX_UID = 2_100_000_000 + os.getpid()  # pids stay below 2^22; uids below 2^31
 
 
