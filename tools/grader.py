@@ -537,6 +537,98 @@ SUSPICIOUS = [
 ]
 
 
+# What a lesson's compiled code has no use for, by the symbols its objects use: the text scan above
+# reads the source, which macros, token pasting, split string literals and linker names can hide
+# from it; the compiler's output cannot hide what it calls. Undefined symbols (C names):
+SUSPICIOUS_CALLS = {
+    "ends the process": {"exit", "_exit", "_Exit", "quick_exit", "abort", "atexit", "at_quick_exit", "on_exit"},
+    "writes to or opens file descriptors": {"write", "writev", "pwrite", "pwrite64", "pwritev", "send", "sendto",
+                                            "sendmsg", "syscall", "fdopen", "fopen", "fopen64", "freopen", "open",
+                                            "open64", "openat", "openat64", "creat", "dup", "dup2", "dup3"},
+    "reads the environment or the program's arguments": {"getenv", "secure_getenv", "environ", "__environ",
+                                                         "program_invocation_name", "program_invocation_short_name"},
+    "starts processes or loads code": {"fork", "vfork", "clone", "execve", "execv", "execvp", "execvpe", "execl",
+                                       "execlp", "system", "popen", "posix_spawn", "posix_spawnp", "dlopen", "dlsym",
+                                       "dlvsym"},
+    "sends or handles signals": {"kill", "raise", "signal", "sigaction"},
+}
+# ...and C++ names (mangled) by their prefix.
+SUSPICIOUS_PREFIXES = {
+    "_ZN7testing": "touches the test framework", "_ZN5infer7testing": "touches the test framework",
+    "_ZNSt14basic_ofstream": "touches files", "_ZNSt14basic_ifstream": "touches files",
+    "_ZNSt13basic_fstream": "touches files", "_ZNSt13basic_filebuf": "touches files",
+    "_ZNSt10filesystem": "touches files",
+}
+# nvcc's registration code in every .cu object calls these (and has an .init_array of its own).
+NVCC_OWN = {"exit", "atexit"}
+
+
+def suspicious_objects(build, nn, student, source):
+    """Lines like suspicious_lines()'s for the student's compiled objects of lesson nn: what they
+    call (above), a C function they define (it can replace the C library's or the test program's),
+    code they run before main (an .init_array), and a file they include from the reference
+    solutions, the tests, or outside the course and their folder (ninja's record of each object's
+    headers)."""
+    objects = os.path.join(build, "CMakeFiles", f"lesson{nn}_exercise.dir")
+    allowed = [os.path.realpath(student) + os.sep, os.path.realpath(build) + os.sep, "/usr/"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        allowed.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) + os.sep)
+    course = os.path.realpath(source) + os.sep
+    refused = [os.path.join(course, d) + os.sep for d in ("solutions", "tests")]
+    found = []
+    for dirpath, _, filenames in os.walk(objects):
+        where = os.path.relpath(dirpath, objects).replace(os.sep, "/")
+        if where.startswith(("lessons/", "build/")):
+            continue  # the course's given files, and their unity builds (build/shared/unity)
+        for f in sorted(filenames):
+            if not f.endswith(".o"):
+                continue
+            path, src, cu = os.path.join(dirpath, f), f[:-2], f.endswith(".cu.o")
+            said = set()
+
+            def note(what, name):
+                if (what, name) not in said:
+                    said.add((what, name))
+                    found.append(f"{src} (compiled): {what}: {name}")
+            try:
+                symbols = subprocess.run(["nm", "-P", path], capture_output=True, text=True, timeout=60).stdout
+                sections = "" if cu else subprocess.run(["readelf", "-S", "-W", path], capture_output=True,
+                                                        text=True, timeout=60).stdout
+                deps = subprocess.run(["ninja", "-C", build, "-t", "deps", os.path.relpath(path, build)],
+                                      capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            for line in symbols.splitlines():
+                parts = line.split()
+                if len(parts) < 2:
+                    continue
+                name, kind = parts[0], parts[1]
+                if kind == "U":
+                    for what, names in SUSPICIOUS_CALLS.items():
+                        if name in names and not (cu and name in NVCC_OWN):
+                            note(what, name)
+                    for prefix, what in SUSPICIOUS_PREFIXES.items():
+                        if name.startswith(prefix):
+                            note(what, name)
+                elif (kind in "TDBRVWGS" and not name.startswith(("_Z", "DW.ref.", "__cuda", "__nv", "__fatbin"))
+                      and name != "main"):
+                    note("defines a C function or variable (it can replace the C library's or the test's)", name)
+            if ".init_array" in sections:
+                note("runs code before main", "a global initialized at run time (.init_array)")
+            for dep in deps.splitlines()[1:]:
+                dep = dep.strip()
+                if not dep:
+                    continue
+                real = os.path.realpath(dep if os.path.isabs(dep) else os.path.join(build, dep))
+                if real.startswith(tuple(allowed)):
+                    continue
+                if real.startswith(tuple(refused)) or not real.startswith(course):
+                    note("includes a file from outside the lesson", os.path.relpath(real, course)
+                         if real.startswith(course) else real)
+    return found
+
+
 def suspicious_lines(paths, student):
     found = []
     for p in paths:
@@ -751,6 +843,9 @@ def grade(args):
                     runs.append((name, e["binary"]))
                 else:
                     results[name] = {"status": "not run", "message": f"{os.path.basename(e['binary'])} has no case {name}"}
+        compiled = suspicious_objects(args.build, nn, args.student, args.source)
+        if compiled:
+            notes[lesson] = notes.get(lesson, []) + compiled
         # A build without CUDA (no CUDA compiler on this machine) has no program for the CUDA
         # cases: like a machine without a device, they are not part of this grade.
         built = {src for e in entries for src in e["sources"]}

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The grader's own checks that need no build: judge() fails a case whose record was forged
+"""The grader's own checks that need no course build: judge() fails a case whose record was forged
 (two results, or a result after the end), the scan of a lesson's files flags each way of forging
 or peeking that a review of the grader tried (and nothing in the reference solutions or the
-starters), and it reads every file of a lesson's folder (an included .inc too).
+starters), it reads every file of a lesson's folder (an included .inc too), and the check of the
+compiled objects names what one object made of the second review's tricks calls and defines.
 
     grader_scan_test.py REPOSITORY_ROOT
 """
@@ -58,6 +59,38 @@ with tempfile.TemporaryDirectory() as student:
     for name in attacks:
         check(name in flagged, f"the scan flags {name}: {attacks[name]}")
     check(all(":2:" in line for line in grader.suspicious_lines(files, student)), "comments are not flagged")
+
+# The compiled check: what an object calls and defines, whatever its source text hides (a linker
+# name, a split literal, token pasting). One object made of the second review's tricks.
+trick = r"""
+#include <cstdlib>
+#include <sys/uio.h>
+#include <unistd.h>
+#define CAT(a, b) a##b
+extern "C" long write(int, const void*, unsigned long) { return 0; }
+extern "C" void _ZN7testing32ScopedFakeTestPartResultReporterC1ENS0_13InterceptModeEPNS_19TestPartResultArrayE(void*, int, void*);
+static const bool early = [] {
+  const char* fd = secure_getenv("COURSE_" "GRADER_FD");
+  iovec v{nullptr, 0};
+  if (fd) writev(3, &v, 1);
+  if (!fd) _ZN7testing32ScopedFakeTestPartResultReporterC1ENS0_13InterceptModeEPNS_19TestPartResultArrayE(nullptr, 1, nullptr);
+  if (fd) CAT(_ex, it)(0);
+  return true;
+}();
+int used() { return early; }
+"""
+with tempfile.TemporaryDirectory() as build:
+    objects = os.path.join(build, "CMakeFiles", "lesson01_exercise.dir", "student", "01_roofline")
+    os.makedirs(objects)
+    src = os.path.join(build, "trick.cpp")
+    with open(src, "w") as f:
+        f.write(trick)
+    import subprocess
+    subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
+    found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
+    for what in ("defines a C function or variable", ": write", ": writev", ": secure_getenv", ": _exit",
+                 "_ZN7testing", "runs code before main"):
+        check(what in found, f"the compiled check names {what!r}: {found}")
 
 for track in ("solutions", "exercises"):
     base = os.path.join(root, track)
