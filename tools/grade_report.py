@@ -53,6 +53,35 @@ def graded_cases(extra_dir=None, root=ROOT):
     return cases
 
 
+def extra_tests_warnings(extra_dir, root=ROOT):
+    """What in an instructor's hidden-tests folder would silently grade nothing: a folder that
+    names no lesson, a test file whose cases are plain TEST()s, a source not named *_test.cpp."""
+    out = []
+    if not extra_dir or not os.path.isdir(extra_dir):
+        return [f"--extra-tests {extra_dir}: not a directory"] if extra_dir else []
+    lessons = lesson_dirs(root)
+    for d in sorted(os.listdir(extra_dir)):
+        full = os.path.join(extra_dir, d)
+        if not os.path.isdir(full) or d.startswith("."):
+            continue
+        if d not in lessons:
+            out.append(f"--extra-tests: folder {d}/ names no lesson (expected a lesson's folder name, such as "
+                       f"{lessons[0]}): its tests are not graded")
+            continue
+        for f in sorted(os.listdir(full)):
+            path = os.path.join(full, f)
+            if f.endswith("_test.cpp"):
+                with open(path, encoding="utf-8", errors="replace") as t:
+                    text = t.read()
+                plain = len(re.findall(r"^\s*TEST(_F|_P)?\s*\(", text, re.M))
+                if plain:
+                    out.append(f"--extra-tests: {d}/{f} has {plain} TEST() case(s) that are not GRADED_TEST(): "
+                               "they earn nothing and are not run")
+            elif f.endswith((".cpp", ".cu")):
+                out.append(f"--extra-tests: {d}/{f} is not compiled (only files named *_test.cpp are)")
+    return out
+
+
 def junit_results(path):
     """{test name: (status, output)} with status passed / failed / skipped / not run."""
     results = {}

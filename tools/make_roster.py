@@ -8,7 +8,8 @@ the untouched starters, and 9 are broken the ways the grader refuses: a lesson t
 compile (nocompile03, nocompile05), exit(0) inside a lesson's function (exit02, exit04), a
 function that never returns (hang00, hang06), a lesson that tries to append to the course's own
 tests when its program starts (writes01, writes05), and a file that includes itself twice per
-level, a compile that never ends (forever10). ROSTER is replaced.
+level, a compile that never ends (forever10). ROSTER must not exist, or be a roster this script
+made (it is replaced then): a class's real folder is never emptied.
 """
 import os
 import shutil
@@ -21,11 +22,16 @@ EXIT = "  std::exit(0);\n"
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     roster = os.path.abspath(sys.argv[1])
+    mark = os.path.join(roster, ".made-by-make_roster")
+    if os.path.exists(roster) and os.listdir(roster) and not os.path.exists(mark):
+        sys.exit(f"make_roster.py: {roster} exists and is not a roster this script made: it replaces the folder it "
+                 "is given, so give it a new one (a class's folder is never emptied)")
     shutil.rmtree(roster, ignore_errors=True)
     os.makedirs(roster)
+    open(mark, "w").close()
 
     def finished(name):
         d = os.path.join(roster, name)

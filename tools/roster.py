@@ -100,6 +100,9 @@ def summarize(report):
             what.append(f"{timed} timed out")
         if ended:
             what.append(f"{ended} ended the program mid-test")
+        unwritten = sum("not implemented" in (t.get("message") or "") for t in states)
+        if unwritten:
+            what.append(f"{unwritten} not implemented")
         notes.append(f"{nn}: " + ", ".join(what))
     for lesson, lines in (report.get("suspicious") or {}).items():
         kinds = sorted({l.split(": ")[1] for l in lines if l.count(": ") >= 2})
@@ -132,6 +135,8 @@ def main():
     if not names:
         print(f"roster: {args.roster} has no student folders", file=sys.stderr)
         return 2
+    for w in grade_report.extra_tests_warnings(args.extra_tests and os.path.abspath(args.extra_tests), source):
+        print(f"roster: WARNING: {w}", file=sys.stderr)
     lessons = grade_report.lesson_dirs(source)
     if args.lessons:
         wanted = tuple(f"{int(n):02d}_" for n in args.lessons)

@@ -59,6 +59,10 @@ with tempfile.TemporaryDirectory() as student:
     for name in attacks:
         check(name in flagged, f"the scan flags {name}: {attacks[name]}")
     check(all(":2:" in line for line in grader.suspicious_lines(files, student)), "comments are not flagged")
+    with open(os.path.join(lesson, "honest.cpp"), "w") as f:
+        f.write("  v.erase(std::remove(v.begin(), v.end(), 0), v.end());\n  std::printf(\"%d\\n\", x);\n")
+    honest = grader.suspicious_lines([os.path.join(lesson, "honest.cpp")], student)
+    check(not honest, f"the erase-remove idiom and a printf are not flagged: {honest}")
 
 # The compiled check: what an object calls and defines, whatever its source text hides (a linker
 # name, a split literal, token pasting). One object made of the second review's tricks.
@@ -89,8 +93,37 @@ with tempfile.TemporaryDirectory() as build:
     subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
     found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
     for what in ("defines a C function or variable", ": write", ": writev", ": secure_getenv", ": _exit",
-                 "_ZN7testing", "runs code before main"):
+                 "_ZN7testing"):
         check(what in found, f"the compiled check names {what!r}: {found}")
+    # Honest code that makes a global constructor (iostream, a namespace-scope vector) is not named.
+    with open(src, "w") as f:
+        f.write("#include <iostream>\n#include <vector>\nconst std::vector<int> kSizes = {1, 2, 4};\n"
+                "int debug(int x) { std::cerr << x << '\\n'; return kSizes[0]; }\n")
+    subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
+    honest = grader.suspicious_objects(build, "01", os.path.join(build, "student"), root)
+    check(not honest, f"a debug print and a global vector are not named: {honest}")
+
+# An instructor's hidden-tests folder: what would grade nothing is said, not skipped in silence.
+with tempfile.TemporaryDirectory() as extra:
+    os.makedirs(os.path.join(extra, "00_naive"))
+    os.makedirs(os.path.join(extra, "00_naive_decoder"))
+    with open(os.path.join(extra, "00_naive_decoder", "hidden_test.cpp"), "w") as f:
+        f.write("TEST(Lesson00Hidden, Plain) {}\nGRADED_TEST(Lesson00Hidden, Graded, 1) {}\n")
+    said = " | ".join(grader.grade_report.extra_tests_warnings(extra, root))
+    check("folder 00_naive/ names no lesson" in said, f"a misnamed lesson folder is said: {said}")
+    check("hidden_test.cpp has 1 TEST()" in said, f"a plain TEST() is said: {said}")
+
+# make_roster.py never empties a folder it did not make (a class's real one).
+with tempfile.TemporaryDirectory() as d:
+    with open(os.path.join(d, "ada.txt"), "w") as f:
+        f.write("a student's work")
+    import subprocess
+    refused = subprocess.run([sys.executable, os.path.join(root, "tools", "make_roster.py"), d], capture_output=True)
+    check(refused.returncode != 0 and os.path.exists(os.path.join(d, "ada.txt")),
+          "make_roster.py refuses a folder it did not make")
+    check(subprocess.run([sys.executable, os.path.join(root, "tools", "make_roster.py"), "--help"],
+                         capture_output=True, cwd=d).returncode != 0 and not os.path.exists(os.path.join(d, "--help")),
+          "make_roster.py --help makes no folder named --help")
 
 for track in ("solutions", "exercises"):
     base = os.path.join(root, track)
