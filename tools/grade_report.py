@@ -136,9 +136,9 @@ def heading_of(line):
 
 def readme_section(lesson, test_name, root=ROOT):
     """The heading of the README section that mentions the test: by its whole name (Suite.Name),
-    where two suites have a case of one name; else by its name; else by its suite. Of several
-    sections that mention it, the first Step ("Step 3: ...") where there is one, since that is
-    where the student makes it pass (a contract section may name a case that needs every step)."""
+    where two suites have a case of one name; else by its name; else by its suite. A Step ("Step
+    3: ...") that names it comes first, since that is where the student makes it pass (a contract
+    or an idea section may name a case that needs several steps)."""
     path = os.path.join(root, "lessons", lesson, "README.md")
     if not os.path.exists(path):
         return None
@@ -153,9 +153,13 @@ def readme_section(lesson, test_name, root=ROOT):
                 for key, text in (("whole", test_name), ("name", short), ("suite", suite)):
                     if text in line and heading not in found.setdefault(key, []):
                         found[key].append(heading)
+    for key in ("whole", "name"):  # a Step that names the case, by its whole name first
+        step = next((h for h in found.get(key, []) if h.startswith("Step ")), None)
+        if step:
+            return step
     for key in ("whole", "name", "suite"):
         if found.get(key):
-            return next((h for h in found[key] if h.startswith("Step ")), found[key][0])
+            return found[key][0]
     return None
 
 
