@@ -565,6 +565,36 @@ SUSPICIOUS_PREFIXES = {
 NVCC_OWN = {"exit", "atexit"}
 
 
+def symbol_findings(symbols, cu):
+    """(what, symbol) for each suspicious symbol in `nm -P` output; cu: an nvcc object."""
+    for line in symbols.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, kind = parts[0], parts[1]
+        if kind == "U":
+            for what, names in SUSPICIOUS_CALLS.items():
+                if name in names and not (cu and name in NVCC_OWN):
+                    yield what, name
+            for prefix, what in SUSPICIOUS_PREFIXES.items():
+                if name.startswith(prefix):
+                    yield what, name
+        elif kind in "TDBRVWGS" and name != "main" and not name.startswith(("_Z", "DW.ref.", "__cuda", "__nv",
+                                                                              "__fatbin")):
+            yield "defines a C function or variable (it can replace the C library's or the test's)", name
+
+
+def include_findings(deps, build, allowed, course):
+    """(what, file) for each header in `ninja -t deps` output from the reference solutions, the
+    tests, or outside the course and `allowed` (the student's folder, the build, the system)."""
+    refused = tuple(os.path.join(course, d) + os.sep for d in ("solutions", "tests"))
+    for dep in (d.strip() for d in deps.splitlines()[1:]):
+        real = os.path.realpath(dep if os.path.isabs(dep) else os.path.join(build, dep)) if dep else ""
+        if not real or real.startswith(allowed) or (real.startswith(course) and not real.startswith(refused)):
+            continue
+        yield "includes a file from outside the lesson", os.path.relpath(real, course) if real.startswith(course) else real
+
+
 def suspicious_objects(build, nn, student, source):
     """Lines like suspicious_lines()'s for the student's compiled objects of lesson nn: what they
     call (above), a C function they define (it can replace the C library's or the test program's),
@@ -578,53 +608,21 @@ def suspicious_objects(build, nn, student, source):
     if nvcc:
         allowed.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) + os.sep)
     course = os.path.realpath(source) + os.sep
-    refused = [os.path.join(course, d) + os.sep for d in ("solutions", "tests")]
     found = []
     for dirpath, _, filenames in os.walk(objects):
-        where = os.path.relpath(dirpath, objects).replace(os.sep, "/")
-        if where.startswith(("lessons/", "build/")):
+        if os.path.relpath(dirpath, objects).replace(os.sep, "/").startswith(("lessons/", "build/")):
             continue  # the course's given files, and their unity builds (build/shared/unity)
-        for f in sorted(filenames):
-            if not f.endswith(".o"):
-                continue
-            path, src, cu = os.path.join(dirpath, f), f[:-2], f.endswith(".cu.o")
-            said = set()
-
-            def note(what, name):
-                if (what, name) not in said:
-                    said.add((what, name))
-                    found.append(f"{src} (compiled): {what}: {name}")
+        for f in sorted(x for x in filenames if x.endswith(".o")):
+            path = os.path.join(dirpath, f)
             try:
                 symbols = subprocess.run(["nm", "-P", path], capture_output=True, text=True, timeout=60).stdout
                 deps = subprocess.run(["ninja", "-C", build, "-t", "deps", os.path.relpath(path, build)],
                                       capture_output=True, text=True, timeout=60).stdout
             except (OSError, subprocess.TimeoutExpired):
                 continue
-            for line in symbols.splitlines():
-                parts = line.split()
-                if len(parts) < 2:
-                    continue
-                name, kind = parts[0], parts[1]
-                if kind == "U":
-                    for what, names in SUSPICIOUS_CALLS.items():
-                        if name in names and not (cu and name in NVCC_OWN):
-                            note(what, name)
-                    for prefix, what in SUSPICIOUS_PREFIXES.items():
-                        if name.startswith(prefix):
-                            note(what, name)
-                elif (kind in "TDBRVWGS" and not name.startswith(("_Z", "DW.ref.", "__cuda", "__nv", "__fatbin"))
-                      and name != "main"):
-                    note("defines a C function or variable (it can replace the C library's or the test's)", name)
-            for dep in deps.splitlines()[1:]:
-                dep = dep.strip()
-                if not dep:
-                    continue
-                real = os.path.realpath(dep if os.path.isabs(dep) else os.path.join(build, dep))
-                if real.startswith(tuple(allowed)):
-                    continue
-                if real.startswith(tuple(refused)) or not real.startswith(course):
-                    note("includes a file from outside the lesson", os.path.relpath(real, course)
-                         if real.startswith(course) else real)
+            pairs = list(symbol_findings(symbols, f.endswith(".cu.o")))
+            pairs += include_findings(deps, build, tuple(allowed), course)
+            found += [f"{f[:-2]} (compiled): {what}: {name}" for what, name in dict.fromkeys(pairs)]
     return found
 
 
@@ -870,7 +868,7 @@ def grade(args):
             return name, {"status": "not run", "message": "not run: grading stopped at the first lost case "
                           "(--stop-at-first-loss)", "output": "", "time": 0.0}
         t0 = time.monotonic()
-        for attempt in range(3):
+        for _ in range(3):
             run = run_program(sandbox, [binary, f"--gtest_filter={name}"], args.timeout, with_record=True)
             # bubblewrap's own complaint and no record: the sandbox did not start (the machine's
             # processes or memory at a limit), which is no fault of the code. Tried again, then said.

@@ -8,6 +8,7 @@ compiled objects names what one object made of the second review's tricks calls 
     grader_scan_test.py REPOSITORY_ROOT
 """
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -89,7 +90,6 @@ with tempfile.TemporaryDirectory() as build:
     src = os.path.join(build, "trick.cpp")
     with open(src, "w") as f:
         f.write(trick)
-    import subprocess
     subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
     found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
     for what in ("defines a C function or variable", ": write", ": writev", ": secure_getenv", ": _exit",
@@ -117,7 +117,6 @@ with tempfile.TemporaryDirectory() as extra:
 with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(d, "ada.txt"), "w") as f:
         f.write("a student's work")
-    import subprocess
     refused = subprocess.run([sys.executable, os.path.join(root, "tools", "make_roster.py"), d], capture_output=True)
     check(refused.returncode != 0 and os.path.exists(os.path.join(d, "ada.txt")),
           "make_roster.py refuses a folder it did not make")
