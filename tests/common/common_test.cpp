@@ -697,6 +697,57 @@ TEST(Plumbing, SpeculationOverPagedAndPrefixMemoryGivesPlainGreedyTokens) {
   }
 }
 
+/// The CPU runner, recording how many positions each forward call computes.
+class PositionCountingRunner final : public ModelRunner {
+ public:
+  explicit PositionCountingRunner(const ModelWeights& m, std::vector<long>& per_call) : inner_(m), per_call_(per_call) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  Matrix forward(const StepInput& step) override {
+    long n = 0;
+    for (const Chunk& c : step.chunks) n += static_cast<long>(c.tokens.size());
+    per_call_.push_back(n);
+    return inner_.forward(step);
+  }
+
+ private:
+  CpuRunner inner_;
+  std::vector<long>& per_call_;
+};
+
+TEST(Plumbing, TheStepLogCountsWhatTheForwardComputes) {
+  // Lesson 05's and 10's tests count computed positions from the step log, lesson 05's graded
+  // ones at the forward: the two must agree, step by step, with prompts planned in chunks, a
+  // prefix cache's hits left out, preemptions recomputed and speculative guesses fed.
+  const ModelWeights& m = testing::bundled_model();
+  const std::string system = "You are a fortune teller. Answer every question with one short fortune. ";
+  std::vector<GenerationRequest> rs;
+  for (int i = 0; i < 6; ++i)
+    rs.push_back({i, ByteTokenizer::encode(system + "Q: number " + std::to_string(i) + "? A:"), 20 + 4 * i,
+                  {.temperature = i % 2 ? 0.8f : 0.0f, .seed = 7u + i}, i < 4 ? 0 : 80});
+  for (int speculate = 0; speculate < 2; ++speculate) {
+    SCOPED_TRACE(speculate ? "with prompt lookup" : "without speculation");
+    std::vector<long> per_call;
+    Engine engine(std::make_unique<PositionCountingRunner>(m, per_call),
+                  std::make_unique<PrefixKVManager>(m.config, 24, 8),
+                  {.max_running = 4, .speculative_tokens = speculate ? 4 : 0}, std::make_unique<ChunkedPrefill>(24),
+                  speculate ? prompt_lookup_speculator() : nullptr);
+    for (const auto& r : rs) engine.submit(r);
+    const auto results = engine.run();
+    int cached = 0, preempted = 0;
+    for (const auto& r : results) cached += r.cached_tokens, preempted += r.preemptions;
+    EXPECT_GT(cached, 0) << "the shared system prompt was meant to hit";
+    EXPECT_GT(preempted, 0) << "the pool was meant to be small enough to preempt";
+    size_t call = 0;
+    for (const EngineStepLog& e : engine.log()) {
+      ASSERT_LE(e.forwards, 1) << "step " << e.step;
+      if (e.forwards == 0) continue;
+      ASSERT_LT(call, per_call.size()) << "step " << e.step << " logged a forward the runner never saw";
+      EXPECT_EQ(e.prefill_tokens + e.decodes + e.proposed, per_call[call++]) << "step " << e.step;
+    }
+    EXPECT_EQ(call, per_call.size()) << "every forward call is logged";
+  }
+}
+
 TEST(Plumbing, TheEventsOfAStepAreTheTokensItsRequestsGet) {
   // What a server streams (each step's TokenEvents) must add up to each request's result, with
   // the finish reason on its last event, under preemption (a tight pool) and chunked prompts.
