@@ -52,6 +52,7 @@
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "lessons/12_tensor_parallel/tensor_parallel.hpp"
+#include "tools/engine_parts.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -216,6 +217,8 @@ int main(int argc, char** argv) {
     // On the GPU each matrix is quantized as it is uploaded (lesson 11's kernels read it there).
     const infer::gpu::DeviceWeights gpu_weights =
         device == "cuda" ? infer::gpu::device_weights(weight, model.config) : infer::gpu::DeviceWeights();
+#else
+    const infer::GpuWeights gpu_weights;
 #endif
     const std::vector<int> prompt_ids = infer::ByteTokenizer::encode(prompt);
     // The engine's memory: one sequence's room, in blocks with --paged (twice that with
@@ -268,60 +271,20 @@ int main(int argc, char** argv) {
                                std::round(100 * spec.tokens_per_round()) / 100, " tokens per round");
     } else if (engine_mode) {
       // The engine, one request at a time: what serve-offline and serve run, with one user.
-      std::unique_ptr<infer::KVBlockPool> pool;
-      std::unique_ptr<infer::KVManager> memory;
-      std::unique_ptr<infer::ModelRunner> runner;
-      if (tp_runner) {  // rank 0's memory: its pool (paged) or its slot
-        if (paged)
-          pool = tp_runner->pool();
-        else
-          memory = tp_runner->memory();
-        runner = std::move(tp_runner);
-      } else if (device == "cpu") {
-        runner = quantized ? std::make_unique<infer::CpuRunner>(model, std::move(projections))
-                           : std::make_unique<infer::CpuRunner>(model);
-      }
-#if COURSE_HAVE_CUDA
-      if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-        infer::gpu::CudaPagedParts gpu = infer::gpu::cuda_paged_parts(model, gpu_weights, blocks, block_size);
-        gpu.forward->use_graphs(opts.has("--cuda-graphs"));
-        gpu.forward->use_cublas(opts.has("--cublas"));
-        runner = std::move(gpu.forward), pool = std::move(gpu.pool);
-      } else if (device == "cuda") {  // lesson 07's slot
-        auto f = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
-        f->use_cublas(opts.has("--cublas"));
-        runner = std::move(f);
-        memory = infer::gpu::cuda_slots(model.config, 1, room);
-      }
-#endif
-      if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, blocks, block_size);
-      infer::PrefixKVManager* prefix = nullptr;
-      if (prefix_cache) {
-        auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));
-        prefix = p.get();
-        memory = std::move(p);
-      } else if (paged) memory = std::make_unique<infer::PagedKVManager>(std::move(pool));
-      else if (!memory) memory = std::make_unique<infer::SlotKVManager>(model.config, 1);
-      infer::ModelWeights draft;
-      std::unique_ptr<infer::Speculator> speculator;
-      if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
-#if COURSE_HAVE_CUDA
-      infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too
-#endif
-      if (speculative == "draft") {
-        draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
-        speculator = infer::draft_speculator(draft, model.config.vocab_size);
-#if COURSE_HAVE_CUDA
-        if (device == "cuda") {
-          gpu_draft = infer::gpu::cuda_draft(draft, gpu_weights);
-          speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
-        }
-#endif
-      }
-      const int guesses = speculator ? num_spec : 0;
-      infer::Engine engine(std::move(runner), std::move(memory),
+      infer::ModelWeights draft;  // (before the engine, which refers to it)
+      if (speculative == "draft") draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
+      infer::EngineParts parts = infer::engine_parts(
+          model,
+          {.device = device, .paged = paged, .prefix_cache = prefix_cache, .num_blocks = blocks,
+           .block_size = block_size, .slots = 1, .slot_tokens = room, .cuda_graphs = opts.has("--cuda-graphs"),
+           .cublas = opts.has("--cublas")},
+          std::move(projections), std::move(tp_runner), gpu_weights);
+      infer::engine_speculator(parts, speculative, &draft, model.config.vocab_size, device, gpu_weights);
+      infer::PrefixKVManager* prefix = parts.prefix;
+      const int guesses = parts.speculator ? num_spec : 0;
+      infer::Engine engine(std::move(parts.runner), std::move(parts.memory),
                            {.policy = infer::Policy::Continuous, .max_running = 1, .speculative_tokens = guesses},
-                           nullptr, std::move(speculator));
+                           nullptr, std::move(parts.speculator));
       for (int run = 0; run < (prefix_cache ? repeat : 1); ++run) {
         infer::GenerationRequest r;
         r.id = run;

@@ -51,6 +51,7 @@
 #include "lessons/06_speculative_decoding/speculative.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "lessons/12_tensor_parallel/tensor_parallel.hpp"
+#include "tools/engine_parts.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -205,68 +206,37 @@ int main(int argc, char** argv) {
                         : std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, slots);
       if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
     }
-    infer::ModelWeights draft;
-    std::unique_ptr<infer::Speculator> speculator;
-    if (speculative == "ngram") speculator = infer::prompt_lookup_speculator();
-    if (speculative == "draft") {
-      draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
-      speculator = infer::draft_speculator(draft, model.config.vocab_size);
-    }
-    std::unique_ptr<infer::KVManager> memory;
-    std::unique_ptr<infer::ModelRunner> forward;
-    // The pool's rows live on the device that runs the forward (over ranks, each rank's pool holds
-    // its own K/V heads); the bookkeeping (lesson 04's tables and preemption, lesson 05's prefix
-    // cache) is the same on all.
-    std::unique_ptr<infer::KVBlockPool> pool;
-    if (tp_runner) {  // rank 0's memory: its pool (paged) or its slots
-      if (paged)
-        pool = tp_runner->pool();
-      else
-        memory = tp_runner->memory();
-      forward = std::move(tp_runner);
-    } else if (device == "cpu") {
-      forward = quantized ? std::make_unique<infer::CpuRunner>(
-                                  model, infer::quantize_model(model, weight.format, group, weight.int8_activations))
-                          : std::make_unique<infer::CpuRunner>(model);
-    }
-    infer::PrefixKVManager* prefix = nullptr;
-    if (paged && device == "cpu" && !pool) pool = std::make_unique<infer::PagedKVPool>(model.config, num_blocks, block_size);
+    infer::ModelWeights draft;  // (before the engine, which refers to it)
+    if (speculative == "draft") draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
 #if COURSE_HAVE_CUDA
     // On the GPU each matrix is quantized (int8, int4) as it is uploaded; a bad group is refused first.
     const infer::gpu::DeviceWeights gpu_weights =
         device == "cuda" ? infer::gpu::device_weights(weight, model.config) : infer::gpu::DeviceWeights();
-    if (device == "cuda" && paged) {  // lesson 08's pool on the device, read by its paged attention
-      infer::gpu::CudaPagedParts gpu = infer::gpu::cuda_paged_parts(model, gpu_weights, num_blocks, block_size);
-      gpu.forward->use_graphs(opts.has("--cuda-graphs"));
-      gpu.forward->use_cublas(opts.has("--cublas"));
-      forward = std::move(gpu.forward), pool = std::move(gpu.pool);
-    } else if (device == "cuda") {  // lesson 07's whole-context slots
-      auto f = std::make_unique<infer::gpu::CudaForward>(model, gpu_weights);
-      f->use_cublas(opts.has("--cublas"));
-      forward = std::move(f);
-      memory = infer::gpu::cuda_slots(model.config, slots);
-    }
-    infer::gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too
-    if (device == "cuda" && speculative == "draft") {
-      gpu_draft = infer::gpu::cuda_draft(draft, gpu_weights);
-      speculator = infer::draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, model.config.vocab_size);
-    }
+#else
+    const infer::GpuWeights gpu_weights;
 #endif
-    if (paged && opts.has("--prefix-cache")) {
-      auto p = std::make_unique<infer::PrefixKVManager>(std::move(pool));
-      prefix = p.get();
-      memory = std::move(p);
-    } else if (paged) memory = std::make_unique<infer::PagedKVManager>(std::move(pool));
-    else if (device == "cpu" && !memory) {
-      const double bytes = static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
-                           model.config.num_key_value_heads * model.config.head_dim * sizeof(float);
-      require_fits(bytes, infer::cat(slots, " whole-context KV slots"));
-      memory = std::make_unique<infer::SlotKVManager>(model.config, slots);
-    }
-    const int guesses = speculator ? num_spec : 0;  // (before the speculator is moved away)
-    infer::Engine engine(std::move(forward), std::move(memory),
+    if (!paged && device == "cpu" && !tp_runner)
+      require_fits(static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
+                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
+                   infer::cat(slots, " whole-context KV slots"));
+    // The pool's rows live on the device that runs the forward (over ranks, each rank's pool holds
+    // its own K/V heads); the bookkeeping (lesson 04's tables and preemption, lesson 05's prefix
+    // cache) is the same on all.
+    infer::EngineParts parts = infer::engine_parts(
+        model,
+        {.device = device, .paged = paged, .prefix_cache = paged && opts.has("--prefix-cache"),
+         .num_blocks = num_blocks, .block_size = block_size, .slots = slots, .cuda_graphs = opts.has("--cuda-graphs"),
+         .cublas = opts.has("--cublas")},
+        quantized && device == "cpu" && !tp_runner
+            ? infer::quantize_model(model, weight.format, group, weight.int8_activations)
+            : infer::ModelProjections{},
+        std::move(tp_runner), gpu_weights);
+    infer::engine_speculator(parts, speculative, &draft, model.config.vocab_size, device, gpu_weights);
+    infer::PrefixKVManager* prefix = parts.prefix;
+    const int guesses = parts.speculator ? num_spec : 0;  // (before the speculator is moved away)
+    infer::Engine engine(std::move(parts.runner), std::move(parts.memory),
                          {.policy = policy, .max_running = max_batch, .speculative_tokens = guesses}, nullptr,
-                         std::move(speculator));
+                         std::move(parts.speculator));
     // A request the engine refuses is reported with its line and skipped; the rest are served.
     std::vector<const Prompt*> served;
     int refused = 0;

@@ -47,6 +47,7 @@
 #include "lessons/10_serving/server.hpp"
 #include "lessons/11_quantization/quantization.hpp"
 #include "lessons/12_tensor_parallel/tensor_parallel.hpp"
+#include "tools/engine_parts.hpp"
 #if COURSE_HAVE_CUDA
 #include "common/cuda_check.hpp"
 #include "lessons/07_cuda_decoder/cuda_model.hpp"
@@ -171,21 +172,13 @@ int main(int argc, char** argv) {
       if (comm->rank() != 0) return tp_runner->follow(), 0;
     }
     ModelWeights draft;  // outlives the server, whose speculator reads it
-    std::unique_ptr<Speculator> speculator;
-    if (speculative == "ngram") speculator = prompt_lookup_speculator();
-    if (speculative == "draft") {
-      draft = load_model(opts.text("--draft", dir + "-draft"));
-      speculator = draft_speculator(draft, c.vocab_size);
-    }
-
+    if (speculative == "draft") draft = load_model(opts.text("--draft", dir + "-draft"));
 #if COURSE_HAVE_CUDA
     const gpu::DeviceWeights gpu_weights = device == "cuda" ? gpu::device_weights(weights, c) : gpu::DeviceWeights();
-    gpu::CudaDraft gpu_draft;  // with --device cuda, the draft runs there too; it outlives the server
-    if (device == "cuda" && speculative == "draft") {
-      gpu_draft = gpu::cuda_draft(draft, gpu_weights);
-      speculator = draft_speculator(*gpu_draft.forward, gpu_draft.new_cache, c.vocab_size);
-    }
+#else
+    const GpuWeights gpu_weights;
 #endif
+    EngineParts parts;  // the engine's forward, memory and draft: they outlive the server
     std::unique_ptr<Server> server;
     std::string what;
     const std::string speculation = speculative.empty() ? "" : cat(", speculative (", speculative, ", up to ",
@@ -208,29 +201,14 @@ int main(int argc, char** argv) {
     } else {
       // Lesson 05's prefix cache over lesson 04's pool: this process's, rank 0's of the group, or
       // one on the GPU.
-      std::unique_ptr<KVBlockPool> pool;
-      std::unique_ptr<ModelRunner> runner;
-      if (tp_runner) {
-        pool = tp_runner->pool();
-        runner = std::move(tp_runner);
-      } else if (device == "cuda") {
-#if COURSE_HAVE_CUDA
-        gpu::CudaPagedParts parts = gpu::cuda_paged_parts(model, gpu_weights, blocks, block);
-        parts.forward->use_graphs(opts.has("--cuda-graphs"));
-        parts.forward->use_cublas(opts.has("--cublas"));
-        pool = std::move(parts.pool);
-        runner = std::move(parts.forward);
-#endif
-      } else {
-        pool = std::make_unique<PagedKVPool>(c, blocks, block);
-        runner = std::make_unique<CpuRunner>(model, std::move(projections));
-      }
-      std::unique_ptr<KVManager> memory;
-      if (opts.has("--no-prefix-cache"))
-        memory = std::make_unique<PagedKVManager>(std::move(pool));
-      else
-        memory = std::make_unique<PrefixKVManager>(std::move(pool));
-      auto engine = serving_engine(std::move(runner), std::move(memory), engine_opts, std::move(speculator));
+      parts = engine_parts(model,
+                           {.device = device, .paged = true, .prefix_cache = !opts.has("--no-prefix-cache"),
+                            .num_blocks = blocks, .block_size = block, .cuda_graphs = opts.has("--cuda-graphs"),
+                            .cublas = opts.has("--cublas")},
+                           std::move(projections), std::move(tp_runner), gpu_weights);
+      engine_speculator(parts, speculative, &draft, c.vocab_size, device, gpu_weights);
+      auto engine = serving_engine(std::move(parts.runner), std::move(parts.memory), engine_opts,
+                                   std::move(parts.speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);
       what = cat("engine", device == "cuda" ? " on the GPU" : "", " on ", weights.name, " weights",
                  weights.int8_activations ? " by int8 activations" : "",
