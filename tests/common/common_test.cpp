@@ -30,6 +30,7 @@
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
 #include "tests/02_kv_cache/observed_store.hpp"
+#include "tools/engine_parts.hpp"
 
 namespace infer {
 namespace {
@@ -746,6 +747,46 @@ TEST(Plumbing, TheStepLogCountsWhatTheForwardComputes) {
     }
     EXPECT_EQ(call, per_call.size()) << "every forward call is logged";
   }
+}
+
+TEST(EngineParts, EachChoiceGivesItsMemoryAndTheSameTokens) {
+  // tools/engine_parts.hpp, as the programs call it on the CPU: slots, a pool, a prefix cache,
+  // with or without a speculator, all give plain greedy decoding's tokens; nonsense is refused.
+  const ModelWeights& m = testing::bundled_model();
+  const GenerationRequest r{0, ByteTokenizer::encode("The secret of"), 20, {.temperature = 0.0f}, 0};
+  Engine plain(m, Policy::Continuous, 1);
+  plain.submit(r);
+  const std::vector<int> want = plain.run()[0].tokens;
+  struct Case {
+    EngineChoice choice;
+    std::string speculative;
+  };
+  const std::vector<Case> cases = {{{.slots = 2}, ""},
+                                   {{.paged = true, .num_blocks = 8, .block_size = 8}, "ngram"},
+                                   {{.paged = true, .prefix_cache = true, .num_blocks = 8, .block_size = 8}, "draft"}};
+  const ModelWeights& draft = testing::bundled_draft();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.choice.prefix_cache ? "prefix cache" : c.choice.paged ? "paged" : "slots");
+    EngineParts parts = engine_parts(m, c.choice, ModelProjections{}, nullptr, GpuWeights{});
+    engine_speculator(parts, c.speculative, &draft, m.config.vocab_size, "cpu", GpuWeights{});
+    ASSERT_NE(parts.runner, nullptr);
+    EXPECT_EQ(parts.speculator != nullptr, !c.speculative.empty());
+    EXPECT_EQ(dynamic_cast<SlotKVManager*>(parts.memory.get()) != nullptr, !c.choice.paged);
+    EXPECT_EQ(dynamic_cast<PagedKVManager*>(parts.memory.get()) != nullptr, c.choice.paged && !c.choice.prefix_cache);
+    EXPECT_EQ(parts.prefix, c.choice.prefix_cache ? dynamic_cast<PrefixKVManager*>(parts.memory.get()) : nullptr);
+    const int guesses = parts.speculator ? 3 : 0;  // (before the speculator moves)
+    Engine engine(std::move(parts.runner), std::move(parts.memory), {.max_running = 1, .speculative_tokens = guesses},
+                  nullptr, std::move(parts.speculator));
+    engine.submit(r);
+    EXPECT_EQ(engine.run()[0].tokens, want);
+  }
+  EXPECT_TRUE(throws_error_mentioning(
+      [&] { engine_parts(m, {.prefix_cache = true}, ModelProjections{}, nullptr, GpuWeights{}); }, "needs a paged pool"));
+  EXPECT_TRUE(throws_error_mentioning(
+      [&] { engine_parts(m, {.device = "tpu"}, ModelProjections{}, nullptr, GpuWeights{}); }, "device 'tpu'"));
+  EngineParts parts;
+  EXPECT_TRUE(throws_error_mentioning(
+      [&] { engine_speculator(parts, "draft", nullptr, m.config.vocab_size, "cpu", GpuWeights{}); }, "draft with its model"));
 }
 
 TEST(Plumbing, TheEventsOfAStepAreTheTokensItsRequestsGet) {
