@@ -269,6 +269,22 @@ def run_program(sandbox, argv, timeout, with_record):
 EMULATOR_ONLY = "[emulator only]"
 
 
+def gtest_contradicts(output, name):
+    """What in GoogleTest's own lines of `output` contradicts a PASS record for case `name` (the
+    grader ran the program with --gtest_filter=NAME): another filter, another case run, or this one
+    failed; None where nothing does. A program that closed its standard output shows nothing, and
+    its record (written elsewhere, with a token no student code sees) stands alone."""
+    for filt in re.findall(r"Google Test filter = (\S+)", output):
+        if filt != name:
+            return f"GoogleTest ran the filter {filt}, not {name}"
+    for ran in re.findall(r"\[ RUN      \] (\S+)", output):
+        if ran != name:
+            return f"GoogleTest ran {ran}"
+    if re.search(r"\[  FAILED  \] " + re.escape(name) + r"\b", output):
+        return "GoogleTest said the case failed"
+    return None
+
+
 def judge(name, run, timeout, max_output_mb):
     """(status, message) for one case from what its process did."""
     verdicts = {r[1]: r[0] for r in run["records"] if len(r) == 2}
@@ -293,6 +309,10 @@ def judge(name, run, timeout, max_output_mb):
         return "failed", None  # GoogleTest's own message, in the output
     if verdict == "PASS":
         if ended and run["rc"] == 0:
+            contradiction = gtest_contradicts(run["output"], name)
+            if contradiction:
+                return "failed", (f"the record says the case passed, but {contradiction}: code that changed "
+                                  "what the program ran or wrote (read the report's suspicious lines)")
             return "passed", None
         if not ended:
             return "failed", (f"the test passed, then the program {how} before GoogleTest finished "
@@ -522,7 +542,10 @@ SUSPICIOUS = [
     (CALL + r"(fork|vfork|execv|execl|execvp|execlp|execve|system|popen|posix_spawn\w*)\s*\(", "starts processes"),
     (CALL + r"(kill|raise|signal|sigaction)\s*\(", "sends or handles signals"),
     (r"\b(setjmp|longjmp|sigsetjmp|siglongjmp)\b", "jumps across functions"),
-    (r"\b(getenv|environ|COURSE_GRADER)\w*", "reads the environment"),
+    # getenv() of one plain literal (a debug switch) is honest; of another name, or of COURSE_..., not.
+    (r"getenv\s*\(\s*(?!\"(?!COURSE)[^\"]*\"\s*\))", "reads the environment"),
+    (r"(environ\b|COURSE_GRADER|__libc_stack_end|getauxval|AT_EXECFN|program_invocation)",
+     "reads the environment or the program's start-up data"),
     (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS|all_close|throws_error_mentioning)",
      "touches the test framework"),
     (r"\bnamespace\s+testing\b", "touches the test framework"),
@@ -533,8 +556,10 @@ SUSPICIOUS = [
     (r"^\s*#\s*include\s*[\"<](/|.*\.\./)", "includes a file from outside the lesson"),
     (CALL + r"(fopen|unlink|rename|mkdir|rmdir|chmod|open)\s*\(", "touches files"),  # (remove: std::remove
     # is also the algorithm; the compiled check sees the C library's)
-    (r"\b(ofstream|ifstream|fstream|filebuf|std::filesystem)\b", "touches files"),
-    (r"\b(close|dup2?|write)\s*\(\s*[0-9]", "writes to or closes file descriptors"),
+    (r"^(?!\s*#\s*include).*\b(ofstream|ifstream|fstream|filebuf|std::filesystem)\b", "touches files"),
+    (r"\b(close|dup[23]?|write|writev|pwrite\w*)\s*\(\s*[0-9]", "writes to or closes file descriptors"),
+    (r"\b(__write|__libc_\w+|pwritev2|vmsplice|splice|sendfile|process_vm_writev)\b",
+     "writes through the C library's internals"),
 ]
 
 
@@ -543,11 +568,17 @@ SUSPICIOUS = [
 # from it; the compiler's output cannot hide what it calls. Undefined symbols (C names):
 SUSPICIOUS_CALLS = {
     "ends the process": {"exit", "_exit", "_Exit", "quick_exit", "abort", "atexit", "at_quick_exit", "on_exit"},
-    "writes to or opens file descriptors": {"write", "writev", "pwrite", "pwrite64", "pwritev", "send", "sendto",
-                                            "sendmsg", "syscall", "fdopen", "fopen", "fopen64", "freopen", "open",
-                                            "open64", "openat", "openat64", "creat", "dup", "dup2", "dup3"},
-    "reads the environment or the program's arguments": {"getenv", "secure_getenv", "environ", "__environ",
-                                                         "program_invocation_name", "program_invocation_short_name"},
+    "writes to or opens file descriptors": {"write", "writev", "pwrite", "pwrite64", "pwritev", "pwritev64",
+                                            "pwritev2", "pwritev64v2", "__write", "send", "sendto", "sendmsg",
+                                            "sendfile", "sendfile64", "splice", "vmsplice", "tee",
+                                            "process_vm_writev", "syscall", "fdopen", "fopen", "fopen64", "freopen",
+                                            "open", "open64", "__open", "__open64", "openat", "openat64", "creat",
+                                            "dup", "dup2", "dup3", "fcntl", "fcntl64"},
+    # (not getenv: a debug switch is honest, and the grader's variables are gone before a student's
+    # code runs; common/testing/main.cpp)
+    "reads the environment or the program's arguments": {"secure_getenv", "environ", "__environ", "_environ",
+                                                         "program_invocation_name", "program_invocation_short_name",
+                                                         "__libc_stack_end", "getauxval"},
     "starts processes or loads code": {"fork", "vfork", "clone", "execve", "execv", "execvp", "execvpe", "execl",
                                        "execlp", "system", "popen", "posix_spawn", "posix_spawnp", "dlopen", "dlsym",
                                        "dlvsym"},
@@ -576,12 +607,28 @@ def symbol_findings(symbols, cu):
             for what, names in SUSPICIOUS_CALLS.items():
                 if name in names and not (cu and name in NVCC_OWN):
                     yield what, name
+            if name.startswith("__libc_") and not any(name in names for names in SUSPICIOUS_CALLS.values()):
+                yield "reaches the C library's internals", name
             for prefix, what in SUSPICIOUS_PREFIXES.items():
                 if name.startswith(prefix):
                     yield what, name
         elif kind in "TDBRVWGS" and name != "main" and not name.startswith(("_Z", "DW.ref.", "__cuda", "__nv",
                                                                               "__fatbin")):
             yield "defines a C function or variable (it can replace the C library's or the test's)", name
+
+
+def instruction_findings(path):
+    """(what, instruction) where the object at `path` makes a system call itself (inline assembly:
+    it names no symbol for the check above). Nothing where objdump is missing."""
+    if not shutil.which("objdump"):
+        return []
+    try:
+        text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = re.search(r"^\s*[0-9a-f]+:\s+(syscall|sysenter|svc|int\s+\$0x80)\b", text, re.M)
+    return [("makes system calls itself (an instruction in its code)", found.group(1))] if found else []
 
 
 def include_findings(deps, build, allowed, course):
@@ -621,9 +668,46 @@ def suspicious_objects(build, nn, student, source):
             except (OSError, subprocess.TimeoutExpired):
                 continue
             pairs = list(symbol_findings(symbols, f.endswith(".cu.o")))
+            pairs += instruction_findings(path)
             pairs += include_findings(deps, build, tuple(allowed), course)
             found += [f"{f[:-2]} (compiled): {what}: {name}" for what, name in dict.fromkeys(pairs)]
     return found
+
+
+def code_lines(text):
+    """`text`'s lines with its comments blanked (string and character literals kept, so that a "//"
+    in one starts no comment, and a comment's "//" inside /* */ hides nothing after it), and a line
+    ending in a backslash joined to the next (reported at its first line; the next left empty)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(text[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    lines = "".join(out).split("\n")
+    joined = list(lines)
+    for k in range(len(lines) - 1, 0, -1):
+        if joined[k - 1].endswith("\\"):
+            joined[k - 1] = joined[k - 1][:-1] + joined[k]
+            joined[k] = ""
+    return joined
 
 
 def suspicious_lines(paths, student):
@@ -631,14 +715,15 @@ def suspicious_lines(paths, student):
     for p in paths:
         try:
             with open(p, encoding="utf-8", errors="replace") as f:
-                lines = f.read(1 << 20).splitlines()  # (a lesson's files are a few KB)
+                text = f.read(1 << 20)  # (a lesson's files are a few KB)
         except OSError:
             continue
-        for i, line in enumerate(lines, 1):
-            code = line.split("//", 1)[0]
+        lines = text.splitlines()
+        for i, code in enumerate(code_lines(text), 1):
             for pattern, what in SUSPICIOUS:
                 if re.search(pattern, code):
-                    found.append(f"{os.path.relpath(p, student)}:{i}: {what}: {line.strip()[:120]}")
+                    shown = lines[i - 1] if i <= len(lines) else code
+                    found.append(f"{os.path.relpath(p, student)}:{i}: {what}: {shown.strip()[:120]}")
                     break
     return found
 

@@ -9,62 +9,140 @@
 /// GoogleTest judged it) and then `TOKEN END` (after the last test). A process that exits, is
 /// killed or jumps away in the middle of a test never writes the first line.
 ///
+/// The token is a secret only while no student code has seen it, and student code can run before
+/// `main` (a constructor of a namespace-scope object). So the two variables are taken in
+/// `.preinit_array`, which the C library runs before every constructor of the program: the token is
+/// kept masked by random bytes, both variables are cut out of the environment and their bytes
+/// overwritten, and the descriptor moves to a number chosen at random (the one the grader named is
+/// closed). That start-up code makes kernel calls only (no C library function, which a student
+/// file could replace with one of its own), and so does the record's write. What runs in this
+/// process could still dig the masked token out of memory; the grader also checks GoogleTest's
+/// own output, and its scan flags such code for an instructor to read (docs/instructors.md).
+///
 /// This is compiled into each test program as an object file, not taken from a library: a student
 /// file that defines its own `main` then fails to link instead of silently replacing this one.
-/// For the same reason the record goes out through the kernel's write call itself, not the C
-/// library's `write()`, and the two variables are read from `main`'s own environment, not through
-/// `getenv()`: a student file that defines a `write` or a `getenv` of its own (a C function
-/// replaces the library's at link time) can neither rewrite a verdict nor read the token here.
-/// What runs in this process can still reach the token in other ways; the grader's scan flags
-/// those for an instructor to read (docs/instructors.md).
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
-#include <cstdlib>
+#include <fcntl.h>
 #include <string>
-#include <string_view>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 namespace {
 
-/// write(2) without the C library: -errno on failure, as the kernel returns it.
-long kernel_write(int fd, const void* buf, std::size_t n) {
+/// A system call with up to three arguments, without the C library: -errno on failure, as the
+/// kernel returns it.
+long kernel_call(long number, long a, long b, long c) {
 #if defined(__x86_64__)
   long ret;
-  asm volatile("syscall"
-               : "=a"(ret)
-               : "a"(static_cast<long>(SYS_write)), "D"(static_cast<long>(fd)), "S"(buf), "d"(n)
-               : "rcx", "r11", "memory");
+  asm volatile("syscall" : "=a"(ret) : "a"(number), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
   return ret;
 #elif defined(__aarch64__)
-  register long x8 asm("x8") = SYS_write;
-  register long x0 asm("x0") = fd;
-  register const void* x1 asm("x1") = buf;
-  register std::size_t x2 asm("x2") = n;
+  register long x8 asm("x8") = number;
+  register long x0 asm("x0") = a;
+  register long x1 asm("x1") = b;
+  register long x2 asm("x2") = c;
   asm volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
   return x0;
 #else
-  const long ret = ::syscall(SYS_write, fd, buf, n);  // elsewhere: the C library's wrapper
+  const long ret = ::syscall(number, a, b, c);  // elsewhere: the C library's wrapper
   return ret < 0 ? -errno : ret;
 #endif
 }
 
-/// The value of `name` in `envp` (main's third argument), or nullptr.
-const char* env_value(char** envp, std::string_view name) {
-  for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
-    const std::string_view entry(*e);
-    if (entry.size() > name.size() && entry.substr(0, name.size()) == name && entry[name.size()] == '=')
-      return *e + name.size() + 1;
-  }
-  return nullptr;
+/// What the start-up code took from the environment. Plain data, zero before the program starts:
+/// it is written before any constructor runs.
+struct Captured {
+  bool ran;                     ///< capture() ran
+  bool found;                   ///< both variables were there: the grader runs this program
+  bool bad_fd;                  ///< COURSE_GRADER_FD was not a number from 3 to 1023
+  int fd;                       ///< where the record goes
+  int token_size;               ///< the token's bytes (at most sizeof token)
+  unsigned char token[128];     ///< the token, each byte XORed with mask's
+  unsigned char mask[128];      ///< random bytes
+  char said_fd[32];             ///< the start of COURSE_GRADER_FD's value, for the message
+};
+Captured captured;
+
+// The start-up code runs before a sanitizer's runtime has started (its shadow memory is not there
+// yet): left uninstrumented.
+#define COURSE_BEFORE_START [[gnu::no_sanitize("address", "undefined", "thread")]]
+
+/// Whether `entry` is `name=...`; then `value` points past the '='.
+COURSE_BEFORE_START bool is_variable(const char* entry, const char* name, char*& value) {
+  int i = 0;
+  for (; name[i] != '\0'; ++i)
+    if (entry[i] != name[i]) return false;
+  if (entry[i] != '=') return false;
+  value = const_cast<char*>(entry + i + 1);
+  return true;
 }
+
+/// Takes the grader's two variables out of `envp` (the program's environment: the C library's
+/// `environ` is this array), and the descriptor to a new number. Kernel calls and plain loops only:
+/// it runs before the C library's own start-up code.
+COURSE_BEFORE_START void capture(int, char**, char** envp) {
+  if (captured.ran) return;
+  captured.ran = true;
+  if (envp == nullptr) return;
+  char* fd_value = nullptr;
+  char* token_value = nullptr;
+  int kept = 0;
+  for (int i = 0; envp[i] != nullptr; ++i) {
+    char* value = nullptr;
+    if (is_variable(envp[i], "COURSE_GRADER_FD", value))
+      fd_value = value;
+    else if (is_variable(envp[i], "COURSE_GRADER_TOKEN", value))
+      token_value = value;
+    else
+      envp[kept++] = envp[i];
+  }
+  for (int i = kept; envp[i] != nullptr; ++i) envp[i] = nullptr;  // the two cut out; the array ends sooner
+  if (fd_value == nullptr || token_value == nullptr) return;
+  captured.found = true;
+  if (kernel_call(SYS_getrandom, reinterpret_cast<long>(captured.mask), sizeof captured.mask, 0) !=
+      static_cast<long>(sizeof captured.mask))
+    for (unsigned i = 0; i < sizeof captured.mask; ++i) captured.mask[i] = static_cast<unsigned char>(167 * i + 13);
+  int n = 0;
+  for (; token_value[n] != '\0' && n < static_cast<int>(sizeof captured.token); ++n)
+    captured.token[n] = static_cast<unsigned char>(token_value[n]) ^ captured.mask[n];
+  captured.token_size = n;
+  long fd = 0;
+  int digits = 0;
+  for (const char* p = fd_value; *p != '\0'; ++p, ++digits) {
+    if (*p < '0' || *p > '9' || digits > 4) {
+      fd = -1;
+      break;
+    }
+    fd = 10 * fd + (*p - '0');
+  }
+  for (int i = 0; fd_value[i] != '\0' && i + 1 < static_cast<int>(sizeof captured.said_fd); ++i)
+    captured.said_fd[i] = fd_value[i];
+  if (digits == 0 || fd < 3 || fd > 1023) {
+    captured.bad_fd = true;
+  } else {
+    captured.fd = static_cast<int>(fd);
+    // A new number, from 200 up, where this program has no other descriptor (F_DUPFD_CLOEXEC:
+    // the lowest free one from there), and not inherited by the programs a test starts.
+    const long wanted = 200 + (captured.mask[0] | captured.mask[1] << 8) % 600;
+    const long moved = kernel_call(SYS_fcntl, fd, F_DUPFD_CLOEXEC, wanted);
+    if (moved >= 0) {
+      kernel_call(SYS_close, fd, 0, 0);
+      captured.fd = static_cast<int>(moved);
+    }
+  }
+  // Overwrite what the variables said (a copy left in the environment's strings could be read).
+  for (char* p = fd_value; *p != '\0'; ++p) *p = 'x';
+  for (char* p = token_value; *p != '\0'; ++p) *p = 'x';
+}
+
+[[gnu::used, gnu::section(".preinit_array")]] void (*capture_first)(int, char**, char**) = capture;
 
 class ResultRecord : public ::testing::EmptyTestEventListener {
  public:
-  ResultRecord(int fd, std::string token) : fd_(fd), token_(std::move(token)) {}
-
   void OnTestEnd(const ::testing::TestInfo& info) override {
     const ::testing::TestResult& r = *info.result();
     const char* verdict = r.Skipped() ? "SKIP" : r.Passed() ? "PASS" : "FAIL";
@@ -74,41 +152,36 @@ class ResultRecord : public ::testing::EmptyTestEventListener {
   void OnTestProgramEnd(const ::testing::UnitTest&) override { write_line("END"); }
 
  private:
-  void write_line(const std::string& what) {
-    const std::string line = token_ + " " + what + "\n";
+  static void write_line(const std::string& what) {
+    std::string line(static_cast<std::size_t>(captured.token_size), ' ');
+    for (int i = 0; i < captured.token_size; ++i)
+      line[static_cast<std::size_t>(i)] = static_cast<char>(captured.token[i] ^ captured.mask[i]);
+    line += " " + what + "\n";
     const char* p = line.data();
     std::size_t left = line.size();
     while (left > 0) {  // a pipe may take it in pieces
-      const long n = kernel_write(fd_, p, left);
+      const long n = kernel_call(SYS_write, captured.fd, reinterpret_cast<long>(p), static_cast<long>(left));
       if (n == -EINTR) continue;
-      if (n <= 0) return;  // the grader is gone: nothing to report to
+      if (n <= 0) break;  // the grader is gone: nothing to report to
       p += n;
       left -= static_cast<std::size_t>(n);
     }
+    for (char& c : line) *static_cast<volatile char*>(&c) = 0;  // no unmasked copy left behind
   }
-
-  int fd_;
-  std::string token_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv, char** envp) {
-  const char* fd = env_value(envp, "COURSE_GRADER_FD");
-  const char* token = env_value(envp, "COURSE_GRADER_TOKEN");
-  const std::string token_copy = token != nullptr ? token : "";  // unsetenv() below may free the original
+  capture(argc, argv, envp);  // (where no .preinit_array ran: a C library without them)
   ::testing::InitGoogleTest(&argc, argv);
-  if (fd != nullptr && token != nullptr) {
-    char* end = nullptr;
-    const long n = std::strtol(fd, &end, 10);
-    if (end == fd || *end != '\0' || n < 3 || n > 1023) {
-      std::fprintf(stderr, "COURSE_GRADER_FD must be a file descriptor number >= 3, got '%s'\n", fd);
+  if (captured.found) {
+    if (captured.bad_fd) {
+      std::fprintf(stderr, "COURSE_GRADER_FD must be a file descriptor number from 3 to 1023, got '%s'\n",
+                   captured.said_fd);
       return 2;
     }
-    ::testing::UnitTest::GetInstance()->listeners().Append(new ResultRecord(static_cast<int>(n), token_copy));
-    // Programs the tests start need neither.
-    ::unsetenv("COURSE_GRADER_FD");
-    ::unsetenv("COURSE_GRADER_TOKEN");
+    ::testing::UnitTest::GetInstance()->listeners().Append(new ResultRecord());
   }
   return RUN_ALL_TESTS();
 }

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The grader's own checks that need no course build: judge() fails a case whose record was forged
-(two results, or a result after the end), the scan of a lesson's files flags each way of forging
+(two results, a result after the end, a PASS that GoogleTest's own output does not show), the scan of a lesson's files flags each way of forging
 or peeking that a review of the grader tried (and nothing in the reference solutions or the
 starters), it reads every file of a lesson's folder (an included .inc too), and the check of the
-compiled objects names what one object made of the second review's tricks calls and defines.
+compiled objects names what one object made of the second review's tricks calls and defines, and
+the third review's system call in inline assembly and start-up data on the stack.
 
     grader_scan_test.py REPOSITORY_ROOT
 """
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -24,8 +26,20 @@ def check(ok, what):
         failures.append(what)
 
 
-run = {"rc": 0, "signal": None, "flooded": False, "timed_out": False, "output": ""}
-check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "passed", "one PASS, then END")
+run = {"rc": 0, "signal": None, "flooded": False, "timed_out": False,
+       "output": "[ RUN      ] S.T\nhello[       OK ] S.T (0 ms)\n"}
+check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "passed",
+      "one PASS, then END (and GoogleTest's lines, one after a print without a newline)")
+check(grader.judge("S.T", {**run, "output": "[ RUN      ] S.TX\n[       OK ] S.TX (0 ms)\n",
+                           "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
+      "a PASS where GoogleTest ran another case (the filter was rewritten)")
+check(grader.judge("S.T", {**run, "output": "Note: Google Test filter = x.y\n", "records": [["PASS", "S.T"], ["END"]]},
+                   1, 8)[0] == "failed", "a PASS where GoogleTest ran another filter")
+check(grader.judge("S.T", {**run, "output": "[ RUN      ] S.T\n[  FAILED  ] S.T (0 ms)\n",
+                           "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
+      "a PASS where GoogleTest said the case failed")
+check(grader.judge("S.T", {**run, "output": "", "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "passed",
+      "a PASS from a program that closed its output (nothing contradicts the record)")
 check(grader.judge("S.T", {**run, "records": [["FAIL", "S.T"], ["END"], ["PASS", "S.T"], ["END"]]}, 1, 8)[0]
       == "failed", "a PASS written after the real FAIL and END (an atexit handler)")
 check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"], ["PASS", "S.T"]]}, 1, 8)[0] == "failed",
@@ -47,6 +61,15 @@ attacks = {
     "parent": '#include "../../ada/00_naive_decoder/naive_decoder.cpp"',
     "asm": '  asm volatile("syscall");',
     "envp": '  if (std::strncmp(*e, "COURSE_GRADER_TOKEN=", 20) == 0) graded = true;',
+    # The third review's: a block comment holding "//" before the line's code, the C library's
+    # internal names, and the program's start-up data on the stack.
+    "hidden": '  /*//*/ asm volatile("syscall" : : "a"(1));',
+    "continued": '  as\\\nm volatile("syscall");',
+    "_environ": "  for (char** e = _environ; *e; ++e) {}",
+    "__write": "  __write(fd, line, n);",
+    "stack_end": '  extern "C" long* __libc_stack_end;',
+    "auxval": "  auto top = getauxval(AT_EXECFN);",
+    "getenv_name": "  const char* t = std::getenv(name);",
 }
 with tempfile.TemporaryDirectory() as student:
     lesson = os.path.join(student, "00_naive_decoder")
@@ -61,9 +84,11 @@ with tempfile.TemporaryDirectory() as student:
         check(name in flagged, f"the scan flags {name}: {attacks[name]}")
     check(all(":2:" in line for line in grader.suspicious_lines(files, student)), "comments are not flagged")
     with open(os.path.join(lesson, "honest.cpp"), "w") as f:
-        f.write("  v.erase(std::remove(v.begin(), v.end(), 0), v.end());\n  std::printf(\"%d\\n\", x);\n")
+        f.write("  v.erase(std::remove(v.begin(), v.end(), 0), v.end());\n  std::printf(\"%d\\n\", x);\n"
+                "#include <fstream>\n  const bool debug = std::getenv(\"ROOFLINE_DEBUG\") != nullptr;\n"
+                "  const char* url = \"http://example.com\";  // an environment, exit(0) in a comment\n")
     honest = grader.suspicious_lines([os.path.join(lesson, "honest.cpp")], student)
-    check(not honest, f"the erase-remove idiom and a printf are not flagged: {honest}")
+    check(not honest, f"the erase-remove idiom, a printf, <fstream>, a debug switch and a URL are not flagged: {honest}")
 
 # The compiled check: what an object calls and defines, whatever its source text hides (a linker
 # name, a split literal, token pasting). One object made of the second review's tricks.
@@ -102,6 +127,19 @@ with tempfile.TemporaryDirectory() as build:
     subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
     honest = grader.suspicious_objects(build, "01", os.path.join(build, "student"), root)
     check(not honest, f"a debug print and a global vector are not named: {honest}")
+    # The third review's: a system call in inline assembly (no symbol), the stack's start-up data.
+    call = ('asm volatile("syscall" : "=a"(r) : "a"(39L) : "rcx", "r11");' if platform.machine() == "x86_64"
+            else 'register long x8 asm("x8") = 172; register long x0 asm("x0"); '
+                 'asm volatile("svc 0" : "=r"(x0) : "r"(x8)); r = x0;')
+    with open(src, "w") as f:
+        f.write('extern "C" long* __libc_stack_end;\n'
+                'long peek() { long r; ' + call + ' return r + *__libc_stack_end; }\n'
+                '#include <cstdlib>\nbool debug() { return std::getenv("ROOFLINE_DEBUG") != nullptr; }\n')
+    subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
+    found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
+    for what in ("makes system calls itself", "__libc_stack_end"):
+        check(what in found, f"the compiled check names {what!r}: {found}")
+    check("getenv" not in found, f"a debug switch's getenv is not named: {found}")
 
 # An instructor's hidden-tests folder: what would grade nothing is said, not skipped in silence.
 with tempfile.TemporaryDirectory() as extra:

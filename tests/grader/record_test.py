@@ -4,7 +4,9 @@
 Runs tests/grader/forged_write.cpp's program (a failing case, and a `write` that rewrites FAIL to
 PASS) as tools/grader.py does, with a pipe and a token, and checks what reaches the pipe: the
 case's FAIL, then END. Also that the program's `write` did replace the C library's (a line its
-probe case writes comes out rewritten), so the check is not empty.
+probe case writes comes out rewritten), so the check is not empty; and that code the program
+runs before main finds neither the token nor the descriptor the grader named (main.cpp took
+both, in its .preinit_array function, before any constructor ran).
 
   record_test.py PROGRAM
 """
@@ -36,6 +38,21 @@ def main():
                            env={"PATH": "/usr/bin:/bin"})
     if "probe: PASS here" not in probe.stdout:
         problems.append("the program's write() should have rewritten its probe line; it printed:\n" + probe.stdout)
+    # Code run before main finds neither the token nor the descriptor the grader named.
+    read_end, write_end = os.pipe()
+    env["COURSE_GRADER_FD"] = str(write_end)
+    env["RECORD_TEST_FD"] = str(write_end)
+    proc = subprocess.Popen([program, "--gtest_filter=Forged.Snoop"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,))
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        record = f.read().decode()
+    output = proc.communicate()[0].decode("utf-8", "replace")
+    if "snoop: token=none; entries=0; fd closed" not in output:
+        problems.append("code before main should find no token, no grader entry in the environment and the "
+                        "descriptor closed; it printed:\n" + output)
+    if record.splitlines() != ["t0k3n PASS Forged.Snoop", "t0k3n END"]:
+        problems.append(f"the snooping case's record should be its PASS, then END; it is {record!r}")
     for p in problems:
         print("FAILED:", p)
     if not problems:
