@@ -23,7 +23,7 @@ class Options {
  public:
   /// `valued`: options that take a value; `flags`: options that stand alone; `aliases`: other
   /// names for some of them (vLLM's, say: {"--max-num-seqs", "--max-running"}), read as the option
-  /// they name. An option given under both its names is refused.
+  /// they name. An option given twice, or under both its names, is refused (which would count?).
   Options(int argc, char** argv, std::string program, std::set<std::string> valued, std::set<std::string> flags = {},
           const std::map<std::string, std::string>& aliases = {})
       : program_(std::move(program)) {
@@ -33,6 +33,8 @@ class Options {
       const std::string a = alias == aliases.end() ? argv[i] : alias->second;
       if (spelled.count(a) && spelled[a] != argv[i])
         throw Error(cat(program_, ": ", argv[i], " and ", spelled[a], " are the same option; give one"));
+      if (spelled.count(a) && (valued.count(a) || flags.count(a)))  // (an unknown one is said below)
+        throw Error(cat(program_, ": ", argv[i], " is given twice; give it once"));
       spelled[a] = argv[i];
       if (flags.count(a)) {
         values_[a] = "";
@@ -82,13 +84,11 @@ class Options {
               double maximum = std::numeric_limits<double>::max()) const {
     if (!has(name)) return fallback;
     const std::string& v = values_.at(name);
-    size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    // strtod, not std::stod: a number too small for a double (1e-320) is still a number, near 0;
+    // one too large reads as infinity, refused below.
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    const size_t used = static_cast<size_t>(end - v.c_str());
     require(used == v.size() && used > 0 && std::isfinite(x), program_, ": ", name, " expects a finite number, got '",
             v, "'");
     require(x >= minimum && x <= maximum, program_, ": ", name, " expects a number in [", minimum, ", ", maximum,

@@ -99,16 +99,16 @@ void usage(std::ostream& out) {
          "  tree attention mask.\n";
 }
 
-/// The draft model in `dir`, refused unless it shares the model's vocabulary.
+/// The draft model in `dir`, refused unless it can draft for `model` (check_draft()).
 infer::ModelWeights load_draft(const std::string& dir, const infer::ModelWeights& model) {
   infer::ModelWeights draft = infer::load_model(dir);
-  if (draft.config.vocab_size != model.config.vocab_size)
-    throw infer::Error(infer::cat("generate: the draft's vocabulary has ", draft.config.vocab_size, " tokens, the model's ",
-                                  model.config.vocab_size));
+  infer::check_draft(draft.config, model.config, "generate");
   return draft;
 }
 
 }  // namespace
+
+bool text_started = false;  // the prompt went to stdout: an error starts a new line
 
 int main(int argc, char** argv) {
   try {
@@ -125,13 +125,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string model_dir = opts.text("--model", ""), prompt = opts.text("--prompt", "");
-    const int max_new = static_cast<int>(opts.number("--max-new-tokens", 0, 0));
+    const int max_new = static_cast<int>(opts.number("--max-new-tokens", 0, 1));
     infer::SamplingParams params{.temperature = 0.8f};
     params.temperature = static_cast<float>(opts.real("--temperature", params.temperature));
     params.top_k = static_cast<int>(opts.number("--top-k", params.top_k, 0));
     params.top_p = static_cast<float>(opts.real("--top-p", params.top_p));
     params.seed = static_cast<uint64_t>(opts.number("--seed", static_cast<long>(params.seed), 0, std::numeric_limits<long>::max()));
+    try {
+      params.validate();
+    } catch (const infer::Error& e) {
+      throw infer::Error(infer::cat("generate: --temperature, --top-k or --top-p: ", e.what()));
+    }
     const bool print_ids = opts.has("--ids"), stats = opts.has("--stats"), paged = opts.has("--paged");
+    if (paged && opts.has("--kv-cache"))
+      throw infer::Error("generate: --kv-cache runs lesson 02's loop over its own cache, --paged the engine over "
+                         "lesson 04's blocks; give one");
     const bool kv_cache = paged || opts.has("--kv-cache");  // a paged cache is a KV cache
     const std::string kv_dtype = opts.text("--kv-dtype", "f32");
     const int block_size = static_cast<int>(opts.number("--block-size", 16, 1));
@@ -147,16 +155,14 @@ int main(int argc, char** argv) {
     const int repeat = static_cast<int>(opts.number("--repeat", 2, 1, 1000));
     if (opts.has("--repeat") && !prefix_cache) throw infer::Error("generate: --repeat needs --prefix-cache");
     const std::string speculative = opts.text("--speculative", "");
-    const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 0, 64));
+    const int num_spec = static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64));
     const int branches = static_cast<int>(opts.number("--tree-branches", 2, 1, 16));
-    if (!speculative.empty() && speculative != "draft" && speculative != "ngram" && speculative != "tree")
+    if (opts.has("--speculative") && speculative != "draft" && speculative != "ngram" && speculative != "tree")
       throw infer::Error(infer::cat("generate: --speculative must be draft, ngram or tree, got '", speculative, "'"));
     if (opts.has("--tree-branches") && speculative != "tree")
       throw infer::Error("generate: --tree-branches needs --speculative tree");
     if (speculative == "tree" && params.temperature != 0.0f)
       throw infer::Error("generate: --speculative tree verifies greedily; it needs --temperature 0");
-    if (speculative == "tree" && num_spec < 1)
-      throw infer::Error("generate: --speculative tree needs --num-speculative-tokens (its depth) of at least 1");
     if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
       throw infer::Error("generate: --num-speculative-tokens and --draft need --speculative");
     if (speculative == "ngram" && opts.has("--draft")) throw infer::Error("generate: --draft needs --speculative draft");
@@ -199,6 +205,7 @@ int main(int argc, char** argv) {
     if (tp > 1 && (device == "cuda" || opts.has("--kv-cache") || opts.has("--kv-dtype") || speculative == "tree"))
       throw infer::Error("generate: --tensor-parallel-size runs the engine on the CPU, over whole-context slots or "
                          "--paged blocks; drop --device cuda, --kv-cache, --kv-dtype and --speculative tree");
+    infer::check_ranks(model_dir, tp, weight, "generate", paged ? num_blocks : 0, block_size, "--num-blocks or --block-size");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "generate");  // this process: mpirun's status
       if (status >= 0) return status;
@@ -226,6 +233,8 @@ int main(int argc, char** argv) {
     const int room = std::clamp(static_cast<int>(prompt_ids.size()) + max_new, 1, model.config.max_position_embeddings);
     const int blocks = num_blocks > 0 ? num_blocks : (prefix_cache ? 2 : 1) * infer::blocks_for(room, block_size);
     std::unique_ptr<infer::TensorParallelRunner> tp_runner;
+    // (Before the ranks' pools: together they hold what one would. engine_parts() checks one's.)
+    if (comm && paged) infer::require_pool_fits(model.config, blocks, block_size, "generate", "--num-blocks or --block-size");
     if (comm) {
       auto shards = infer::tensor_parallel(quantized ? std::move(projections) : infer::float_projections(model), *comm);
       tp_runner = paged ? std::make_unique<infer::TensorParallelRunner>(model, std::move(shards), *comm, blocks, block_size)
@@ -233,7 +242,7 @@ int main(int argc, char** argv) {
       if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
     }
     infer::Sampler sampler(params);
-    if (!print_ids) std::cout << prompt << std::flush;
+    if (!print_ids) std::cout << prompt << std::flush, text_started = true;
 
     infer::Stopwatch clock;
     const auto stream = [&](int token) {
@@ -243,7 +252,7 @@ int main(int argc, char** argv) {
     std::string engine_name;  // what ran, for --stats
     if (speculative == "tree") {
       // Lesson 06's tree loop, on its own cache (the engine's speculators propose chains).
-      const infer::ModelWeights draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
+      const infer::ModelWeights draft = load_draft(opts.text("--draft", infer::default_draft_dir(model_dir)), model);
       infer::SpecStats spec;
       if (device == "cpu") {
         infer::TargetModel target(model);
@@ -272,14 +281,14 @@ int main(int argc, char** argv) {
     } else if (engine_mode) {
       // The engine, one request at a time: what serve-offline and serve run, with one user.
       infer::ModelWeights draft;  // (before the engine, which refers to it)
-      if (speculative == "draft") draft = load_draft(opts.text("--draft", model_dir + "-draft"), model);
+      if (speculative == "draft") draft = load_draft(opts.text("--draft", infer::default_draft_dir(model_dir)), model);
       infer::EngineParts parts = infer::engine_parts(
           model,
-          {.device = device, .paged = paged, .prefix_cache = prefix_cache, .num_blocks = blocks,
+          {.program = "generate", .memory_options = "--num-blocks or --block-size", .device = device, .paged = paged, .prefix_cache = prefix_cache, .num_blocks = blocks,
            .block_size = block_size, .slots = 1, .slot_tokens = room, .cuda_graphs = opts.has("--cuda-graphs"),
            .cublas = opts.has("--cublas")},
           std::move(projections), std::move(tp_runner), gpu_weights);
-      infer::engine_speculator(parts, speculative, &draft, model.config.vocab_size, device, gpu_weights);
+      infer::engine_speculator(parts, speculative, &draft, model.config, device, gpu_weights, "generate");
       infer::PrefixKVManager* prefix = parts.prefix;
       const int guesses = parts.speculator ? num_spec : 0;
       infer::Engine engine(std::move(parts.runner), std::move(parts.memory),
@@ -352,6 +361,7 @@ int main(int argc, char** argv) {
                    engine_name.c_str(), prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     return 0;
   } catch (const std::exception& e) {
+    if (text_started) std::cout << std::endl;  // (the error on a line of its own, after the text so far)
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }

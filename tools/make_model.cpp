@@ -19,7 +19,16 @@ int main(int argc, char** argv) {
   try {
     const Options opts(argc, argv, "make_model",
                        {"--out", "--hidden", "--layers", "--heads", "--kv-heads", "--mlp", "--vocab", "--context", "--seed"},
-                       {});
+                       {"-h", "--help"});
+    if (opts.help()) {
+      std::printf("usage: make_model --out DIR [--hidden 768] [--layers 12] [--heads 12] [--kv-heads 4] [--mlp 2048]\n"
+                  "                  [--vocab 259] [--context 1024] [--seed 1]\n"
+                  "  writes a model of that shape with seeded random weights (float32) to DIR, as config.json\n"
+                  "  and model.safetensors. The defaults make the 75.9M-parameter shape the benches call large.\n"
+                  "  The course's programs read text with a vocabulary of 259 (bytes and three special\n"
+                  "  tokens); a larger --vocab makes a model only the benches can run.\n");
+      return 0;
+    }
     require(opts.has("--out"), "make_model: --out DIR is required (where config.json and model.safetensors go)");
     ModelConfig c;
     c.hidden_size = static_cast<int>(opts.number("--hidden", 768, 1));

@@ -25,7 +25,7 @@
 // by lesson 11's GEMVs on the GPU (the draft model too; on the CPU it stays float32). --tensor-parallel-size N
 // (lesson 12) starts N MPI ranks, each reading its shard; rank 0 runs the engine and prints.
 //
-// One prompt per line of FILE (empty lines are skipped). Every prompt is submitted at step 0;
+// One prompt per line of FILE (blank lines, empty or of spaces and tabs, are skipped). Every prompt is submitted at step 0;
 // outputs print in the file's order, then a summary goes to stderr. Request i samples with
 // seed S + i, so its text does not depend on the batch size or the policy.
 #include <algorithm>
@@ -61,13 +61,6 @@
 
 namespace {
 
-/// Refuses to reserve more memory than this machine has, before trying: `what` says for what.
-void require_fits(double bytes, const std::string& what) {
-  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (physical > 0 && bytes > physical)
-    throw infer::Error(infer::cat("serve_offline: ", what, " would take ", bytes / 1e9, " GB of KV memory; this machine has ",
-                                  physical / 1e9, " GB (lower --max-batch or --num-blocks)"));
-}
 
 }  // namespace
 
@@ -88,7 +81,7 @@ int main(int argc, char** argv) {
                    "                     [--paged [--block-size SIZE] [--num-blocks N]] [--weights f32|int8|int4 [--group G]]\n"
                    "                     [--activations int8]\n"
                    "                     [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]] [--tensor-parallel-size N]\n"
-                   "  FILE holds one prompt per line (empty lines are skipped); the texts go to stdout, a\n"
+                   "  FILE holds one prompt per line (blank lines are skipped); the texts go to stdout, a\n"
                    "  summary to stderr.\n"
                    "  --paged takes KV memory in blocks of --block-size positions (default 16) from a pool\n"
                    "  of --num-blocks blocks (default: the bytes of --max-batch whole-context slots).\n"
@@ -116,8 +109,15 @@ int main(int argc, char** argv) {
     infer::SamplingParams sampling{.temperature = static_cast<float>(opts.real("--temperature", 0.8)),
                                    .top_p = static_cast<float>(opts.real("--top-p", 1.0)),
                                    .seed = static_cast<uint64_t>(opts.number("--seed", 0, 0, std::numeric_limits<long>::max()))};
-    if (model_dir.empty() || prompts_path.empty())
+    if (!opts.has("--model") || !opts.has("--prompts"))
       throw infer::Error("serve_offline: --model and --prompts are required (see --help)");
+    if (model_dir.empty() || prompts_path.empty())
+      throw infer::Error(infer::cat("serve_offline: ", model_dir.empty() ? "--model" : "--prompts", " is empty"));
+    try {
+      sampling.validate();
+    } catch (const infer::Error& e) {
+      throw infer::Error(infer::cat("serve_offline: --temperature or --top-p: ", e.what()));
+    }
     if (policy_name != "continuous" && policy_name != "static")
       throw infer::Error("serve_offline: --policy must be continuous or static, got '" + policy_name + "'");
 
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     for (std::string line; std::getline(in, line);) {
       ++line_no;
       if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written with CRLF line endings
-      if (!line.empty()) prompts.push_back({line_no, line});
+      if (line.find_first_not_of(" \t") != std::string::npos) prompts.push_back({line_no, line});
     }
     if (prompts.empty()) throw infer::Error("serve_offline: '" + prompts_path + "' holds no prompts");
 
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
 #endif
 
     const std::string speculative = opts.text("--speculative", "");
-    if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
+    if (opts.has("--speculative") && speculative != "ngram" && speculative != "draft")
       throw infer::Error(infer::cat("serve_offline: --speculative must be ngram or draft, got '", speculative, "'"));
     if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
       throw infer::Error("serve_offline: --num-speculative-tokens and --draft need --speculative");
@@ -178,6 +178,8 @@ int main(int argc, char** argv) {
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
     if (tp > 1 && device == "cuda")
       throw infer::Error("serve_offline: --tensor-parallel-size runs the engine on the CPU; drop --device cuda");
+    infer::check_ranks(model_dir, tp, weight, "serve_offline",
+                       paged ? static_cast<int>(opts.number("--num-blocks", 0, 1)) : 0, block_size, "--num-blocks");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "serve_offline");  // this process: mpirun's status
       if (status >= 0) return status;
@@ -193,10 +195,11 @@ int main(int argc, char** argv) {
     const int num_blocks = static_cast<int>(opts.number("--num-blocks", slot_blocks, 1));
     // A slot per sequence that can run at once: never more than there are prompts.
     const int slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_batch), prompts.size()));
-    if (paged && device == "cpu")  // a GPU's pool is checked by its allocation; a rank's holds its K/V heads
-      require_fits(static_cast<double>(num_blocks) * block_size * model.config.num_hidden_layers * 2.0 *
-                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
-                   infer::cat("a pool of ", num_blocks, " blocks of ", block_size, " positions"));
+    // (Before the ranks' pools: together they hold what one would. engine_parts() checks the rest.)
+    if (comm && paged) infer::require_pool_fits(model.config, num_blocks, block_size, "serve_offline", "--num-blocks");
+    if (comm && !paged)
+      infer::require_kv_fits(infer::kv_bytes(model.config, static_cast<double>(slots) * context), "serve_offline",
+                             infer::cat(slots, " whole-context KV slots"), "--max-batch");
     std::unique_ptr<infer::TensorParallelRunner> tp_runner;
     if (comm) {
       auto shards = infer::tensor_parallel(
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
       if (comm->rank() != 0) return tp_runner->follow(), 0;  // the other ranks run rank 0's steps
     }
     infer::ModelWeights draft;  // (before the engine, which refers to it)
-    if (speculative == "draft") draft = infer::load_model(opts.text("--draft", model_dir + "-draft"));
+    if (speculative == "draft") draft = infer::load_model(opts.text("--draft", infer::default_draft_dir(model_dir)));
 #if COURSE_HAVE_CUDA
     // On the GPU each matrix is quantized (int8, int4) as it is uploaded; a bad group is refused first.
     const infer::gpu::DeviceWeights gpu_weights =
@@ -215,23 +218,19 @@ int main(int argc, char** argv) {
 #else
     const infer::GpuWeights gpu_weights;
 #endif
-    if (!paged && device == "cpu" && !tp_runner)
-      require_fits(static_cast<double>(slots) * context * model.config.num_hidden_layers * 2.0 *
-                       model.config.num_key_value_heads * model.config.head_dim * sizeof(float),
-                   infer::cat(slots, " whole-context KV slots"));
     // The pool's rows live on the device that runs the forward (over ranks, each rank's pool holds
     // its own K/V heads); the bookkeeping (lesson 04's tables and preemption, lesson 05's prefix
     // cache) is the same on all.
     infer::EngineParts parts = infer::engine_parts(
         model,
-        {.device = device, .paged = paged, .prefix_cache = paged && opts.has("--prefix-cache"),
+        {.program = "serve_offline", .memory_options = "--num-blocks, --block-size or --max-batch", .device = device, .paged = paged, .prefix_cache = paged && opts.has("--prefix-cache"),
          .num_blocks = num_blocks, .block_size = block_size, .slots = slots, .cuda_graphs = opts.has("--cuda-graphs"),
          .cublas = opts.has("--cublas")},
         quantized && device == "cpu" && !tp_runner
             ? infer::quantize_model(model, weight.format, group, weight.int8_activations)
             : infer::ModelProjections{},
         std::move(tp_runner), gpu_weights);
-    infer::engine_speculator(parts, speculative, &draft, model.config.vocab_size, device, gpu_weights);
+    infer::engine_speculator(parts, speculative, &draft, model.config, device, gpu_weights, "serve_offline");
     infer::PrefixKVManager* prefix = parts.prefix;
     const int guesses = parts.speculator ? num_spec : 0;  // (before the speculator is moved away)
     infer::Engine engine(std::move(parts.runner), std::move(parts.memory),

@@ -51,6 +51,7 @@ struct Record {
   double start = 0, ttft = 0, latency = 0;
   std::vector<double> itl;
   std::string id;
+  std::string why;  // what went wrong, when not ok
 };
 
 std::vector<std::string> synthetic_prompts() {
@@ -93,7 +94,9 @@ int main(int argc, char** argv) {
     const int users = static_cast<int>(opts.number("--users", 8, 1, 4096));
     const double duration = opts.real("--duration", 10.0);
     const double think = opts.real("--think", 0.05);
-    require(duration > 0 && think >= 0, "lesson10_load: --duration must be > 0 and --think >= 0, got ", duration, " and ", think);
+    require(duration > 0 && duration <= 86400 && think >= 0 && think <= 3600,
+            "lesson10_load: --duration must be in (0, 86400] seconds and --think in [0, 3600], got ", duration, " and ",
+            think);
     const int max_tokens = static_cast<int>(opts.number("--max-tokens", 64, 1));
     const uint64_t seed = static_cast<uint64_t>(opts.number("--seed", 1, 0));
     const std::string label = opts.text("--label", "");
@@ -108,13 +111,28 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> prompts;
     if (opts.has("--prompts")) {
-      std::ifstream in(opts.text("--prompts", ""));
-      require(in.good(), "lesson10_load: cannot read ", opts.text("--prompts", ""));
-      for (std::string line; std::getline(in, line);)
-        if (!line.empty()) prompts.push_back(line);
-      require(!prompts.empty(), "lesson10_load: no prompts in ", opts.text("--prompts", ""));
+      const std::string path = opts.text("--prompts", "");
+      std::ifstream in(path);
+      require(in.good(), "lesson10_load: cannot read ", path);
+      int number = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++number;
+        if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written with CRLF line endings
+        if (line.empty()) continue;
+        try {
+          (void)nlohmann::json(line).dump();  // a request body is JSON: its text must be UTF-8
+        } catch (const nlohmann::json::exception&) {
+          throw Error(cat("lesson10_load: line ", number, " of ", path, " is not UTF-8 text"));
+        }
+        prompts.push_back(line);
+      }
+      require(!prompts.empty(), "lesson10_load: no prompts in ", path);
     } else {
       prompts = synthetic_prompts();
+    }
+    if (opts.has("--csv")) {  // said now, not after the run
+      std::ofstream csv(opts.text("--csv", ""), std::ios::app);
+      require(csv.good(), "lesson10_load: cannot write --csv ", opts.text("--csv", ""));
     }
     {
       const auto [status, body] = http_get(host, port, "/health");
@@ -151,6 +169,7 @@ int main(int argc, char** argv) {
         }
         const auto j = nlohmann::json::parse(e, nullptr, false);
         if (j.is_discarded() || !j.is_object() || j.contains("error")) {
+          if (!error) r.why = cat("an error event: ", e.substr(0, 300));
           error = true;
           return true;
         }
@@ -170,6 +189,10 @@ int main(int argc, char** argv) {
       }, 60, api_key);
       r.latency = std::chrono::duration<double>(Clock::now() - start).count();
       r.ok = reply.status == 200 && !error && r.events_done == 1;
+      if (!r.ok && r.why.empty())
+        r.why = reply.status == 0 ? cat("no answer: ", reply.error)
+                : reply.status != 200 ? cat("HTTP ", reply.status, ": ", reply.body.substr(0, 300))
+                                      : cat("the stream ended with ", r.events_done, " [DONE] events, not 1");
       std::lock_guard lock(mutex);
       records.push_back(std::move(r));
     };
@@ -205,12 +228,13 @@ int main(int argc, char** argv) {
     double end = 0;
     long tokens = 0;
     int failed = 0, duplicated = 0;
+    std::string first_failure;
     std::vector<double> ttft, itl, latency;
     std::set<std::string> ids;
     for (const Record& r : records) {
       end = std::max(end, r.start + r.latency);
       if (!r.ok) {
-        ++failed;
+        if (failed++ == 0) first_failure = r.why;
         continue;
       }
       if (!ids.insert(r.id).second) ++duplicated;
@@ -232,9 +256,11 @@ int main(int argc, char** argv) {
     std::printf("  TTFT p50 %.1f ms, p99 %.1f ms; inter-token p50 %.2f ms, p99 %.2f ms; request p50 %.0f ms, p99 %.0f ms\n",
                 1e3 * p(ttft, 50), 1e3 * p(ttft, 99), 1e3 * p(itl, 50), 1e3 * p(itl, 99), 1e3 * p(latency, 50),
                 1e3 * p(latency, 99));
+    if (failed > 0) std::fprintf(stderr, "the first failed request: %s\n", first_failure.c_str());
     if (opts.has("--csv")) {
       const std::string path = opts.text("--csv", "");
-      const bool fresh = !std::ifstream(path).good();
+      std::ifstream old(path, std::ios::ate);
+      const bool fresh = !old.good() || old.tellg() <= 0;  // (the check above may have made it, empty)
       std::ofstream csv(path, std::ios::app);
       if (fresh)
         csv << "label,users,seconds,requests,failed,duplicated,tokens,total_tokens_per_s,user_tokens_per_s,"

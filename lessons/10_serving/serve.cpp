@@ -99,9 +99,11 @@ int main(int argc, char** argv) {
     const std::string name = opts.text("--name", std::filesystem::path(dir).lexically_normal().filename().string() == ""
                                                      ? std::filesystem::path(dir).parent_path().filename().string()
                                                      : std::filesystem::path(dir).lexically_normal().filename().string());
+    require(!name.empty(), "lesson10_serve: --name is empty: requests name the model they want by it");
     omp_set_num_threads(static_cast<int>(opts.number("--threads", 1, 1)));
     ServerOptions so;
     so.host = opts.text("--host", "127.0.0.1");
+    if (so.host == "localhost") so.host = "127.0.0.1";  // (the server listens on an address, not a name)
     so.port = static_cast<int>(opts.number("--port", 8000, 0, 65535));  // 0: a free one, named by the banner
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
     so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s, kMinRequestTimeout, kMaxRequestTimeout);
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
       throw Error(cat("lesson10_serve: ", opts.has("--api-key") ? "--api-key" : "COURSE_API_KEY",
                       " is empty: give a key, or leave it out to serve without one"));
     const std::string speculative = opts.text("--speculative", "");
-    if (!speculative.empty() && speculative != "ngram" && speculative != "draft")
+    if (opts.has("--speculative") && speculative != "ngram" && speculative != "draft")
       throw Error(cat("lesson10_serve: --speculative must be ngram or draft, got '", speculative, "'"));
     if (speculative.empty() && (opts.has("--num-speculative-tokens") || opts.has("--draft")))
       throw Error("lesson10_serve: --num-speculative-tokens and --draft need --speculative");
@@ -143,7 +145,12 @@ int main(int argc, char** argv) {
         .keep_log = false,  // a server runs for as long as it runs
         .speculative_tokens = speculative.empty() ? 0 : static_cast<int>(opts.number("--num-speculative-tokens", 4, 1, 64))};
     const int block = static_cast<int>(opts.number("--block-size", 16, 1, 1 << 16));
-
+    require(engine_opts.token_budget >= engine_opts.max_running, "lesson10_serve: --token-budget (", engine_opts.token_budget,
+            ") must be at least --max-running (", engine_opts.max_running, "): every running sequence decodes a token a step");
+    if (opts.has("--naive"))
+      for (const char* o : {"--max-running", "--token-budget", "--kv-blocks", "--block-size", "--no-prefix-cache"})
+        require(!opts.has(o), "lesson10_serve: --naive serves one request at a time through lesson 00's forward, "
+                "without the engine or a cache; drop ", o);
     // Lesson 12: every option is checked before mpirun starts the ranks, so that a mistake is
     // said once. Rank 0 goes on to serve; the others follow its steps until it stops.
     const int tp = static_cast<int>(opts.number("--tensor-parallel-size", 1, 1, 1024));
@@ -151,6 +158,8 @@ int main(int argc, char** argv) {
       throw Error("lesson10_serve: --tensor-parallel-size runs the engine (lesson 12) over the ranks; drop --naive");
     if (tp > 1 && device == "cuda")
       throw Error("lesson10_serve: --tensor-parallel-size runs the engine on the CPU; drop --device cuda");
+    check_ranks(dir, tp, weights, "lesson10_serve", static_cast<int>(opts.number("--kv-blocks", 0, 1, 1 << 24)), block,
+                "--kv-blocks or --block-size");
     Communicator* comm = nullptr;
     if (tp > 1) {
       const int status = launch_ranks(tp, argc, argv, "lesson10_serve");  // this process: mpirun's status
@@ -172,7 +181,7 @@ int main(int argc, char** argv) {
       if (comm->rank() != 0) return tp_runner->follow(), 0;
     }
     ModelWeights draft;  // outlives the server, whose speculator reads it
-    if (speculative == "draft") draft = load_model(opts.text("--draft", dir + "-draft"));
+    if (speculative == "draft") draft = load_model(opts.text("--draft", default_draft_dir(dir)));
 #if COURSE_HAVE_CUDA
     const gpu::DeviceWeights gpu_weights = device == "cuda" ? gpu::device_weights(weights, c) : gpu::DeviceWeights();
 #else
@@ -202,11 +211,11 @@ int main(int argc, char** argv) {
       // Lesson 05's prefix cache over lesson 04's pool: this process's, rank 0's of the group, or
       // one on the GPU.
       parts = engine_parts(model,
-                           {.device = device, .paged = true, .prefix_cache = !opts.has("--no-prefix-cache"),
+                           {.program = "lesson10_serve", .memory_options = "--kv-blocks or --block-size", .device = device, .paged = true, .prefix_cache = !opts.has("--no-prefix-cache"),
                             .num_blocks = blocks, .block_size = block, .cuda_graphs = opts.has("--cuda-graphs"),
                             .cublas = opts.has("--cublas")},
                            std::move(projections), std::move(tp_runner), gpu_weights);
-      engine_speculator(parts, speculative, &draft, c.vocab_size, device, gpu_weights);
+      engine_speculator(parts, speculative, &draft, c, device, gpu_weights, "lesson10_serve");
       auto engine = serving_engine(std::move(parts.runner), std::move(parts.memory), engine_opts,
                                    std::move(parts.speculator));
       server = std::make_unique<Server>(std::move(engine), ApiModel{name, c}, so);

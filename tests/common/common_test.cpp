@@ -484,6 +484,8 @@ TEST(Options, AnAliasReadsAsTheOptionItNames) {
   EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "4", "--max-num-seqs", "8"}); },
                                       "--max-num-seqs and --n are the same option"));
   EXPECT_TRUE(throws_error_mentioning([] { parse({"--prompt", "--max-num-seqs", "8"}); }, "--prompt needs a value"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--n", "4", "--n", "8"}); }, "--n is given twice"));
+  EXPECT_TRUE(throws_error_mentioning([] { parse({"--flag", "--flag"}); }, "--flag is given twice"));
 }
 
 TEST(Plumbing, SamplingParamsRejectNonsense) {
@@ -768,7 +770,7 @@ TEST(EngineParts, EachChoiceGivesItsMemoryAndTheSameTokens) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.choice.prefix_cache ? "prefix cache" : c.choice.paged ? "paged" : "slots");
     EngineParts parts = engine_parts(m, c.choice, ModelProjections{}, nullptr, GpuWeights{});
-    engine_speculator(parts, c.speculative, &draft, m.config.vocab_size, "cpu", GpuWeights{});
+    engine_speculator(parts, c.speculative, &draft, m.config, "cpu", GpuWeights{});
     ASSERT_NE(parts.runner, nullptr);
     EXPECT_EQ(parts.speculator != nullptr, !c.speculative.empty());
     EXPECT_EQ(dynamic_cast<SlotKVManager*>(parts.memory.get()) != nullptr, !c.choice.paged);
@@ -786,7 +788,7 @@ TEST(EngineParts, EachChoiceGivesItsMemoryAndTheSameTokens) {
       [&] { engine_parts(m, {.device = "tpu"}, ModelProjections{}, nullptr, GpuWeights{}); }, "device 'tpu'"));
   EngineParts parts;
   EXPECT_TRUE(throws_error_mentioning(
-      [&] { engine_speculator(parts, "draft", nullptr, m.config.vocab_size, "cpu", GpuWeights{}); }, "draft with its model"));
+      [&] { engine_speculator(parts, "draft", nullptr, m.config, "cpu", GpuWeights{}); }, "draft with its model"));
 }
 
 TEST(Plumbing, TheEventsOfAStepAreTheTokensItsRequestsGet) {

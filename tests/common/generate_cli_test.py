@@ -45,12 +45,14 @@ print("generate --prefix-cache --repeat 3: each run prints the golden ids; the l
 
 # Greedy speculative decoding (lesson 06) prints the golden ids too, with either proposer, in the
 # engine over either memory, and in lesson 06's tree loop.
+# (The draft's directory is found from a model directory given with a trailing slash too.)
 for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
               ["--speculative", "ngram", "--paged", "--block-size", "4"],
               ["--speculative", "draft", "--num-speculative-tokens", "3"],
               ["--speculative", "tree", "--num-speculative-tokens", "3", "--tree-branches", "2"]):
-    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", str(n),
-                          "--temperature", "0", "--ids"] + extra, capture_output=True, text=True, check=False)
+    run = subprocess.run([binary, "--model", model + ("/" if "draft" in extra else ""), "--prompt", golden["prompt"],
+                          "--max-new-tokens", str(n), "--temperature", "0", "--ids"] + extra,
+                         capture_output=True, text=True, check=False)
     if run.returncode != 0:
         sys.exit(f"generate {' '.join(extra)} failed ({run.returncode}): {run.stderr}")
     if [int(x) for x in run.stdout.split()] != want:
@@ -100,7 +102,15 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--weights", "int4", "--activations", "int4"], "--activations must be f32 or int8"),
                       (["--weights", "int4", "--activations", "int8", "--device", "cuda"], "runs on the CPU only"),
                       (["--top-p", "1.5"], "top_p"), (["--max-new-tokens", "abc"], "expects an integer"),
-                      (["--max-new-tokens", "4294967300"], "expects an integer in [0, 2147483647]"),
+                      (["--max-new-tokens", "4294967300"], "expects an integer in [1, 2147483647]"),
+                      (["--max-new-tokens", "0"], "expects an integer in [1, 2147483647]"),
+                      (["--max-new-tokens", "4", "--max-new-tokens", "5"], "--max-new-tokens is given twice"),
+                      (["--temperature", "-1"], "--temperature, --top-k or --top-p"),
+                      (["--paged", "--kv-cache"], "give one"), (["--speculative", ""], "got ''"),
+                      (["--paged", "--block-size", "300"], "longer than the model's whole context (256)"),
+                      (["--paged", "--num-blocks", "2000000000"], "GB available (lower --num-blocks"),
+                      (["--tensor-parallel-size", "3"], "--tensor-parallel-size 3: shard_plan"),
+                      (["--tensor-parallel-size", "2", "--weights", "int4", "--group", "64"], "(--group 32 does)"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
                       (["--temperature", "inf"], "--temperature expects a finite number"),
                       (["--device", "tpu"], "cpu or cuda"), (["--cublas"], "it needs --device cuda and --weights bf16"),
@@ -116,7 +126,7 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--speculative", "tree", "--temperature", "0", "--paged"], "drop --paged"),
                       (["--speculative", "draft", "--draft", "/nonexistent"], "nonexistent"),
                       (["--paged", "--block-size", "2", "--num-blocks", "2"], "positions the KV memory can give one sequence")]:
-    args = [binary, "--model", model, "--prompt", "The ", "--max-new-tokens", "4"] + bad
+    args = [binary, "--model", model, "--prompt", "The "] + ([] if "--max-new-tokens" in bad else ["--max-new-tokens", "4"]) + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
     if run.returncode == 0 or fragment not in run.stderr:
         sys.exit(f"{' '.join(bad)}: expected a non-zero exit and a message mentioning {fragment!r}, "

@@ -166,7 +166,11 @@ if "mpirun" in refused.stdout + refused.stderr:
     sys.exit(f"a refused option must be said once, before mpirun starts: {refused.stderr!r}")
 print("serve --tensor-parallel-size 2 --naive: refused before any rank starts")
 for bad, fragment in [(["--cublas"], "needs --device cuda, --weights bf16"),
-                      (["--cublas", "--naive"], "got --device cpu, --weights f32, --naive")]:
+                      (["--cublas", "--naive"], "got --device cpu, --weights f32, --naive"),
+                      (["--token-budget", "1"], "--token-budget (1) must be at least --max-running (32)"),
+                      (["--naive", "--kv-blocks", "4"], "drop --kv-blocks"), (["--name", ""], "--name is empty"),
+                      (["--kv-blocks", "16000000"], "GB available (lower --kv-blocks"),
+                      (["--tensor-parallel-size", "3"], "--tensor-parallel-size 3: shard_plan")]:
     run = subprocess.run([binary, "--model", model] + bad, capture_output=True, text=True, timeout=30)
     if run.returncode != 1 or fragment not in run.stderr:
         sys.exit(f"serve {' '.join(bad)}: expected exit 1 saying {fragment!r}, got {run.returncode}: {run.stderr!r}")

@@ -73,7 +73,11 @@ with tempfile.TemporaryDirectory() as tmp:
             sys.exit(f"--weights {weights}: exit {run.returncode}, {run.stderr!r}")
     for extra, says in [(["--weights", "int9"], "f32, int8 or int4"), (["--weights", "int8", "--group", "32"], "--group needs"),
                         (["--weights", "int4", "--group", "48"], "a group of 48 columns"),
-                        (["--cublas"], "it needs --device cuda and --weights bf16")]:
+                        (["--cublas"], "it needs --device cuda and --weights bf16"),
+                        (["--top-p", "0"], "--temperature or --top-p"),
+                        (["--max-batch", "2", "--max-batch", "3"], "--max-batch is given twice"),
+                        (["--paged", "--num-blocks", "2000000000"], "GB available (lower --num-blocks"),
+                        (["--speculative", ""], "got ''")]:
         run = serve(ok, *extra)
         if run.returncode == 0 or says not in run.stderr:
             sys.exit(f"{extra}: expected a non-zero exit mentioning {says!r}, got {run.returncode}: {run.stderr!r}")
