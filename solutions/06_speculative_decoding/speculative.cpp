@@ -210,8 +210,12 @@ bool emit(std::span<const int> fresh, int eos, int max_new_tokens, std::vector<i
 
 /// Nodes of a full tree of `branches` children per node, `levels` levels below the root.
 long tree_nodes(int branches, int levels) {
+  constexpr long kMore = 1L << 40;  // more nodes than any cache holds: no need to count further
   long nodes = 1, level = 1;
-  for (int d = 0; d < levels; ++d) nodes += level *= branches;
+  for (int d = 0; d < levels; ++d) {
+    if (level > kMore / branches) return kMore;  // (2 branches, 64 levels would overflow a long)
+    nodes += level *= branches;
+  }
   return nodes;
 }
 

@@ -59,6 +59,15 @@ for extra in (["--speculative", "ngram", "--num-speculative-tokens", "4"],
         sys.exit(f"generate --ids {' '.join(extra)} printed {run.stdout!r}, expected the golden greedy ids")
     print(f"generate --ids {' '.join(extra)}: the golden greedy ids")
 
+# A tree far deeper than fits (2 branches, 64 levels: more nodes than a long counts) is cut to
+# what the caches hold, and the generation goes on to its last token.
+run = subprocess.run([binary, "--model", model, "--prompt", "The secret of", "--max-new-tokens", "70", "--temperature",
+                      "0", "--ids", "--speculative", "tree", "--num-speculative-tokens", "64"],
+                     capture_output=True, text=True, check=False)
+if run.returncode != 0 or len(run.stdout.split()) != 70:
+    sys.exit(f"generate --speculative tree --num-speculative-tokens 64 (exit {run.returncode}): {run.stdout!r} {run.stderr!r}")
+print("generate --speculative tree --num-speculative-tokens 64: 70 ids, the tree cut to fit")
+
 # Lesson 12's ranks: generate starts mpirun itself; on 2 ranks (and on 2 with prompt lookup,
 # whose rejected guesses roll every rank's cache back, and over paged blocks with the prefix cache,
 # whose second run finds the prompt's blocks cached) rank 0 prints the golden ids. Where the build
