@@ -150,6 +150,19 @@ GRADED_TEST(Lesson06Tree, GreedyTreeSpeculationGivesTheTargetsTokensInOneForward
     EXPECT_EQ(cache.length(), static_cast<int>(prompt.size()) + n - 1)
         << "the target's cache: the context but its last token, no leftover tree nodes";
   }
+  {
+    // Far larger than any cache holds (2 branches, 64 levels: 2^65 nodes, more than a long
+    // counts): each round's tree is cut to what the caches have room for.
+    const std::vector<int> text = ByteTokenizer::encode("The secret of");
+    const int many = 66;
+    KVCache cached(m.config, static_cast<int>(text.size()) + many);
+    const std::vector<int> expected = generate_cached(m, text, many, greedy, cached);
+    TargetModel target(m);
+    DraftProposer draft(testing::bundled_draft(), {.temperature = 0.0f}, 256);
+    KVCache cache(m.config, m.config.max_position_embeddings);
+    EXPECT_EQ(generate_tree(target, draft, text, many, 2, 64, cache), expected)
+        << "2 branches, 64 levels: the tree must be cut to the room the caches have";
+  }
   TargetModel target(m);
   DraftProposer draft(testing::bundled_draft(), {.temperature = 0.0f}, 256);
   KVCache cache(m.config, 64);
