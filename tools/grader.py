@@ -270,10 +270,12 @@ EMULATOR_ONLY = "[emulator only]"
 
 
 def gtest_contradicts(output, name):
-    """What in GoogleTest's own lines of `output` contradicts a PASS record for case `name` (the
-    grader ran the program with --gtest_filter=NAME): another filter, another case run, or this one
-    failed; None where nothing does. A program that closed its standard output shows nothing, and
-    its record (written elsewhere, with a token no student code sees) stands alone."""
+    """What in GoogleTest's own lines of `output` fails to back a PASS record for case `name` (the
+    grader ran the program with --gtest_filter=NAME): another filter, another case run, this one
+    failed, or no line saying it ran and passed ('[ RUN      ] NAME' and '[       OK ] NAME', not
+    anchored: a test's print without a newline may come just before either); None where the
+    output backs it. A program that closed its standard output backs nothing: code in the test's
+    process can find and forge the record, so the record alone is not enough."""
     for filt in re.findall(r"Google Test filter = (\S+)", output):
         if filt != name:
             return f"GoogleTest ran the filter {filt}, not {name}"
@@ -282,6 +284,10 @@ def gtest_contradicts(output, name):
             return f"GoogleTest ran {ran}"
     if re.search(r"\[  FAILED  \] " + re.escape(name) + r"\b", output):
         return "GoogleTest said the case failed"
+    if not (re.search(r"\[ RUN      \] " + re.escape(name) + r"(\s|$)", output)
+            and re.search(r"\[       OK \] " + re.escape(name) + r" \(", output)):
+        return (f"GoogleTest's output has no '[ RUN      ] {name}' and '[       OK ] {name}' lines (a program "
+                "must not close or silence its standard output)")
     return None
 
 
@@ -549,8 +555,9 @@ SUSPICIOUS = [
     (r"\b(testing::|gtest|UnitTest|TestEventListener|RUN_ALL_TESTS|all_close|throws_error_mentioning)",
      "touches the test framework"),
     (r"\bnamespace\s+testing\b", "touches the test framework"),
-    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority|init_array|fini_array|\bsection\s*\()",
-     "runs code before or after main"),
+    (r"(__attribute__\s*\(\s*\(\s*(constructor|destructor)|init_priority|init_array|fini_array|\bsection\s*\(|"
+     r"\bifunc\b|target_clones)", "runs code before or after main"),
+    (r"\[\s*(RUN|OK|PASSED|FAILED)\s*\]|Google Test", "prints what GoogleTest prints"),
     (r"\b(syscall|SYS_\w+|asm|__asm__|__asm)\b", "makes system calls or runs assembly"),
     (r"/proc/|/dev/fd|/sys/", "reads the process's or the system's files"),
     (r"^\s*#\s*include\s*[\"<](/|.*\.\./)", "includes a file from outside the lesson"),
@@ -567,7 +574,13 @@ SUSPICIOUS = [
 # reads the source, which macros, token pasting, split string literals and linker names can hide
 # from it; the compiler's output cannot hide what it calls. Undefined symbols (C names):
 SUSPICIOUS_CALLS = {
-    "ends the process": {"exit", "_exit", "_Exit", "quick_exit", "abort", "atexit", "at_quick_exit", "on_exit"},
+    "ends the process": {"exit", "_exit", "_Exit", "quick_exit", "abort", "atexit", "at_quick_exit", "on_exit", "err",
+                         "errx", "verr", "verrx", "error", "error_at_line", "pthread_exit", "thrd_exit"},
+    "looks for file descriptors": {"dprintf", "vdprintf", "fstat", "fstat64", "__fxstat", "__fxstat64", "statx",
+                                   "isatty", "lseek", "lseek64", "ioctl", "fileno"},
+    "reads the program's own memory layout": {"__bss_start", "_end", "end", "_edata", "edata", "__data_start",
+                                              "data_start", "__executable_start", "etext", "_etext", "__etext",
+                                              "dl_iterate_phdr", "dladdr", "dladdr1", "_DYNAMIC", "_r_debug"},
     "writes to or opens file descriptors": {"write", "writev", "pwrite", "pwrite64", "pwritev", "pwritev64",
                                             "pwritev2", "pwritev64v2", "__write", "send", "sendto", "sendmsg",
                                             "sendfile", "sendfile64", "splice", "vmsplice", "tee",
@@ -612,6 +625,10 @@ def symbol_findings(symbols, cu):
             for prefix, what in SUSPICIOUS_PREFIXES.items():
                 if name.startswith(prefix):
                     yield what, name
+        elif kind == "i":
+            yield "defines an indirect function (its resolver runs before the program starts)", name
+        elif kind in "TDBRVWGS" and name.startswith(("_ZN7testing", "_ZN5infer7testing")):
+            yield "defines a function of the test framework (it can replace the one the tests call)", name
         elif kind in "TDBRVWGS" and name != "main" and not name.startswith(("_Z", "DW.ref.", "__cuda", "__nv",
                                                                               "__fatbin")):
             yield "defines a C function or variable (it can replace the C library's or the test's)", name

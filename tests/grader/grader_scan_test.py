@@ -38,8 +38,11 @@ check(grader.judge("S.T", {**run, "output": "Note: Google Test filter = x.y\n", 
 check(grader.judge("S.T", {**run, "output": "[ RUN      ] S.T\n[  FAILED  ] S.T (0 ms)\n",
                            "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
       "a PASS where GoogleTest said the case failed")
-check(grader.judge("S.T", {**run, "output": "", "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "passed",
-      "a PASS from a program that closed its output (nothing contradicts the record)")
+check(grader.judge("S.T", {**run, "output": "", "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
+      "a PASS from a program that closed its output (code in the process can forge a record: nothing backs it)")
+check(grader.judge("S.T", {**run, "output": "Note: Google Test filter = S.T\n[ RUN      ] S.T\n",
+                           "records": [["PASS", "S.T"], ["END"]]}, 1, 8)[0] == "failed",
+      "a PASS whose case never printed its OK line (the process wrote a record and left)")
 check(grader.judge("S.T", {**run, "records": [["FAIL", "S.T"], ["END"], ["PASS", "S.T"], ["END"]]}, 1, 8)[0]
       == "failed", "a PASS written after the real FAIL and END (an atexit handler)")
 check(grader.judge("S.T", {**run, "records": [["PASS", "S.T"], ["END"], ["PASS", "S.T"]]}, 1, 8)[0] == "failed",
@@ -70,6 +73,9 @@ attacks = {
     "stack_end": '  extern "C" long* __libc_stack_end;',
     "auxval": "  auto top = getauxval(AT_EXECFN);",
     "getenv_name": "  const char* t = std::getenv(name);",
+    # The fourth review's: a resolver run before the program starts, GoogleTest's lines printed.
+    "ifunc": '  void warmup() __attribute__((ifunc("pick")));',
+    "gtest_line": '  std::printf("[       OK ] %s (0 ms)\\n", name);',
 }
 with tempfile.TemporaryDirectory() as student:
     lesson = os.path.join(student, "00_naive_decoder")
@@ -138,6 +144,25 @@ with tempfile.TemporaryDirectory() as build:
     subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
     found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
     for what in ("makes system calls itself", "__libc_stack_end"):
+        check(what in found, f"the compiled check names {what!r}: {found}")
+    # The fourth review's: an indirect function, a strong definition of a framework template that
+    # the tests' weak one yields to, a memory scan from the program's layout, the moved descriptor
+    # found by fstat and written by dprintf, and an exit by errx.
+    with open(src, "w") as f:
+        f.write('#include <err.h>\n#include <cstdio>\n#include <sys/stat.h>\n'
+                'extern "C" char __bss_start[];\n'
+                'static int real() { return 1; }\n'
+                'extern "C" int (*pick())() { return real; }\n'
+                'int warmup() __attribute__((ifunc("pick")));\n'
+                '#define NS test##ing\n'
+                'namespace NS { namespace internal { template <typename T> int Cmp(T); template <> int Cmp<double>(double) '
+                '{ return 0; } } }\n'
+                'int forge(int fd) { struct stat st; fstat(fd, &st); dprintf(fd, "x %c\\n", __bss_start[0]); '
+                'errx(0, "done"); }\n')
+    subprocess.run(["g++", "-c", "-O1", src, "-o", os.path.join(objects, "roofline.cpp.o")], check=True)
+    found = " | ".join(grader.suspicious_objects(build, "01", os.path.join(build, "student"), root))
+    for what in ("defines an indirect function", "defines a function of the test framework", ": __bss_start",
+                 ": fstat", ": dprintf", ": errx"):
         check(what in found, f"the compiled check names {what!r}: {found}")
     check("getenv" not in found, f"a debug switch's getenv is not named: {found}")
 

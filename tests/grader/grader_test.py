@@ -40,7 +40,8 @@ CASES = [
     ("child_outlives", GOOD, ()),
     ("segfault_constructor", {"00": (0, "before running any test"), "01": (4, None)}, ()),
     ("output_flood", {"00": (0, "printed more than 8 MiB"), "01": (4, None)}, ()),
-    ("closes_stdout", GOOD, ()),
+    # (correct, but a PASS must show in GoogleTest's own output: a closed one backs nothing)
+    ("closes_stdout", {"00": (0, "must not close or silence its standard output"), "01": (4, None)}, ()),
     ("child_past_timeout", {"00": (0, f"timed out after {TIMEOUT} s"), "01": (4, None)}, ()),
     ("deletes_build", GOOD, ()),
     ("kills_parent", GOOD, ()),

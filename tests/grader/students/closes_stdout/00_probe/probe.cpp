@@ -1,4 +1,4 @@
-// Correct, and closes its standard output and error: the verdict does not travel there.
+// Correct, but closes its standard output and error: its PASS has nothing in GoogleTest's output to back it.
 #include <unistd.h>
 
 #include "lessons/00_probe/probe.hpp"
