@@ -30,12 +30,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 out="${OUT:-$ROOT/build/gpu-check}" commit="" build_only=0 arch="" only="" whole_catalogue=0
+need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu-check: $1 needs a value" >&2; exit 2; }; }
 steps_on="tests sanitizers benches catalogue"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) out=${2:?--out needs a directory}; shift 2 ;;
-    --commit) commit=${2:?--commit needs a value}; shift 2 ;;
-    --arch) arch=${2:?--arch needs a compute capability such as 90}; shift 2 ;;
+    --out) need "$@"; out=$2; shift 2 ;;
+    --commit) need "$@"; commit=$2; shift 2 ;;
+    --arch) need "$@"; arch=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --build-only) build_only=1; shift ;;
     --whole-catalogue) whole_catalogue=1; shift ;;
     --steps)
@@ -50,8 +52,9 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+# (A folder: every later step writes into it, and clears what an earlier run left there.)
+mkdir -p "$out" 2>/dev/null && out=$(cd "$out" && pwd) && [ -n "$out" ] && [ "$out" != / ] ||
+  { echo "gpu-check: --out must name a folder it can write (got '$out')" >&2; exit 2; }
 steps="$out/steps.tsv"
 # A call with --steps adds to the last call's report in DIR when both ran the same commit: its
 # steps' lines and outputs are replaced, the others' kept (so `--steps tests,benches`, then

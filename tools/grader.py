@@ -1056,6 +1056,17 @@ def main():
                          "expected to catch a known-wrong implementation, so that it is often the only one run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
+    for name in ("timeout", "build_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be a number of seconds above 0, got {getattr(args, name)}")
+    for name in ("jobs", "memory_mb", "build_memory_mb", "max_output_mb"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be 1 or more, got {getattr(args, name)}")
+    if args.lessons is not None and not args.lessons:
+        ap.error("--lessons needs lesson numbers (00 to 99), as in --lessons 00 03")
+    for n in args.lessons or []:
+        if not re.fullmatch(r"[0-9]{1,2}", n):
+            ap.error(f"--lessons takes lesson numbers (00 to 99), got '{n}'")
     args.source = os.path.abspath(args.source)
     args.student = os.path.abspath(args.student)
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))

@@ -9,6 +9,7 @@
 // far bigger than any cache, so a decode step streams its weights from memory. Random weights
 // generate nonsense text, at exactly the speed a trained model of the shape would.
 #include <cstdio>
+#include <filesystem>
 
 #include "common/options.hpp"
 #include "common/weights.hpp"
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
     c.validate("make_model");
     const ModelWeights m = random_model(c, static_cast<uint64_t>(opts.number("--seed", 1, 0)));
     const std::string dir = opts.text("--out", "");
+    require(!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors") &&
+                !std::filesystem::exists(std::filesystem::path(dir) / "config.json"),
+            "make_model: '", dir, "' already holds a model: give a new directory (remove that one first to replace it)");
     save_model(m, dir);
     std::printf("wrote %s: %ld parameters, %.1f MB of float32\n", dir.c_str(), m.parameter_count(),
                 4e-6 * static_cast<double>(m.parameter_count()));
