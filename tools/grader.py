@@ -1067,6 +1067,8 @@ def main():
     for n in args.lessons or []:
         if not re.fullmatch(r"[0-9]{1,2}", n):
             ap.error(f"--lessons takes lesson numbers (00 to 99), got '{n}'")
+    if args.extra_tests and not os.path.isdir(args.extra_tests):
+        ap.error(f"--extra-tests must be a folder of hidden tests (one folder per lesson), got '{args.extra_tests}'")
     args.source = os.path.abspath(args.source)
     args.student = os.path.abspath(args.student)
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
