@@ -52,6 +52,14 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-check: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
+# Without a CUDA device every GPU step would skip and the report would read as passed: refused
+# (--build-only only builds). Either sign of a device will do: nvidia-smi listing one, or its file.
+if [ "$build_only" = 0 ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; } &&
+   ! compgen -G '/dev/nvidia[0-9]*' >/dev/null; then
+  echo "gpu-check: no CUDA device here (nvidia-smi lists none, and there is no /dev/nvidia0): its steps would" \
+       "skip and read as passed. Run it on a GPU machine; --build-only builds and stops." >&2
+  exit 2
+fi
 # (A folder: every later step writes into it, and clears what an earlier run left there.)
 mkdir -p "$out" 2>/dev/null && out=$(cd "$out" && pwd) && [ -n "$out" ] && [ "$out" != / ] ||
   { echo "gpu-check: --out must name a folder it can write (got '$out')" >&2; exit 2; }

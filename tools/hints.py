@@ -48,8 +48,15 @@ def main(argv):
     args = [a for a in argv if not a.startswith("--")]
     flags = {a for a in argv if a.startswith("--")}
     unknown = flags - {"--again", "--reset"}
-    if unknown or not args or len(args) > 2:
-        print("usage: ./course hint NN [NAME] [--again | --reset]", file=sys.stderr)
+    if flags & {"-h", "--help"} or {a for a in argv if a in ("-h",)}:
+        print("usage: ./course hint NN [NAME] [--again | --reset]")
+        return 0
+    problem = (f"unknown option {sorted(unknown)[0]}" if unknown
+               else "--again and --reset: give one" if {"--again", "--reset"} <= flags
+               else "a lesson number is missing" if not args
+               else f"one NAME at a time, got {' '.join(args[1:])}" if len(args) > 2 else None)
+    if problem:
+        print(f"hint: {problem}\nusage: ./course hint NN [NAME] [--again | --reset]", file=sys.stderr)
         return 2
     nn = args[0]
     if not re.fullmatch(r"\d{1,2}", nn):
