@@ -15,21 +15,28 @@ import subprocess
 import sys
 
 
-def main():
-    program = sys.argv[1]
+def run_graded(program, case, env):
+    """(exit status, the record, the output) of `program` running `case` as the grader runs it: a
+    pipe for the record, its number in COURSE_GRADER_FD (and in RECORD_TEST_FD, for the snoop)."""
     read_end, write_end = os.pipe()
-    env = {"PATH": "/usr/bin:/bin", "COURSE_GRADER_FD": str(write_end), "COURSE_GRADER_TOKEN": "t0k3n",
-           "GTEST_COLOR": "no"}
-    proc = subprocess.Popen([program, "--gtest_filter=Forged.FailsWhateverWriteSays"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,))
+    env = {**env, "COURSE_GRADER_FD": str(write_end), "RECORD_TEST_FD": str(write_end)}
+    proc = subprocess.Popen([program, f"--gtest_filter={case}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, pass_fds=(write_end,))
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:
         record = f.read().decode()
     output = proc.communicate()[0].decode("utf-8", "replace")
+    return proc.returncode, record, output
+
+
+def main():
+    program = sys.argv[1]
+    env = {"PATH": "/usr/bin:/bin", "COURSE_GRADER_TOKEN": "t0k3n", "GTEST_COLOR": "no"}
+    rc, record, output = run_graded(program, "Forged.FailsWhateverWriteSays", env)
     problems = []
     if record.splitlines() != ["t0k3n FAIL Forged.FailsWhateverWriteSays", "t0k3n END"]:
         problems.append(f"the record should be the case's FAIL, then END; it is {record!r}")
-    if proc.returncode == 0:
+    if rc == 0:
         problems.append("the program should exit 1 (a case failed)")
     if "this case must fail" not in output:
         problems.append("the case's failure message is missing from the output:\n" + output)
@@ -39,15 +46,7 @@ def main():
     if "probe: PASS here" not in probe.stdout:
         problems.append("the program's write() should have rewritten its probe line; it printed:\n" + probe.stdout)
     # Code run before main finds neither the token nor the descriptor the grader named.
-    read_end, write_end = os.pipe()
-    env["COURSE_GRADER_FD"] = str(write_end)
-    env["RECORD_TEST_FD"] = str(write_end)
-    proc = subprocess.Popen([program, "--gtest_filter=Forged.Snoop"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,))
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        record = f.read().decode()
-    output = proc.communicate()[0].decode("utf-8", "replace")
+    _, record, output = run_graded(program, "Forged.Snoop", env)
     if "snoop: token=none; entries=0; fd closed" not in output:
         problems.append("code before main should find no token, no grader entry in the environment and the "
                         "descriptor closed; it printed:\n" + output)
