@@ -38,8 +38,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "common/errors.hpp"
 #include "common/options.hpp"
 #include "common/timer.hpp"
@@ -58,11 +56,6 @@
 #include "lessons/08_cuda_paged_attention/cuda_paged.hpp"
 #include "lessons/11_quantization/cuda_weights.hpp"
 #endif
-
-namespace {
-
-
-}  // namespace
 
 int main(int argc, char** argv) {
   try {
