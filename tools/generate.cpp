@@ -1,6 +1,6 @@
 // generate: run a model on a prompt and print what it writes.
 //
-//   generate --model DIR --prompt TEXT --max-new-tokens N
+//   generate [--model DIR] --prompt TEXT --max-new-tokens N
 //            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]
 //            [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]
 //            [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]
@@ -8,6 +8,7 @@
 //            [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]
 //            [--tensor-parallel-size N]
 //
+// The model is the bundled one (models/tiny-fortunes) unless --model names another.
 // Without --kv-cache every step re-runs the whole sequence (lesson 00's generate()); with it, the
 // prompt is prefilled once and each step computes one token (lesson 02's generate_cached()).
 // Everything else runs the prompt through the engine (lesson 03's Engine, the one that
@@ -63,13 +64,14 @@
 namespace {
 
 void usage(std::ostream& out) {
-  out << "usage: generate --model DIR --prompt TEXT --max-new-tokens N\n"
+  out << "usage: generate [--model DIR] --prompt TEXT --max-new-tokens N\n"
          "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ids] [--stats]\n"
          "                [--kv-cache [--kv-dtype f32|int8]] [--paged [--block-size SIZE] [--num-blocks COUNT]\n"
          "                [--prefix-cache [--repeat N]]] [--weights f32|int8|int4 [--group G] [--activations int8]]\n"
          "                [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
          "                [--speculative draft|ngram|tree [--num-speculative-tokens K] [--draft DIR] [--tree-branches B]]\n"
          "                [--tensor-parallel-size N]\n"
+         "  --model is the bundled model (models/tiny-fortunes) unless it names another directory.\n"
          "  --temperature 0 is greedy (default 0.8); --top-k 0 and --top-p 1 keep every token.\n"
          "  --ids prints the generated token ids on one line instead of text.\n"
          "  --stats prints tokens and tokens/s to stderr.\n"
@@ -119,12 +121,12 @@ int main(int argc, char** argv) {
                                "--tensor-parallel-size"},
                               {"--ids", "--stats", "--kv-cache", "--paged", "--prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"});
     if (opts.help()) return usage(std::cout), 0;
-    if (!opts.has("--model") || !opts.has("--prompt") || !opts.has("--max-new-tokens")) {
+    if (!opts.has("--prompt") || !opts.has("--max-new-tokens")) {
       usage(std::cerr);
-      std::cerr << "generate: --model, --prompt and --max-new-tokens are required\n";
+      std::cerr << "generate: --prompt and --max-new-tokens are required\n";
       return 2;
     }
-    const std::string model_dir = opts.text("--model", ""), prompt = opts.text("--prompt", "");
+    const std::string model_dir = opts.text("--model", infer::bundled_model_dir("tiny-fortunes")), prompt = opts.text("--prompt", "");
     const int max_new = static_cast<int>(opts.number("--max-new-tokens", 0, 1));
     infer::SamplingParams params{.temperature = 0.8f};
     params.temperature = static_cast<float>(opts.real("--temperature", params.temperature));

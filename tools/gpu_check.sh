@@ -24,7 +24,9 @@
 # sanitizers, benches and catalogue: steps 3 to 6; all by default), only those after the build:
 # `--steps tests,benches` first gives every figure and every test's verdict, then `--steps
 # sanitizers,catalogue` the slower proofs, each call within a lent GPU's minutes.
-# Each step has a time limit, so the whole stays under 8 minutes on an H200.
+# Each step has a time limit, so the whole stays under 8 minutes on an H200. Ctrl-C (or TERM)
+# stops the running step at once and still writes the report of the steps that ran, the stopped
+# one marked interrupted (exit status 130).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -105,12 +107,20 @@ step_on() { [[ " $steps_on " == *" $1 "* ]]; }
 # wanted NN: whether lesson NN's sanitizer runs, bench and catalogue are part of this run.
 wanted() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
 
-# run_step NAME LIMIT LOG COMMAND...: runs a step with a time limit, its output into LOG.
+# run_step NAME LIMIT LOG COMMAND...: runs a step with a time limit, its output into LOG. The step
+# runs in the background and the script waits for it, so that Ctrl-C stops it at once: `timeout`
+# puts the step in a process group of its own, which the terminal's Ctrl-C does not reach, so a
+# step run in the foreground would finish before the script heard it.
+step_pid="" step_name="" step_t0=0
 run_step() {
   local name=$1 limit=$2 log=$3; shift 3
   local t0=$SECONDS status
-  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+  step_name=$name step_t0=$t0
+  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1 &
+  step_pid=$!
+  wait "$step_pid"
   status=$?
+  step_pid=""
   local took=$((SECONDS - t0))
   if [ $status -eq 0 ]; then record "$name" passed "$took" ""
   elif [ $status -eq 124 ] || [ $status -eq 137 ]; then record "$name" "timed out" "$took" "after $limit s"
@@ -118,6 +128,29 @@ run_step() {
   fi
   return $status
 }
+
+# write_report: docs-ready report of the steps recorded so far (tools/gpu_report.py).
+write_report() {
+  "$PY" tools/gpu_report.py --out "$out" --commit "$this_commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
+    --lessons "$only" --steps "$steps_on" --continued "$([ -n "$kept" ] && echo 1 || echo 0)"
+}
+
+# Ctrl-C (or a TERM): stop the running step (`timeout` passes the signal on to its group), record
+# it as interrupted, and write the report of what ran, so the figures measured so far are kept.
+interrupted=0
+on_interrupt() {
+  trap - INT TERM
+  interrupted=1
+  if [ -n "$step_pid" ]; then
+    kill -TERM "$step_pid" 2>/dev/null
+    wait "$step_pid" 2>/dev/null
+    record "$step_name" interrupted $((SECONDS - step_t0)) "stopped by a signal (Ctrl-C or TERM)"
+  fi
+  echo "gpu-check: interrupted; writing the report of the steps that ran" >&2
+  write_report
+  exit 130
+}
+trap on_interrupt INT TERM
 
 # first_failure LOG: what failed, as one line: ctest's list of failed tests where there is one,
 # else the first line with the word error or fail (a word: a test named ...ErrorIs... is not one).
@@ -232,7 +265,5 @@ if [ $build_only -eq 0 ] && [ $built -eq 0 ]; then
 fi
 
 # --------------------------------------------------------------- 7. report --
-commit=$this_commit
-"$PY" tools/gpu_report.py --out "$out" --commit "$commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
-  --lessons "$only" --steps "$steps_on" --continued "$([ -n "$kept" ] && echo 1 || echo 0)"
-! grep -qP '\t(failed|timed out)\t' "$steps"
+write_report
+! grep -qP '\t(failed|timed out|interrupted)\t' "$steps"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The generate program end to end: --ids at temperature 0 prints the golden greedy ids (lesson
 00's and lesson 02's loops, INT8-cached; the engine with paged memory, with the prefix cache on
-each run, speculating with either proposer; lesson 06's tree loop; lesson 12's MPI ranks), and bad
+each run, speculating with either proposer; lesson 06's tree loop; lesson 12's MPI ranks; the
+bundled model where --model is left out), and bad
 options are refused
 with a message and a non-zero exit status.
 
@@ -28,6 +29,14 @@ for extra in ([], ["--kv-cache"], ["--kv-cache", "--kv-dtype", "int8"], ["--page
     if got != want:
         sys.exit(f"generate --ids {' '.join(extra)} printed\n  {got}\nexpected the golden greedy ids\n  {want}")
     print(f"generate --ids {' '.join(extra)}: {len(got)} ids equal the golden greedy continuation of {golden['prompt']!r}")
+
+# Without --model, the bundled model (whatever the working directory).
+run = subprocess.run([binary, "--prompt", golden["prompt"], "--max-new-tokens", str(n), "--temperature", "0", "--ids"],
+                     capture_output=True, text=True, check=False, cwd="/")
+if run.returncode != 0 or [int(x) for x in run.stdout.split()] != want:
+    sys.exit(f"generate without --model (from /): exit {run.returncode}, printed {run.stdout!r} {run.stderr!r}; "
+             f"expected the bundled model's golden greedy ids")
+print("generate without --model runs the bundled model")
 
 # Three greedy runs through lesson 05's prefix cache: each prints the golden ids, the later ones
 # with the prompt's full blocks cached.
