@@ -102,7 +102,7 @@ inline double cuda_time_each_ms(const std::function<void()>& run, int reps, int 
 }
 
 /// Median milliseconds of `run` over `reps` timed runs, each alone between two CUDA events on the
-/// calling thread's default stream (where the course's kernels launch: --default-stream
+/// calling thread's default stream (where the course's kernels launch: `--default-stream`
 /// per-thread), after two untimed ones: cuda_time_each_ms() of streams of one, not held.
 inline double cuda_time_ms(const std::function<void()>& run, int reps) {
   return cuda_time_each_ms(run, reps, 1, false);

@@ -11,7 +11,7 @@
 ///   rows of W are split over the cores (OpenMP), each core streaming its own contiguous share.
 ///   A core takes 4 rows of W at a time and, while they sit in the L1 cache, meets every row of
 ///   x with them, 4 rows of x at a time: a register tile of 4 x 4 running sums, each a SIMD vector
-///   (Eigen's packets: as wide as -march=native allows). Every vector loaded from W or x feeds 4
+///   (Eigen's packets: as wide as `-march=native` allows). Every vector loaded from W or x feeds 4
 ///   multiply-adds, so the loads keep up with the arithmetic, and W is read from memory once
 ///   whatever the batch. That is what lets a batch of 8 or 32 cost little more than a batch of 1.
 ///   One row of x (a decode step of one sequence) takes a plainer loop over the same 4 rows of W,

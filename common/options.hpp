@@ -22,7 +22,7 @@ namespace infer {
 class Options {
  public:
   /// `valued`: options that take a value; `flags`: options that stand alone; `aliases`: other
-  /// names for some of them (vLLM's, say: {"--max-num-seqs", "--max-running"}), read as the option
+  /// names for some of them (vLLM's, say: `{"--max-num-seqs", "--max-running"}`), read as the option
   /// they name. An option given twice, or under both its names, is refused (which would count?).
   Options(int argc, char** argv, std::string program, std::set<std::string> valued, std::set<std::string> flags = {},
           const std::map<std::string, std::string>& aliases = {})
@@ -53,7 +53,7 @@ class Options {
 
   /// Whether the option was given.
   bool has(const std::string& name) const { return values_.count(name) > 0; }
-  /// Whether -h or --help was given (a program that answers them lists both among its flags).
+  /// Whether `-h` or `--help` was given (a program that answers them lists both among its flags).
   bool help() const { return has("-h") || has("--help"); }
   /// The option's text, or `fallback`.
   std::string text(const std::string& name, const std::string& fallback) const {

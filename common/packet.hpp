@@ -3,7 +3,7 @@
 ///
 /// Eigen's packets: 16 floats with AVX-512, 8 with AVX, 4 with SSE or NEON. pmadd is a fused
 /// multiply-add where the processor has one (the compiler is not allowed to fuse a*b+c by itself
-/// under -std=c++20). common/linear.cpp's float32 product and lesson 11's quantized one are both
+/// under `-std=c++20`). common/linear.cpp's float32 product and lesson 11's quantized one are both
 /// register tiles of these.
 #pragma once
 

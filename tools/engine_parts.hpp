@@ -111,7 +111,7 @@ inline void check_ranks(const std::string& model_dir, int ranks, const WeightCho
                   fits > 0 ? cat(" (--group ", fits, " does)") : std::string()));
 }
 
-/// The draft model's directory where none is given: the model's, with -draft appended (a
+/// The draft model's directory where none is given: the model's, with `-draft` appended (a
 /// trailing slash, as a shell's completion leaves it, taken off first).
 inline std::string default_draft_dir(std::string model_dir) {
   while (model_dir.size() > 1 && model_dir.back() == '/') model_dir.pop_back();

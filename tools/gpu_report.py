@@ -86,7 +86,9 @@ def main():
         json.dump(report, f, indent=2)
         f.write("\n")
 
-    md = ["# GPU check report {#gpu_report}", ""]  # the page docs/gpu-report.md replaces
+    # The title says which GPU and which commit: the page the lesson texts quote (docs/gpu-report.md).
+    device = report["gpu"].split(",")[0].strip() if gpu else "no GPU"
+    md = [f"# GPU check report: {device}, commit {str(report['commit'])[:7]} {{#gpu_report}}", ""]
     md += [f"- GPU: {report['gpu']}", f"- CUDA compiler: {report['nvcc']}", f"- commit: {report['commit']}",
            f"- command: `./course gpu-check`" + (" --build-only" if report["build_only"] else "")
            + (f" --lessons {' '.join(report['lessons'])}" if report["lessons"] else "")
@@ -103,7 +105,7 @@ def main():
         if bad:
             md += ["", "Failed: " + ", ".join(bad)]
     if report["benches"]:  # the course's GPU targets and the forward's tuning constants, against these figures
-        md += ["", "## Targets and tuning", "", "The issues' GPU targets and the tuning constants the forward uses, "
+        md += ["", "## Targets and tuning", "", "The course's GPU targets (the figures its lesson texts aim at) and the tuning constants the forward uses, "
                "against this run's figures (tools/gpu_targets.py; the picks are for a person to commit).", ""]
         md += gpu_targets.summary(report)
     for name, bench in report["benches"].items():

@@ -3,8 +3,8 @@
 
     tools/gpu_targets.py DIR/gpu-report.json     (tools/gpu_report.py also puts this in the report)
 
-Each target (issues "the GPU lessons at the H200's limits" and "the whole engine on CUDA", as the
-lesson texts quote them) is printed with the report's figure and met / not met; each tuning
+Each target (the GPU lessons at the H200's limits, and the whole engine on CUDA, as the lesson
+texts quote them) is printed with the report's figure and met / not met; each tuning
 constant the forward uses (kTensorGemmVariant, kTensorGemmMinBatch, kQuantTensorGemmMinBatch,
 kFuseOneRowStep, kFusedGemvWarps, kSkinnySplitWarps, kSkinnySplitMaxBatch, kChunkTensorCores,
 kChunkTensorMinRows, kChunkSplitMinPositions, kChunkKernelMinTokens, kEngineTiledWarps, kMinSplitPositions: guesses

@@ -1,6 +1,6 @@
 /// @file graph_capture.hpp
 /// @brief Capturing a call in a CUDA graph: how a GPU test counts the launches a call makes, and
-/// sees that it does nothing else (the engine captures its decode step this way, --cuda-graphs).
+/// sees that it does nothing else (the engine captures its decode step this way, `--cuda-graphs`).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,7 +17,7 @@
 namespace infer::testing {
 
 /// Captures `call`'s work on the calling thread's default stream (the course builds with
-/// --default-stream per-thread) into a CUDA graph and returns its launches (the graph's nodes);
+/// `--default-stream` per-thread) into a CUDA graph and returns its launches (the graph's nodes);
 /// with `replay`, runs the graph once and waits for it. A call that does anything a capture
 /// refuses (a cudaMalloc, a cudaFree, a copy to or from the host, a wait) fails the test, naming
 /// `what`, and counts 0; a starter's NotImplemented passes through.

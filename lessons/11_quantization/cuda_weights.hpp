@@ -21,7 +21,7 @@ namespace infer::gpu {
 /// columns is refused by quantize_int4 as the model is uploaded.
 DeviceWeights quantized_device_weights(WeightFormat format, int group = 32);
 
-/// The GPU weights a program's --weights asks for (given): lesson 07's float32 or bf16, or
+/// The GPU weights a program's `--weights` asks for (given): lesson 07's float32 or bf16, or
 /// quantized_device_weights(). For INT4 it first quantizes one row of each column count of
 /// `config`'s projections, so that a group the model's columns do not take is refused (by
 /// quantize_int4, with its message) before the program starts, not halfway through an upload.

@@ -132,26 +132,26 @@ ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, 
 /// plain forward of lesson 00.
 ModelWeights dequantized_model(const ModelWeights& model, const ModelProjections& projections);
 
-/// What a program's --weights and --group ask for (given).
+/// What a program's `--weights` and `--group` ask for (given).
 struct WeightChoice {
   /// As given: "f32", "bf16" (a GPU's weights, lesson 07), "int8" or "int4".
   std::string name = "f32";
   /// The CPU engine's format: f32 for f32 and bf16.
   WeightFormat format = WeightFormat::f32;
-  /// INT4's group (--group, 32 by default).
+  /// INT4's group (`--group`, 32 by default).
   int group = 32;
-  /// --activations int8: INT4 weights times activations rounded to 8 bits (activations.hpp).
+  /// `--activations` int8: INT4 weights times activations rounded to 8 bits (activations.hpp).
   bool int8_activations = false;
   /// Whether the projections are quantized (int8 or int4).
   bool quantized() const { return format != WeightFormat::f32; }
 };
 
-/// Reads --weights (f32 by default), --group and --activations (f32 by default, or int8) of
+/// Reads `--weights` (f32 by default), `--group` and `--activations` (f32 by default, or int8) of
 /// `program`'s `opts` for the forward on `device` ("cpu" or "cuda"; "" for a program without
-/// --device, which reads f32, int8 and int4 only), the one check the programs share (given).
+/// `--device`, which reads f32, int8 and int4 only), the one check the programs share (given).
 /// Throws infer::Error naming the program for a name that is not a format, bf16 on the CPU,
-/// --group without int4, a group below 2, and --activations other than f32 or int8, or int8
-/// without --weights int4 or on the GPU. On the GPU, int8 and
+/// `--group` without int4, a group below 2, and `--activations` other than f32 or int8, or int8
+/// without `--weights` int4 or on the GPU. On the GPU, int8 and
 /// int4 are lesson 11's kernels in lesson 07's forward (gpu::device_weights(), cuda_weights.hpp).
 WeightChoice weight_choice(const Options& opts, std::string_view program, std::string_view device);
 

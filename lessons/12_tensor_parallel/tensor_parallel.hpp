@@ -99,8 +99,8 @@ bool have_mpi();
 Communicator& mpi_world();
 
 /// For a program asked to run on `ranks` ranks: if this process was not started by mpirun, starts
-/// `mpirun -n ranks` on this same program with the same arguments (with --oversubscribe, so that
-/// the ranks may outnumber the cores, and --allow-run-as-root as root) and returns its exit status; returns -1 when this
+/// `mpirun -n ranks` on this same program with the same arguments (with `--oversubscribe`, so that
+/// the ranks may outnumber the cores, and `--allow-run-as-root` as root) and returns its exit status; returns -1 when this
 /// process is already one of the ranks (then mpi_world().size() must be `ranks`: checked). While
 /// mpirun runs, this process's first SIGINT (Ctrl-C) or SIGTERM reaches every rank as SIGUSR1 (a
 /// program that sigwait()s for it stops cleanly; for one that does not, it ends the process), a
