@@ -1,5 +1,5 @@
 // Lesson 05, your turn: a radix tree of KV blocks (match, insert, lock, LRU eviction), the hit
-// rates of exercise 4 (Step 3), a time model in which prefills cost what they compute (and
+// rates of the shared-prefix workload (Step 3), a time model in which prefills cost what they compute (and
 // TTFT with it), and the wiring of your tree into the engine's memory.
 //
 // Replace each `throw NotImplemented(...)`. The contract is

@@ -14,7 +14,7 @@
 // longest, and predicts the cold and warm TTFT from an engine's step log with your
 // step_end_ms() and ttft_ms().
 //
-// Part 2, exercise 4 (no model): 1,000 prompts of 48 + 16 tokens, 60% starting
+// Part 2, the shared-prefix workload (no model): 1,000 prompts of 48 + 16 tokens, 60% starting
 // with one of 5 common prefixes, blocks of 16, through caches of 1 to 512 blocks and an
 // unbounded one: request and token hit rates against capacity.
 //
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
 
     // --------------------------------------------------- part 2: hit rate / capacity --
     const auto workload = prefix_workload(1000, 0.6, 5, 48, 16, model.config.vocab_size, 2024);
-    std::printf("\nexercise 4: 1000 prompts of 48 + 16 tokens, 60%% with one of 5 prefixes, blocks of %d\n", B);
+    std::printf("\nshared prefixes: 1000 prompts of 48 + 16 tokens, 60%% with one of 5 prefixes, blocks of %d\n", B);
     std::printf("%10s %14s %14s %16s\n", "capacity", "request hits", "token hits", "tokens saved");
     std::ofstream cap(out_dir + "/prefix_capacity.csv");
     cap << "capacity_blocks,request_hit_rate,token_hit_rate,matched_tokens,prompt_tokens\n";

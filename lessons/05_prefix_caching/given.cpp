@@ -1,4 +1,4 @@
-// Lesson 05, given: the workload of exercise 4, and the prefix cache under the engine.
+// Lesson 05, given: the shared-prefix workload, and the prefix cache under the engine.
 #include <algorithm>
 
 #include "common/rng.hpp"

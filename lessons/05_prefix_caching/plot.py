@@ -61,11 +61,11 @@ b.plot(xs, [100 * float(r["token_hit_rate"]) for r in bounded], "s-", label="pro
 if unbounded:
     b.axhline(100 * float(unbounded[0]["request_hit_rate"]), ls="--", color="C0", lw=0.8, label="unbounded")
     b.axhline(100 * float(unbounded[0]["token_hit_rate"]), ls="--", color="C1", lw=0.8)
-b.axhline(55, ls=":", color="gray", lw=0.8, label="exercise 4's 55%")
+b.axhline(55, ls=":", color="gray", lw=0.8, label="the test's 55%")
 b.set_xscale("log", base=2)
 b.set_xlabel("cache capacity (blocks of 16 tokens)")
 b.set_ylabel("%")
-b.set_title("Exercise 4: LRU hit rate against capacity")
+b.set_title("Shared prefixes: LRU hit rate against capacity")
 b.legend(fontsize=8)
 
 # 4. A multi-turn chat: prefill positions computed per turn.

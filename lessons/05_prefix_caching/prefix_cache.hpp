@@ -143,14 +143,14 @@ class RadixCache {
   std::vector<NodeId> free_ids_;  ///< evicted slots, for new_node()
 };
 
-// ============================================================ exercise 4 ==
+// ===================================================== shared prefixes ==
 
 /// One request of a prefix workload: its prompt's token ids.
 struct PrefixRequest {
   std::vector<int> tokens;  ///< the prompt
 };
 
-/// Exercise 4 (the README's Step 3) as a workload (given): `n` prompts, each of `prefix_tokens` +
+/// The shared-prefix workload (the README's Step 3) (given): `n` prompts, each of `prefix_tokens` +
 /// `suffix_tokens` ids in [3, vocab). With probability `shared_fraction` a prompt starts with
 /// one of `num_prefixes` common prefixes, chosen uniformly; otherwise its whole prompt is
 /// random. Seeded: the same arguments give the same prompts.

@@ -1,4 +1,4 @@
-// Lesson 05, reference solution: a radix tree of KV blocks, and the hit rates of exercise 4.
+// Lesson 05, reference solution: a radix tree of KV blocks, and the hit rates of the shared-prefix workload.
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Lesson 05, part B: exercise 4's hit rates, and the cache under lesson 03's engine with the
+// Lesson 05, part B: the shared-prefix workload's hit rates, and the cache under lesson 03's engine with the
 // bundled model: only the unmatched suffix is computed (counted at the forward, a seam like
 // lesson 02's counting cache), and the tokens are the same with the cache on and off.
 #include <memory>
@@ -80,7 +80,7 @@ GenerationRequest request(int id, const std::string& text, int max_new, int arri
   return r;
 }
 
-GRADED_TEST(Lesson05HitRate, Exercise4LruKeepsTheHitRateAbove55Percent, 2) {
+GRADED_TEST(Lesson05HitRate, SharedPrefixesKeepTheLruHitRateAbove55Percent, 2) {
   // 1,000 prompts of 48 + 16 tokens, 60% starting with one of 5 common prefixes; blocks of 16,
   // 500 blocks of cache. A request hits when its match covers at least one block: a one-token
   // coincidence is no hit. LRU keeps the hot prefixes, so it should lose (almost) nothing
