@@ -53,7 +53,16 @@ class FloatProjection final : public Projection {
 };
 
 /// The seven projections of a decoder layer, in this order.
-enum ProjectionIndex { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj, kLayerProjections };
+enum ProjectionIndex {
+  kQProj,             ///< q_proj: hidden to the query heads
+  kKProj,             ///< k_proj: hidden to the K/V heads' keys
+  kVProj,             ///< v_proj: hidden to the K/V heads' values
+  kOProj,             ///< o_proj: the attention's output back to hidden
+  kGateProj,          ///< gate_proj: hidden to the MLP's units, through silu
+  kUpProj,            ///< up_proj: hidden to the MLP's units
+  kDownProj,          ///< down_proj: the MLP's units back to hidden
+  kLayerProjections,  ///< how many there are (not a projection)
+};
 
 /// Every projection a step multiplies by: seven per layer and the output head. Owns them. The
 /// embeddings and the norms stay float32 in the ModelWeights (a step reads one embedding row per

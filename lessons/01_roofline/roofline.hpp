@@ -24,7 +24,14 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // ============================================================== data types ==
 
 /// Storage types for weights and the KV cache.
-enum class DType { F32, BF16, FP16, FP8, INT8, INT4 };
+enum class DType {
+  F32,   ///< 32-bit float: 4 bytes
+  BF16,  ///< bfloat16, float32's exponent and 8 significant bits: 2 bytes
+  FP16,  ///< IEEE half precision: 2 bytes
+  FP8,   ///< 8-bit float (E4M3 or E5M2): 1 byte
+  INT8,  ///< 8-bit integer: 1 byte (the scales beside it not counted)
+  INT4,  ///< 4-bit integer: half a byte (the scales not counted)
+};
 
 /// Bytes one element occupies: 4, 2, 2, 1, 1, 0.5. (Quantized formats also store scales;
 /// this course counts them separately where it matters, in lesson 02.)

@@ -38,7 +38,10 @@
 namespace infer::gpu {
 
 /// How the weight matrices are stored on the device (norms and activations stay float32).
-enum class WeightType { F32, BF16 };
+enum class WeightType {
+  F32,   ///< float32, as loaded
+  BF16,  ///< bfloat16, rounded once at upload (half the bytes to read)
+};
 
 /// A weight matrix W [rows, cols] on the device as some format stores it, and the product by it:
 /// the GPU's side of the engine's Projection seam (common/projection.hpp). CudaForward never
