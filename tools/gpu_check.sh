@@ -129,7 +129,7 @@ run_step() {
   return $status
 }
 
-# write_report: docs-ready report of the steps recorded so far (tools/gpu_report.py).
+# write_report: the report of the steps recorded so far (tools/gpu_report.py).
 write_report() {
   "$PY" tools/gpu_report.py --out "$out" --commit "$this_commit" --build-only "$build_only" --seconds $((SECONDS - start)) \
     --lessons "$only" --steps "$steps_on" --continued "$([ -n "$kept" ] && echo 1 || echo 0)"
@@ -137,10 +137,8 @@ write_report() {
 
 # Ctrl-C (or a TERM): stop the running step (`timeout` passes the signal on to its group), record
 # it as interrupted, and write the report of what ran, so the figures measured so far are kept.
-interrupted=0
 on_interrupt() {
   trap - INT TERM
-  interrupted=1
   if [ -n "$step_pid" ]; then
     kill -TERM "$step_pid" 2>/dev/null
     wait "$step_pid" 2>/dev/null
