@@ -161,6 +161,31 @@ def signal_name(n):
         return f"signal {n}"
 
 
+# Every process the grader has running (a build's cmake, a case's sandbox), so that Ctrl-C or a
+# TERM stops them with it: a build's compilers run in process groups of their own (ninja's), and a
+# case in a session of its own, so neither hears a signal sent to the grader, and an orphaned build
+# would go on compiling (a student's never-ending compile: gigabytes, for minutes).
+LIVE = set()
+LIVE_LOCK = threading.RLock()  # (reentrant: stop() runs on the main thread, which may hold it)
+STOPPING = threading.Event()
+
+
+def track(proc, live=True):
+    with LIVE_LOCK:
+        (LIVE.add if live else LIVE.discard)(proc)
+
+
+def stop(signum, frame):
+    """The handler of SIGINT and SIGTERM: no new case starts, every running process and all it
+    started are killed, and the main thread gets KeyboardInterrupt (main() says so, exit 130)."""
+    STOPPING.set()
+    with LIVE_LOCK:
+        procs = list(LIVE)
+    for p in procs:
+        kill_tree(p.pid)
+    raise KeyboardInterrupt
+
+
 def run_program(sandbox, argv, timeout, with_record):
     """Runs argv (sandboxed); returns dict(rc, signal, output, truncated, flooded, timed_out, records)."""
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/scratch", "TMPDIR": "/scratch",
@@ -183,6 +208,7 @@ def run_program(sandbox, argv, timeout, with_record):
         proc = subprocess.Popen(sandbox.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, cwd=cwd, pass_fds=pass_fds,
                                 start_new_session=True)
+        track(proc)
     finally:
         if rec_w is not None:
             os.close(rec_w)
@@ -242,6 +268,7 @@ def run_program(sandbox, argv, timeout, with_record):
         rc = proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         rc = None
+    track(proc, live=False)
     proc.stdout.close()
     if rec_r is not None:
         os.close(rec_r)
@@ -375,6 +402,7 @@ def run_cmd(argv, log, show, timeout=None):
         f.flush()
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if show else f,
                              stderr=subprocess.STDOUT, text=True)
+        track(p)
         timer = None
         if timeout:
             timer = threading.Timer(timeout, kill_tree, (p.pid,))
@@ -387,6 +415,7 @@ def run_cmd(argv, log, show, timeout=None):
                     f.write(line)
             rc = p.wait()
         finally:
+            track(p, live=False)
             if timer:
                 timer.cancel()
         if timer and rc == -signal.SIGKILL:
@@ -966,6 +995,8 @@ def grade(args):
 
     def one(item):
         name, binary = item
+        if STOPPING.is_set():  # Ctrl-C or TERM: main() reports no grade
+            return name, {"status": "not run", "message": "not run: grading was stopped", "output": "", "time": 0.0}
         if lost.is_set():
             return name, {"status": "not run", "message": "not run: grading stopped at the first lost case "
                           "(--stop-at-first-loss)", "output": "", "time": 0.0}
@@ -1056,6 +1087,8 @@ def main():
                          "expected to catch a known-wrong implementation, so that it is often the only one run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     for name in ("timeout", "build_timeout"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be a number of seconds above 0, got {getattr(args, name)}")
@@ -1089,6 +1122,9 @@ def main():
             raise GradingError(f"--student {args.student} is not a directory (expected a copy of exercises/)")
         cases, results, problems, notes, sandbox, seconds = grade(args)
         sandbox_kind, sandbox_note = sandbox.kind, sandbox.note
+    except KeyboardInterrupt:  # stop() has killed what was running
+        print("\ngrader: stopped (Ctrl-C or TERM) before the end: no grade, no report written", file=sys.stderr)
+        return 130
     except GradingError as e:
         complete = False
         problems = [str(e)]

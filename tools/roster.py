@@ -33,6 +33,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -110,6 +111,12 @@ def summarize(report):
     return "; ".join(notes)
 
 
+def interrupted(signum, frame):
+    """SIGTERM's handler: KeyboardInterrupt, so that a TERM (a scheduler's, `kill`'s) stops every
+    grader and all it started, as Ctrl-C does, instead of leaving their builds running."""
+    raise KeyboardInterrupt
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("roster", help="a folder with one folder (or git repository) per student")
@@ -125,6 +132,7 @@ def main():
     ap.add_argument("--student-timeout", type=float, default=3600, help="seconds to grade one student")
     ap.add_argument("--sandbox", choices=("require", "auto", "off"), default="require")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, interrupted)  # a TERM stops the class as Ctrl-C does (below)
     source = os.path.abspath(args.source)
     roster = os.path.abspath(args.roster)
     out = os.path.abspath(args.out)
