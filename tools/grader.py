@@ -1123,7 +1123,7 @@ def main():
         cases, results, problems, notes, sandbox, seconds = grade(args)
         sandbox_kind, sandbox_note = sandbox.kind, sandbox.note
     except KeyboardInterrupt:  # stop() has killed what was running
-        print("\ngrader: stopped (Ctrl-C or TERM) before the end: no grade, no report written", file=sys.stderr)
+        print(STOPPED, file=sys.stderr)
         return 130
     except GradingError as e:
         complete = False
@@ -1175,5 +1175,11 @@ def main():
     return 0 if complete else 2
 
 
+STOPPED = "\ngrader: stopped (Ctrl-C or TERM) before the end: no grade (a report left behind is an earlier run's, or incomplete)"
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # stop() has killed what was running (the report was being written?)
+        print(STOPPED, file=sys.stderr)
+        sys.exit(130)
