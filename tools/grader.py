@@ -181,6 +181,17 @@ def stop(signum, frame):
     STOPPING.set()
     with LIVE_LOCK:
         procs = list(LIVE)
+    # TERM first, so that a compiler's driver deletes its temporary files (a SIGKILL leaves them
+    # in /tmp), then, a second later, SIGKILL for whatever is left.
+    for p in procs:
+        for q in process_tree(p.pid):
+            try:
+                os.kill(q, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
     for p in procs:
         kill_tree(p.pid)
     raise KeyboardInterrupt
@@ -1049,6 +1060,8 @@ def grade(args):
 
 
 def main():
+    signal.signal(signal.SIGINT, stop)  # first: a Ctrl-C at any moment says it stopped (stop())
+    signal.signal(signal.SIGTERM, stop)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--student", required=True, help="a copy of exercises/")
     ap.add_argument("--report-student", metavar="DIR",
@@ -1087,8 +1100,6 @@ def main():
                          "expected to catch a known-wrong implementation, so that it is often the only one run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     for name in ("timeout", "build_timeout"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be a number of seconds above 0, got {getattr(args, name)}")

@@ -18,6 +18,20 @@ rm -f "$out/load.csv"
 
 . "$(dirname "$0")/server_port.sh"
 
+# Ctrl-C or a TERM stops the server and the load client running now (a background server would
+# otherwise outlive this script, its port still bound). The client runs in the background too, so
+# that the trap runs at once: bash runs a trap only between commands.
+pid="" client=""
+stop() {
+  trap - INT TERM HUP
+  [ -n "$client" ] && kill -TERM "$client" 2>/dev/null
+  [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null
+  wait 2>/dev/null
+  echo "load_table: stopped" >&2
+  exit 130
+}
+trap stop INT TERM HUP
+
 for mode in naive engine; do
   extra=()
   [ "$mode" = naive ] && extra=(--naive)
@@ -30,8 +44,13 @@ for mode in naive engine; do
     exit 1
   fi
   for u in $users; do
-    if ! "$bin/lesson10_load" --port "$port" --users "$u" --duration "$duration" --label "$mode" --csv "$out/load.csv" \
-      "${load_args[@]}"; then
+    "$bin/lesson10_load" --port "$port" --users "$u" --duration "$duration" --label "$mode" --csv "$out/load.csv" \
+      "${load_args[@]}" &
+    client=$!
+    wait "$client"
+    status=$?
+    client=""
+    if [ $status -ne 0 ]; then
       echo "load_table: the load run failed ($mode, $u users)" >&2
       kill "$pid" 2>/dev/null
       exit 1
@@ -39,4 +58,5 @@ for mode in naive engine; do
   done
   kill -INT "$pid"
   wait "$pid" || true
+  pid=""
 done
