@@ -336,7 +336,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // A rank that does not wait for the stop (generate) ends by the SIGUSR1 it was told with, and
+  // mpirun reports 128 + SIGUSR1: a stop asked for, said as the shell says an interrupt.
+  return stops > 0 && code == 128 + SIGUSR1 ? 130 : code;
 }
 
 // ------------------------------------------------------------------ weight sources --

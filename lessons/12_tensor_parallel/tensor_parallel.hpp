@@ -103,8 +103,8 @@ Communicator& mpi_world();
 /// the ranks may outnumber the cores, and `--allow-run-as-root` as root) and returns its exit status; returns -1 when this
 /// process is already one of the ranks (then mpi_world().size() must be `ranks`: checked). While
 /// mpirun runs, this process's first SIGINT (Ctrl-C) or SIGTERM reaches every rank as SIGUSR1 (a
-/// program that sigwait()s for it stops cleanly; for one that does not, it ends the process), a
-/// second one aborts the job. Throws infer::Error where the build has no MPI or mpirun cannot be
+/// program that sigwait()s for it stops cleanly; for one that does not, it ends the process, and
+/// the exit status is 130, as for an interrupted command), a second one aborts the job. Throws infer::Error where the build has no MPI or mpirun cannot be
 /// found.
 int launch_ranks(int ranks, int argc, char** argv, const std::string& program);
 
