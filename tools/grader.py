@@ -184,11 +184,7 @@ def stop(signum, frame):
     # TERM first, so that a compiler's driver deletes its temporary files (a SIGKILL leaves them
     # in /tmp), then, a second later, SIGKILL for whatever is left.
     for p in procs:
-        for q in process_tree(p.pid):
-            try:
-                os.kill(q, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_tree(p.pid, signal.SIGTERM, rounds=1)
     deadline = time.monotonic() + 1
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.05)
@@ -394,13 +390,13 @@ def process_tree(pid):
     return tree
 
 
-def kill_tree(pid):
-    """Kills pid and everything it started. Not by process group: ninja starts each command in a
-    group of its own, so a compiler would outlive its build."""
-    for _ in range(3):  # a process may fork while the tree is read
+def kill_tree(pid, sig=signal.SIGKILL, rounds=3):
+    """Sends sig (by default, kills) to pid and everything it started. Not by process group: ninja
+    starts each command in a group of its own, so a compiler would outlive its build."""
+    for _ in range(rounds):  # a process may fork while the tree is read
         for p in process_tree(pid):
             try:
-                os.kill(p, signal.SIGKILL)
+                os.kill(p, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
