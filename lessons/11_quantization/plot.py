@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Plot lesson 11's bench: decode tokens/s per weight format against each format's memory roof,
-and what each format costs in bits per byte.
+"""Plot lesson 11's bench: decode tokens/s per weight format against each format's two roofs (its
+memory roof and its in-cache roof), and what each format costs in bits per byte.
 
     lessons/11_quantization/plot.py DIR    (reads DIR/speed.csv and DIR/quality.csv, writes DIR/quantization.png)
 """
@@ -29,11 +29,13 @@ for ax, model in zip(axes, models):
         ax.bar(xs, [float(rows[f]["tokens_per_s"]) for f in formats], width=0.36, label=f"batch {batch}: measured")
         ax.scatter(xs, [float(rows[f]["roof_tokens_per_s"]) for f in formats], marker="_", s=300, color="black",
                    zorder=3, label="its memory roof" if i == 0 else None)
+        ax.scatter(xs, [float(rows[f]["ceiling_tokens_per_s"]) for f in formats], marker="x", s=40, color="tab:red",
+                   zorder=3, label="its in-cache roof" if i == 0 else None)
     ax.set_xticks(range(len(formats)))
     ax.set_xticklabels([f.replace(" a8", "\na8") for f in formats], fontsize=8)  # a8: 8-bit activations
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"{model}: decode against each format's roof", fontsize=10)
+    ax.set_title(f"{model}: decode against each format's roofs", fontsize=10)
     ax.grid(alpha=0.3, axis="y", which="both")
     ax.legend(fontsize=7)
 q = axes[-1]
