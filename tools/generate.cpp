@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     infer::check_ranks(model_dir, tp, weight, "generate", paged ? num_blocks : 0, block_size, "--num-blocks or --block-size");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "generate");  // this process: mpirun's status
-      if (status >= 0) return status;
+      if (status >= 0) return status == 0 && infer::stop_requested() ? 130 : status;  // (stopped: as a shell says it)
     }
     infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     // Lessons 00 and 02 run their own loops; everything else is the engine's.
@@ -308,17 +308,23 @@ int main(int argc, char** argv) {
         if (run > 0 && !print_ids) std::cout << "\n" << prompt;
         infer::Stopwatch first;
         double ttft = -1;
-        while (!engine.idle())
+        while (!engine.idle()) {
+          if (infer::stop_requested()) {  // Ctrl-C over ranks (lesson 12): stop here, the followers return
+            engine.cancel(r.id);
+            break;
+          }
           for (const infer::TokenEvent& e : engine.step()) {
             if (ttft < 0) ttft = first.seconds();
             stream(e.token);
             out.push_back(e.token);
           }
+        }
         const std::vector<infer::GenerationResult> done = engine.take_finished();
         if (stats && prefix_cache)
           std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, first token after %.2f ms]",
                        run + 1, static_cast<unsigned long long>(r.sampling.seed),
                        done.empty() ? 0 : done.back().cached_tokens, prompt_ids.size(), 1e3 * ttft);
+        if (infer::stop_requested()) break;
       }
       long proposed = 0, accepted = 0, most_reserved = 0;
       for (const auto& e : engine.log())
@@ -361,6 +367,9 @@ int main(int argc, char** argv) {
     if (stats)
       std::fprintf(stderr, "%s[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prefix_cache ? "\n" : "",
                    engine_name.c_str(), prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
+    // Stopped over ranks: this rank ends as a finished one (mpirun says nothing of it), and
+    // the process that started mpirun tells the shell 130.
+    if (infer::stop_requested()) std::fprintf(stderr, "[stopped after %zu tokens]\n", out.size());
     return 0;
   } catch (const std::exception& e) {
     if (text_started) std::cout << std::endl;  // (the error on a line of its own, after the text so far)

@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
                        paged ? static_cast<int>(opts.number("--num-blocks", 0, 1)) : 0, block_size, "--num-blocks");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "serve_offline");  // this process: mpirun's status
-      if (status >= 0) return status;
+      if (status >= 0) return status == 0 && infer::stop_requested() ? 130 : status;  // (stopped: as a shell says it)
     }
     infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     const infer::ModelWeights model = infer::load_model_for(model_dir, comm);  // a rank's shard, with ranks
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
                          {.policy = policy, .max_running = max_batch, .speculative_tokens = guesses}, nullptr,
                          std::move(parts.speculator));
     // A request the engine refuses is reported with its line and skipped; the rest are served.
-    std::vector<const Prompt*> served;
+    size_t served = 0;
     int refused = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       infer::GenerationRequest r;
@@ -241,23 +241,30 @@ int main(int argc, char** argv) {
       r.sampling.seed = sampling.seed + i;
       try {
         engine.submit(r);
-        served.push_back(&prompts[i]);
+        ++served;
       } catch (const infer::Error& e) {
         ++refused;
         std::cerr << "error: " << prompts_path << ", line " << prompts[i].line << ": not served: " << e.what() << "\n";
       }
     }
     infer::Stopwatch clock;
-    const auto results = engine.run();
+    // Engine::run(), unless a stop comes over the ranks (Ctrl-C with --tensor-parallel-size, lesson
+    // 12): then the requests finished so far are printed, and the followers return.
+    while (!engine.idle() && !infer::stop_requested()) engine.step();
+    std::vector<infer::GenerationResult> results = engine.take_finished();
+    std::stable_sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     const double seconds = clock.seconds();
     long tokens = 0;
-    for (size_t i = 0; i < results.size(); ++i) {
-      tokens += static_cast<long>(results[i].tokens.size());
+    for (const infer::GenerationResult& result : results) {
+      const Prompt& prompt = prompts[static_cast<size_t>(result.id)];  // (a request's id is its prompt's index)
+      tokens += static_cast<long>(result.tokens.size());
       // Fortunes span lines: a header line per request keeps the boundaries visible.
-      std::cout << "--- request " << results[i].id << ", line " << served[i]->line << " (" << results[i].tokens.size()
+      std::cout << "--- request " << result.id << ", line " << prompt.line << " (" << result.tokens.size()
                 << " tokens) ---\n"
-                << served[i]->text << infer::ByteTokenizer::decode(results[i].tokens) << "\n";
+                << prompt.text << infer::ByteTokenizer::decode(result.tokens) << "\n";
     }
+    if (infer::stop_requested())
+      std::fprintf(stderr, "[stopped: %zu of %zu requests finished]\n", results.size(), served);
     std::fprintf(stderr, "[%zu requests, %ld tokens in %.2f s: %.1f tokens/s, %zu steps, %s batching, batch %d, on the %s]\n",
                  results.size(), tokens, seconds, tokens / seconds, engine.log().size(), policy_name.c_str(), max_batch,
                  (device == "cuda" ? "GPU, " + weights + " weights" : "CPU" + (quantized ? ", " + weights + " weights" : std::string()) +

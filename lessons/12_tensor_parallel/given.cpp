@@ -256,11 +256,24 @@ std::vector<pid_t> children_of(pid_t parent) noexcept {
 
 }  // namespace
 
+namespace {
+volatile std::sig_atomic_t stop_told = 0;  // a stop arrived: a rank's SIGUSR1, or the launcher's SIGINT or SIGTERM
+}  // namespace
+
+bool stop_requested() { return stop_told != 0; }
+
 int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   require(ranks >= 1, program, ": --tensor-parallel-size ", ranks, " (at least 1)");
   // Open MPI tells each process it starts its place in the job through the environment.
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   if (under_mpirun) {
+    // The stop passed on below, as a flag the program reads (SA_RESTART: MPI's own calls carry on).
+    // Installed before MPI starts its threads; a thread that blocks SIGUSR1 (the server) never runs it.
+    struct sigaction note_stop {};
+    sigemptyset(&note_stop.sa_mask);
+    note_stop.sa_flags = SA_RESTART;
+    note_stop.sa_handler = [](int) { stop_told = 1; };
+    sigaction(SIGUSR1, &note_stop, nullptr);
     Communicator& world = mpi_world();
     require(world.size() == ranks, program, ": --tensor-parallel-size ", ranks, ", but mpirun started ", world.size(),
             " ranks");
@@ -301,9 +314,9 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     _exit(127);
   }
   setpgid(child, child);  // also here, so that it holds before the first signal arrives
-  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1, to
-  // each rank mpirun started here and then to mpirun: a program that waits for it stops cleanly
-  // (the server), one that does not ends there. Open MPI's mpirun forwards SIGUSR1 to the ranks
+  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1 to
+  // each rank mpirun started here, or, where none is found among its children (ranks started by
+  // a daemon of its own, or not yet), to mpirun. Open MPI's mpirun forwards SIGUSR1 to the ranks
   // itself by default, but not every build does (one Open MPI 4.1.6 did not), and then a server
   // would never hear of the stop; a rank that hears it twice stops once. Ranks that mpirun starts
   // after the stop are told as they appear. A second SIGINT or SIGTERM is passed on as SIGTERM:
@@ -328,7 +341,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     if (stops > 0) {
       for (const pid_t rank : children_of(child))
         if (told.insert(rank).second) kill(rank, SIGUSR1);
-      if (!told_mpirun) kill(child, SIGUSR1), told_mpirun = true;
+      if (!told_mpirun && told.empty()) kill(child, SIGUSR1), told_mpirun = true;  // (it says so on stderr)
     }
     if (stops > 1 && !aborted) kill(child, SIGTERM), aborted = true;
     usleep(20000);
@@ -337,8 +350,9 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   sigaction(SIGTERM, &old_term, nullptr);
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  // A rank that does not wait for the stop (generate) ends by the SIGUSR1 it was told with, and
-  // mpirun reports 128 + SIGUSR1: a stop asked for, said as the shell says an interrupt.
+  if (stops > 0) stop_told = 1;  // (stop_requested() here too: the program says how a stop ends)
+  // A rank ended by the SIGUSR1 it was told with, before its handler was in place: a stop asked
+  // for, said as the shell says an interrupt.
   return stops > 0 && code == 128 + SIGUSR1 ? 130 : code;
 }
 

@@ -19,6 +19,8 @@ import threading
 import time
 import urllib.request
 
+from proc_tree import alive, descendants
+
 binary, root = sys.argv[1], sys.argv[2]
 model = os.path.join(root, "models", "tiny-fortunes")
 PROMPTS = ["The ", "A man ", "Never ", "Love is ", "You will ", "It is "]
@@ -107,41 +109,6 @@ class Started:
                 return
             time.sleep(0.1)
         sys.exit(f"processes left running after the server stopped: {left}")
-
-
-def children():
-    """Each running process's parent: {pid: ppid}."""
-    parent = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
-                parent[int(pid)] = int(fields[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    return parent
-
-
-def descendants(root):
-    parent = children()
-    found, grew = set(), True
-    while grew:
-        grew = False
-        for pid, ppid in parent.items():
-            if pid not in found and (ppid == root or ppid in found):
-                found.add(pid)
-                grew = True
-    return found
-
-
-def alive(pid):
-    """Running, not a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def complete(port, prompt):
