@@ -21,7 +21,7 @@ struct CublasLibrary {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
-/// The calls, cuBLAS loaded on the first one (libcublas.so.<its major version>, where the
+/// The calls, cuBLAS loaded on the first one (`libcublas.so.N`, N its major version, where the
 /// program's search path or the toolkit's library folder has it); throws infer::Error saying what
 /// could not be loaded. Where the CUDA runtime is the host stand-in, the stand-in's calls.
 const CublasLibrary& cublas_library();

@@ -7,6 +7,9 @@
 #include <string>
 #include <string_view>
 
+/// Everything the course builds: the model and its loaders (`common/`), and each lesson's pieces of
+/// the one engine, from lesson 00's decoder to lesson 12's ranks. The lessons' pages say which
+/// lesson adds what; this namespace's page lists every function and class by name.
 namespace infer {
 
 /// Every error the engine reports. Its message says what, where, expected and got.

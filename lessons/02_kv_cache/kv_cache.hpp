@@ -148,12 +148,15 @@ class Int8KVCache final : public KVStore {
   size_t bytes_reserved() const override;
 
  private:
-  /// One layer's quantized K or V.
+  /// @cond DETAIL
+  /// One layer's quantized K or V. (Kept from the walkthrough, which lists no private members:
+  /// Doxygen would link a "Classes" section the page does not have.)
   struct Quantized {
     std::vector<int8_t> q;       ///< [max_tokens * kv_dim]
     std::vector<float> scale;    ///< [max_tokens * kv_heads]
     mutable Matrix dequantized;  ///< scratch for reads: [length, kv_dim]
   };
+  /// @endcond
   int kv_dim_ = 0, head_dim_ = 0, kv_heads_ = 0, max_tokens_ = 0;
   std::vector<Quantized> k_, v_;
   std::vector<int> length_;

@@ -66,9 +66,11 @@ class Scheduler {
   int max_batch() const { return max_batch_; }
 
  private:
-  struct Waiting {
+  /// @cond DETAIL
+  struct Waiting {  // (kept from the walkthrough, as Int8KVCache's Quantized is)
     int id, arrival;
   };
+  /// @endcond
   Policy policy_;
   int max_batch_;
   std::deque<Waiting> queue_;

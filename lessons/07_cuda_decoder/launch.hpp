@@ -3,6 +3,8 @@
 /// Plain C++ (no CUDA, no Eigen), so the kernels and the CPU tests share it.
 #pragma once
 
+/// The GPU's side (lessons 07 to 09 and 11): kernels and the host functions that launch them over
+/// device pointers, the device's weights and KV pool, and the forward that runs a step there.
 namespace infer::gpu {
 
 /// How a kernel is launched: a grid of `blocks` blocks of `threads` threads each.

@@ -39,6 +39,8 @@
 #include "lessons/10_serving/server.hpp"
 #include "lessons/10_serving/serving.hpp"
 
+/// Lesson 10's HTTP server in its rooms (server_parts.hpp's table): routes, OpenAI's format, the
+/// mailbox between the threads, the metrics, and the threads that run the engine and the baseline.
 namespace infer::server {
 
 /// The server's clock: steady, for latencies.

@@ -25,6 +25,7 @@
 #include <immintrin.h>
 #endif
 
+/// Lesson 11's given widening: SIMD packets of INT8 and INT4 weights made floats in registers.
 namespace infer::simd {
 
 /// @cond DETAIL
