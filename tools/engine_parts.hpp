@@ -221,6 +221,24 @@ inline void check_draft(const ModelConfig& draft, const ModelConfig& target, con
           ": a draft must hold every position the model does");
 }
 
+/// Before mpirun starts lesson 12's ranks (`ranks` > 1), what rank 0 would refuse once they run,
+/// said once here rather than among mpirun's lines: a draft directory (`draft_dir`, empty for none)
+/// that holds no model or one check_draft() refuses, and a prompt of `prompt_tokens` (0: not
+/// checked) + `max_new_tokens` beyond the model's context, as Engine::submit() says it.
+inline void check_rank0(const std::string& model_dir, int ranks, const std::string& draft_dir, int prompt_tokens,
+                        int max_new_tokens, const std::string& program) {
+  if (ranks <= 1) return;
+  const ModelConfig c = load_config((std::filesystem::path(model_dir) / "config.json").string());
+  if (prompt_tokens > 0)
+    require(prompt_tokens + max_new_tokens <= c.max_position_embeddings, program, ": prompt of ", prompt_tokens,
+            " tokens + max_new_tokens ", max_new_tokens, " exceeds the context of ", c.max_position_embeddings,
+            " positions");
+  if (draft_dir.empty()) return;
+  require(std::filesystem::is_directory(draft_dir), program, ": the draft '", draft_dir,
+          "' is not a directory (expected config.json and model.safetensors in it)");
+  check_draft(load_config((std::filesystem::path(draft_dir) / "config.json").string()), c, program);
+}
+
 /// Lesson 06's speculator inside the engine, into `parts`: "" none, "ngram" prompt lookup, "draft"
 /// the model `draft` (on the GPU with device "cuda", its matrices as `gpu` says; `draft` must
 /// outlive the engine either way), for a target shaped like `target`. Throws infer::Error for a

@@ -208,9 +208,11 @@ int main(int argc, char** argv) {
       throw infer::Error("generate: --tensor-parallel-size runs the engine on the CPU, over whole-context slots or "
                          "--paged blocks; drop --device cuda, --kv-cache, --kv-dtype and --speculative tree");
     infer::check_ranks(model_dir, tp, weight, "generate", paged ? num_blocks : 0, block_size, "--num-blocks or --block-size");
+    infer::check_rank0(model_dir, tp, speculative == "draft" ? opts.text("--draft", infer::default_draft_dir(model_dir)) : "",
+                       static_cast<int>(infer::ByteTokenizer::encode(prompt).size()), max_new, "generate");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "generate");  // this process: mpirun's status
-      if (status >= 0) return status == 0 && infer::stop_requested() ? 130 : status;  // (stopped: as a shell says it)
+      if (status >= 0) return infer::end_as_stopped(), status;  // (stopped: ends as the signal would have)
     }
     infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     // Lessons 00 and 02 run their own loops; everything else is the engine's.

@@ -173,9 +173,11 @@ int main(int argc, char** argv) {
       throw infer::Error("serve_offline: --tensor-parallel-size runs the engine on the CPU; drop --device cuda");
     infer::check_ranks(model_dir, tp, weight, "serve_offline",
                        paged ? static_cast<int>(opts.number("--num-blocks", 0, 1)) : 0, block_size, "--num-blocks");
+    infer::check_rank0(model_dir, tp, speculative == "draft" ? opts.text("--draft", infer::default_draft_dir(model_dir)) : "",
+                       0, max_new, "serve_offline");
     if (tp > 1) {
       const int status = infer::launch_ranks(tp, argc, argv, "serve_offline");  // this process: mpirun's status
-      if (status >= 0) return status == 0 && infer::stop_requested() ? 130 : status;  // (stopped: as a shell says it)
+      if (status >= 0) return infer::end_as_stopped(), status;  // (stopped: ends as the signal would have)
     }
     infer::Communicator* comm = tp > 1 ? &infer::mpi_world() : nullptr;
     const infer::ModelWeights model = infer::load_model_for(model_dir, comm);  // a rank's shard, with ranks

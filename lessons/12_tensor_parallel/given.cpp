@@ -25,6 +25,8 @@
 #include <vector>
 #include <csignal>
 #include <pthread.h>
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "common/errors.hpp"
@@ -227,11 +229,13 @@ Communicator& mpi_world() {
 
 namespace {
 
-/// The processes whose parent is `parent` (read from /proc/PID/stat; none where there is no /proc).
-/// Never throws: a process gone since the listing, or a listing cut short, leaves it out.
-std::vector<pid_t> children_of(pid_t parent) noexcept {
+/// The processes below `root` (its children, theirs, and so on), read from /proc/PID/stat; none
+/// where there is no /proc. Never throws: a process gone since the listing, or a listing cut
+/// short, leaves it out.
+std::vector<pid_t> descendants_of(pid_t root) noexcept {
   std::vector<pid_t> found;
   try {
+    std::map<pid_t, pid_t> parent;
     std::error_code ec;
     for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
@@ -243,24 +247,62 @@ std::vector<pid_t> children_of(pid_t parent) noexcept {
       std::fclose(f);
       // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
       const char* close = std::strrchr(line, ')');
-      if (n == 0 || !close) continue;
       char state = 0;
       int ppid = 0;
-      if (std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
-        found.push_back(static_cast<pid_t>(std::stol(name)));
+      if (n > 0 && close && std::sscanf(close + 1, " %c %d", &state, &ppid) == 2)
+        parent[static_cast<pid_t>(std::stol(name))] = static_cast<pid_t>(ppid);
+    }
+    std::set<pid_t> below{root};
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const auto& [pid, ppid] : parent)
+        if (below.count(ppid) && below.insert(pid).second) grew = true, found.push_back(pid);
     }
   } catch (...) {  // (out of memory): the ones found so far
   }
   return found;
 }
 
+/// Whether process `pid` runs the executable `exe` and catches or blocks SIGUSR1 (a rank of ours
+/// past launch_ranks()'s handler, or a server that sigwait()s): one that a SIGUSR1 stops cleanly.
+bool reads_stops(pid_t pid, const std::filesystem::path& exe) noexcept {
+  try {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(cat("/proc/", pid, "/exe"), ec) != exe || ec) return false;
+    std::FILE* f = std::fopen(cat("/proc/", pid, "/status").c_str(), "r");
+    if (!f) return false;
+    unsigned long long caught = 0, blocked = 0;
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      std::sscanf(line, "SigCgt: %llx", &caught);
+      std::sscanf(line, "SigBlk: %llx", &blocked);
+    }
+    std::fclose(f);
+    return ((caught | blocked) >> (SIGUSR1 - 1)) & 1;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
 
 namespace {
-volatile std::sig_atomic_t stop_told = 0;  // a stop arrived: a rank's SIGUSR1, or the launcher's SIGINT or SIGTERM
+volatile std::sig_atomic_t stop_told = 0;   // a stop arrived: a rank's SIGUSR1, or the launcher's signal
+volatile std::sig_atomic_t stop_signal = 0;  // the launcher: the first stop's signal (SIGPIPE: output closed)
 }  // namespace
 
 bool stop_requested() { return stop_told != 0; }
+
+void end_as_stopped() {
+  if (stop_signal == 0) return;
+  std::fflush(nullptr);
+  std::signal(stop_signal, SIG_DFL);
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, stop_signal);
+  pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+  raise(stop_signal);
+}
 
 int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   require(ranks >= 1, program, ": --tensor-parallel-size ", ranks, " (at least 1)");
@@ -288,24 +330,34 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   std::vector<char*> raw;
   for (std::string& a : args) raw.push_back(a.data());
   raw.push_back(nullptr);
-  // Ctrl-C and SIGTERM held back from here until the handlers below are in place (a program that
-  // has not blocked them itself, as generate, would otherwise die of one between fork and
-  // sigaction, leaving mpirun running in its own process group); the old mask comes back at the end.
+  // Ctrl-C, SIGTERM and SIGHUP held back from here until the handlers below are in place (a
+  // program that has not blocked them itself, as generate, would otherwise die of one between fork
+  // and sigaction, leaving mpirun running in its own process group); the old mask comes back at the end.
   sigset_t stop_signals, old_mask;
   sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+  // mpirun's stdout comes through this process (below): were it the terminal's or a pipe's own,
+  // a reader that closes early (`| head`) would crash mpirun (Open MPI 4.1 aborts on SIGPIPE).
+  int out[2] = {-1, -1};
+  if (pipe(out) != 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  require(out[0] >= 0 && out[1] >= 0, program, ": cannot make a pipe for mpirun's output");
+  const pid_t me = getpid();
   const pid_t child = fork();
-  if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr), close(out[0]), close(out[1]);
   require(child >= 0, program, ": cannot start mpirun");
   if (child == 0) {
     // mpirun in a process group of its own: Ctrl-C reaches this process alone, which passes it
     // on (below). Were mpirun to take SIGINT itself, it would abort the job: SIGTERM to every
     // rank, SIGKILL a second later, exit status 1, whatever the ranks were doing. It starts with
-    // no signal blocked (a server blocks them before it gets here) and reads no stdin (a process
-    // group in the background that reads the terminal is stopped).
+    // no signal blocked (a server blocks them before it gets here), reads no stdin (a process
+    // group in the background that reads the terminal is stopped), and gets SIGTERM (it aborts
+    // the job) if this process dies without passing a stop on (SIGKILL, SIGQUIT).
     setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != me) _exit(1);  // (died already, before the line above)
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]), close(out[1]);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -313,47 +365,90 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     std::fprintf(stderr, "error: %s: cannot run mpirun (install openmpi-bin: ./course setup)\n", program.c_str());
     _exit(127);
   }
+  close(out[1]);
   setpgid(child, child);  // also here, so that it holds before the first signal arrives
-  // This process only waits for mpirun. The first SIGINT or SIGTERM is passed on as SIGUSR1 to
-  // each rank mpirun started here, or, where none is found among its children (ranks started by
-  // a daemon of its own, or not yet), to mpirun. Open MPI's mpirun forwards SIGUSR1 to the ranks
-  // itself by default, but not every build does (one Open MPI 4.1.6 did not), and then a server
-  // would never hear of the stop; a rank that hears it twice stops once. Ranks that mpirun starts
-  // after the stop are told as they appear. A second SIGINT or SIGTERM is passed on as SIGTERM:
-  // mpirun aborts the job. The handler only counts; the loop below does the telling (reading /proc
-  // is not for a handler), every 20 ms.
+  // This process waits for mpirun and copies its stdout. The first SIGINT, SIGTERM or SIGHUP (or
+  // its stdout's reader gone) is passed on as SIGUSR1 to each rank below mpirun, as soon as that
+  // rank catches it (launch_ranks()'s handler, above) or blocks it (a server's sigwait()): told any
+  // earlier, a rank would die of it, and mpirun say so. Ranks that appear after the stop are told
+  // as they get there; a rank that hears it twice stops once. mpirun itself is not told: it would
+  // forward the signal to ranks not ready for it (by default; not every build does), and print
+  // that it did. After a second stop, mpirun gets SIGTERM and aborts the job. The handler only
+  // counts; the loop below does the telling (reading /proc is not for a handler), every 20 ms.
   static volatile sig_atomic_t stops = 0;
   stops = 0;
-  struct sigaction count_stop {}, old_int {}, old_term {};
+  stop_signal = 0;
+  struct sigaction count_stop {}, old[3] {}, ignore {}, old_pipe {};
   sigemptyset(&count_stop.sa_mask);
-  sigaddset(&count_stop.sa_mask, SIGINT);  // one handler at a time: two signals count as two
-  sigaddset(&count_stop.sa_mask, SIGTERM);
-  count_stop.sa_handler = [](int) { stops = stops + 1; };
-  sigaction(SIGINT, &count_stop, &old_int);
-  sigaction(SIGTERM, &count_stop, &old_term);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&count_stop.sa_mask, sig);  // one at a time: two count as two
+  count_stop.sa_handler = [](int sig) {
+    if (stop_signal == 0) stop_signal = sig;
+    stops = stops + 1;
+  };
+  const int caught[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) sigaction(caught[i], &count_stop, &old[i]);
+  ignore.sa_handler = SIG_IGN;  // a closed reader is seen as EPIPE from write(), not as a signal
+  sigaction(SIGPIPE, &ignore, &old_pipe);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   int status = 0;
   std::set<pid_t> told;  // the ranks told so far
-  bool told_mpirun = false, aborted = false;
+  bool aborted = false, output_open = true, stop_seen = false, said_waiting = false;
+  Stopwatch since_stop;
+  std::vector<char> buffer(1 << 16);
   while (true) {
     const pid_t done = waitpid(child, &status, WNOHANG);
     if (done == child || (done < 0 && errno != EINTR)) break;
-    if (stops > 0) {
-      for (const pid_t rank : children_of(child))
-        if (told.insert(rank).second) kill(rank, SIGUSR1);
-      if (!told_mpirun && told.empty()) kill(child, SIGUSR1), told_mpirun = true;  // (it says so on stderr)
+    if (out[0] >= 0) {  // mpirun's output, to this process's: a reader gone is a stop
+      pollfd p{out[0], POLLIN, 0};
+      if (poll(&p, 1, 20) > 0) {
+        const ssize_t n = read(out[0], buffer.data(), buffer.size());
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) close(out[0]), out[0] = -1;  // (mpirun closed it)
+        for (ssize_t at = 0; n > 0 && output_open && at < n;) {
+          const ssize_t w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at));
+          if (w > 0) at += w;
+          else if (errno != EINTR) {
+            output_open = false;  // (the rest is read and dropped, so that mpirun never waits on it)
+            if (stop_signal == 0) stop_signal = SIGPIPE;
+            stops = stops + 1;
+          }
+        }
+      }
+    } else {
+      usleep(20000);
     }
-    if (stops > 1 && !aborted) kill(child, SIGTERM), aborted = true;
-    usleep(20000);
+    if (stops > 0) {
+      if (!stop_seen) since_stop.reset(), stop_seen = true;
+      for (const pid_t rank : descendants_of(child))
+        if (!told.count(rank) && reads_stops(rank, exe)) kill(rank, SIGUSR1), told.insert(rank);
+      if (!said_waiting && !aborted && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
+        std::fprintf(stderr, "\n[%s: stopping when the ranks end their step; a second Ctrl-C ends them at once]\n",
+                     program.c_str());
+        said_waiting = true;
+      }
+    }
+    if (stops > 1 && !aborted) {
+      std::fprintf(stderr, "\n[%s: a second stop: mpirun ends every rank now]\n", program.c_str());
+      kill(child, SIGTERM), aborted = true;
+    }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  if (out[0] >= 0) {  // what mpirun wrote before it ended
+    for (ssize_t n; (n = read(out[0], buffer.data(), buffer.size())) > 0 && output_open;)
+      for (ssize_t at = 0, w; at < n && output_open; at += w > 0 ? w : 0)
+        if ((w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at))) < 0 && errno != EINTR)
+          output_open = false;
+    close(out[0]);
+  }
+  for (int i = 0; i < 3; ++i) sigaction(caught[i], &old[i], nullptr);
+  sigaction(SIGPIPE, &old_pipe, nullptr);
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (stops > 0) stop_told = 1;  // (stop_requested() here too: the program says how a stop ends)
-  // A rank ended by the SIGUSR1 it was told with, before its handler was in place: a stop asked
-  // for, said as the shell says an interrupt.
-  return stops > 0 && code == 128 + SIGUSR1 ? 130 : code;
+  // A rank ended by the SIGUSR1 it was told with, or a job aborted by a second stop: a stop asked
+  // for, said as the shell says it.
+  if (stops > 0 && (aborted || code == 128 + SIGUSR1)) code = 128 + stop_signal;
+  return code;
 }
 
 // ------------------------------------------------------------------ weight sources --

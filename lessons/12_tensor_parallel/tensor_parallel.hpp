@@ -100,22 +100,30 @@ Communicator& mpi_world();
 
 /// For a program asked to run on `ranks` ranks: if this process was not started by mpirun, starts
 /// `mpirun -n ranks` on this same program with the same arguments (with `--oversubscribe`, so that
-/// the ranks may outnumber the cores, and `--allow-run-as-root` as root) and returns its exit status; returns -1 when this
-/// process is already one of the ranks (then mpi_world().size() must be `ranks`: checked). While
-/// mpirun runs, this process's first SIGINT (Ctrl-C) or SIGTERM reaches every rank as SIGUSR1, a
-/// second one aborts the job. On a rank (the call that returns -1), SIGUSR1 from then on sets
-/// stop_requested() instead of ending the process: a program stops cleanly by reading it between
-/// steps (or by sigwait()ing for SIGUSR1, blocked, as the server does), rank 0 letting the followers
-/// return, and exits 0 (a rank that died of a signal or exited non-zero would have mpirun print a
-/// box about it). The launching process then sees stop_requested() too and says how a stop ends:
-/// 130 for an interrupted command (generate), 0 for a server told to stop. Throws infer::Error
-/// where the build has no MPI or mpirun cannot be found.
+/// the ranks may outnumber the cores, and `--allow-run-as-root` as root), copies its output, and
+/// returns its exit status; returns -1 when this process is already one of the ranks (then
+/// mpi_world().size() must be `ranks`: checked). While mpirun runs, this process's first SIGINT
+/// (Ctrl-C), SIGTERM or SIGHUP, or its output's reader gone (`| head`), reaches every rank as
+/// SIGUSR1; a second one aborts the job; if this process dies otherwise, mpirun ends the job. On a
+/// rank (the call that returns -1), SIGUSR1 from then on sets stop_requested() instead of ending
+/// the process: a program stops cleanly by reading it between steps (or by sigwait()ing for
+/// SIGUSR1, blocked, as the server does), rank 0 letting the followers return, and exits 0 (a rank
+/// that died of a signal or exited non-zero would have mpirun print a box about it). The launching
+/// process then sees stop_requested() too and says how a stop ends: end_as_stopped() for a command
+/// (generate), the status for a server told to stop (0). Throws infer::Error where the build has
+/// no MPI or mpirun cannot be found.
 int launch_ranks(int ranks, int argc, char** argv, const std::string& program);
 
 /// Whether a stop arrived: on a rank that launch_ranks() returned -1 to, the SIGUSR1 by which it
 /// passes one on; in the process that called launch_ranks() to start mpirun, after it returned,
-/// the SIGINT or SIGTERM it passed on. False elsewhere.
+/// the stop it passed on. False elsewhere.
 bool stop_requested();
+
+/// In the process that called launch_ranks() to start mpirun, after a stop it passed on: ends this
+/// process by the stop's signal (SIGINT for Ctrl-C, SIGPIPE for a reader gone), as the signal would
+/// have ended a program run without ranks, so that a shell script running it stops too (an exit
+/// status of 130 would let it go on). Returns, doing nothing, where no stop was passed on.
+void end_as_stopped();
 
 /// The model a program's process runs on (given): load_model(dir) without a group (`comm` null);
 /// with one, this rank's shard of it, read by load_shard() (only its own bytes of the file).

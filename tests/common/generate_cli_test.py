@@ -143,10 +143,15 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--speculative", "ngram", "--kv-cache"], "drop --kv-cache"),
                       (["--speculative", "tree", "--temperature", "0", "--paged"], "drop --paged"),
                       (["--speculative", "draft", "--draft", "/nonexistent"], "nonexistent"),
+                      # Over ranks, refused before mpirun starts them (not among its lines):
+                      (["--tensor-parallel-size", "2", "--max-new-tokens", "400"], "exceeds the context of 256"),
+                      (["--tensor-parallel-size", "2", "--speculative", "draft", "--draft", "/nonexistent"],
+                       "'/nonexistent' is not a directory"),
                       (["--paged", "--block-size", "2", "--num-blocks", "2"], "positions the KV memory can give one sequence")]:
     args = [binary, "--model", model, "--prompt", "The "] + ([] if "--max-new-tokens" in bad else ["--max-new-tokens", "4"]) + bad
     run = subprocess.run(args, capture_output=True, text=True, check=False)
-    if run.returncode == 0 or fragment not in run.stderr:
-        sys.exit(f"{' '.join(bad)}: expected a non-zero exit and a message mentioning {fragment!r}, "
+    if run.returncode == 0 or fragment not in run.stderr or "-----" in run.stderr:
+        sys.exit(f"{' '.join(bad)}: expected a non-zero exit and a message mentioning {fragment!r} (and no box "
+                 f"of mpirun's), "
                  f"got exit {run.returncode} and {run.stderr!r}")
 print("generate refuses bad options with a message")

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Ctrl-C and SIGTERM to generate and serve-offline over lesson 12's MPI ranks: the program stops
-within seconds with exit status 130 (an interrupted command), says where it stopped, prints what
-it finished, leaves no rank or mpirun running, and mpirun prints none of its boxes (a rank that
-died of the stop's SIGUSR1, or exited non-zero, would have it print one).
+"""Stopping generate and serve-offline over lesson 12's MPI ranks, every way a user does: Ctrl-C
+and SIGTERM mid-run (the program says where it stopped, prints what it finished, and ends by that
+signal, as it would without ranks: a shell script running it stops too), a Ctrl-C in the first
+milliseconds (ranks not yet ready to hear it), two Ctrl-Cs (the job is aborted, saying so), a
+reader that closes the output early (`| head`: ends by SIGPIPE), and SIGKILL to the launching
+process (mpirun ends the job). Each time: no rank or mpirun left running, and mpirun prints none of
+its boxes (a rank that died of the stop's SIGUSR1, or exited non-zero, would have it print one).
 
     stop_over_ranks_test.py GENERATE_BINARY SERVE_OFFLINE_BINARY REPOSITORY_ROOT
 """
@@ -18,11 +21,32 @@ from proc_tree import alive, descendants
 
 generate, serve_offline, root = sys.argv[1], sys.argv[2], sys.argv[3]
 model = os.path.join(root, "models", "tiny-fortunes")
+# generate runs the prompt up to 1,000 times one after another (--repeat): long enough to stop.
+LONG = [generate, "--model", model, "--prompt", "The ", "--max-new-tokens", "200", "--tensor-parallel-size", "2",
+        "--paged", "--prefix-cache", "--repeat", "1000", "--temperature", "0"]
 
 
-def stop_and_check(name, argv, sig, started, stderr_says):
-    """Runs argv, waits until started(stdout so far, process tree) holds, sends sig, and checks
-    the ending. Returns the stdout and stderr."""
+def no_box(name, stderr, what):
+    box = [line for line in stderr.splitlines() if re.fullmatch(r"-{20,}", line.strip()) or "signal" in line]
+    if box:
+        sys.exit(f"{name}: mpirun printed {box!r} after {what}; stderr:\n{stderr[-3000:]}")
+
+
+def none_left(name, tree, what):
+    deadline = time.time() + 10
+    while [pid for pid in tree if alive(pid)] and time.time() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in tree if alive(pid)]
+    if left:
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        sys.exit(f"{name}: processes {left} (mpirun or ranks) left running after {what}")
+
+
+def stop_and_check(name, argv, signals, started, ends_by, stderr_says):
+    """Runs argv, waits until started(stdout so far, process tree) holds, sends `signals` (10 ms
+    apart), and checks that the program ended by signal `ends_by`, said `stderr_says`, printed no
+    box and left nothing running. Returns the stdout and stderr, or None where the build has no MPI."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(argv, stdout=out, stderr=err)
         deadline = time.time() + 60
@@ -39,44 +63,36 @@ def stop_and_check(name, argv, sig, started, stderr_says):
             if time.time() > deadline:
                 process.kill()
                 sys.exit(f"{name}: not started after 60 s")
-            time.sleep(0.02)
+            time.sleep(0.005)
         tree |= descendants(process.pid)
-        process.send_signal(sig)
+        what = " and ".join(s.name for s in signals)
+        for i, sig in enumerate(signals):
+            if i:
+                time.sleep(0.01)
+            process.send_signal(sig)
         try:
             code = process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             for pid in descendants(process.pid) | tree:
                 os.kill(pid, signal.SIGKILL)
             process.kill()
-            sys.exit(f"{name}: still running 20 s after {sig.name}")
+            sys.exit(f"{name}: still running 20 s after {what}")
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if "needs MPI" in stderr:
         return None
-    if code != 130:
-        sys.exit(f"{name}: exit {code} after {sig.name}, expected 130; stderr:\n{stderr[-3000:]}")
+    if code != -ends_by:
+        sys.exit(f"{name}: exit status {code} after {what}, expected to end by {ends_by.name} "
+                 f"({-ends_by}); stderr:\n{stderr[-3000:]}")
     if stderr_says not in stderr:
-        sys.exit(f"{name}: stderr should say {stderr_says!r} after {sig.name}; it says:\n{stderr[-3000:]}")
-    box = [line for line in stderr.splitlines() if re.fullmatch(r"-{20,}", line.strip()) or "signal" in line]
-    if box:
-        sys.exit(f"{name}: mpirun printed {box!r} after {sig.name}; stderr:\n{stderr[-3000:]}")
-    deadline = time.time() + 5
-    while [pid for pid in tree if alive(pid)] and time.time() < deadline:
-        time.sleep(0.1)
-    left = [pid for pid in tree if alive(pid)]
-    if left:
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        sys.exit(f"{name}: processes {left} (mpirun or ranks) left running after {sig.name}")
+        sys.exit(f"{name}: stderr should say {stderr_says!r} after {what}; it says:\n{stderr[-3000:]}")
+    no_box(name, stderr, what)
+    none_left(name, tree, what)
     return stdout, stderr
 
 
-# generate runs the prompt up to 1,000 times one after another (--repeat): stopped after 300 bytes.
-got = stop_and_check(
-    "generate --tensor-parallel-size 2",
-    [generate, "--model", model, "--prompt", "The ", "--max-new-tokens", "200", "--tensor-parallel-size", "2",
-     "--paged", "--prefix-cache", "--repeat", "1000", "--temperature", "0"],
-    signal.SIGINT, lambda stdout, tree: len(stdout) > 300, "[stopped after ")
+got = stop_and_check("generate --tensor-parallel-size 2", LONG, [signal.SIGINT],
+                     lambda stdout, tree: len(stdout) > 300, signal.SIGINT, "[stopped after ")
 if got is None:
     print("generate --tensor-parallel-size 2: refused, this build has no MPI")
     sys.exit(0)
@@ -84,15 +100,72 @@ stdout, stderr = got
 tokens = int(re.search(r"\[stopped after (\d+) tokens\]", stderr).group(1))
 if not 0 < tokens < 200 * 1000 or not stdout.startswith("The "):
     sys.exit(f"generate: stopped after {tokens} tokens, printed {len(stdout)} characters starting {stdout[:40]!r}")
-print(f"generate --tensor-parallel-size 2: Ctrl-C stopped it after {tokens} tokens, exit 130, no rank left, "
+print(f"generate --tensor-parallel-size 2: Ctrl-C stopped it after {tokens} tokens, ended by SIGINT, no rank left, "
       "nothing from mpirun")
+
+# A Ctrl-C as soon as mpirun has started, and as soon as a rank has (before it can hear a stop):
+# the ranks are told once they can.
+def rank_named(comm):
+    """started(): a process of the tree runs `comm` (a rank, just started)."""
+    def started(stdout, tree):
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == comm:
+                        return True
+            except OSError:  # gone since
+                pass
+        return False
+    return started
+
+
+for when, started in (("as soon as mpirun started", lambda stdout, tree: bool(tree)),
+                      ("as soon as a rank started", rank_named("generate"))):
+    stop_and_check(f"generate --tensor-parallel-size 2, Ctrl-C {when}", LONG, [signal.SIGINT], started,
+                   signal.SIGINT, "[stopped after ")
+print("generate --tensor-parallel-size 2: Ctrl-C as soon as mpirun started, and as soon as a rank did: "
+      "stopped as cleanly")
+
+# Two Ctrl-Cs: the job is aborted, and the program says so.
+stop_and_check("generate --tensor-parallel-size 2, two Ctrl-Cs", LONG, [signal.SIGINT, signal.SIGINT],
+               lambda stdout, tree: len(stdout) > 300, signal.SIGINT, "a second stop")
+print("generate --tensor-parallel-size 2: two Ctrl-Cs abort the job, saying so, nothing left")
+
+# A reader that closes the output early (`generate ... | head -c 100`): the ranks stop, the program
+# ends by SIGPIPE as it does without ranks.
+process = subprocess.Popen(LONG, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+first = process.stdout.read(100)
+tree = descendants(process.pid)
+process.stdout.close()
+try:
+    code = process.wait(timeout=20)
+except subprocess.TimeoutExpired:
+    process.kill()
+    sys.exit("generate --tensor-parallel-size 2 | head: still running 20 s after its reader left")
+stderr = process.stderr.read().decode(errors="replace")
+if code != -signal.SIGPIPE or len(first) != 100:
+    sys.exit(f"generate --tensor-parallel-size 2 | head: exit status {code} (expected to end by SIGPIPE, "
+             f"{-signal.SIGPIPE}), read {len(first)} bytes; stderr:\n{stderr[-3000:]}")
+no_box("generate --tensor-parallel-size 2 | head", stderr, "its reader left")
+none_left("generate --tensor-parallel-size 2 | head", tree, "its reader left")
+print("generate --tensor-parallel-size 2 | head: ended by SIGPIPE, nothing from mpirun, nothing left")
+
+# SIGKILL to the launching process: mpirun, told by the kernel, ends the job.
+process = subprocess.Popen(LONG, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.time() + 60
+while len(descendants(process.pid)) < 3 and time.time() < deadline:  # mpirun and its two ranks
+    time.sleep(0.02)
+tree = descendants(process.pid)
+process.kill()
+process.wait()
+none_left("generate --tensor-parallel-size 2", tree, "SIGKILL to the launching process")
+print("generate --tensor-parallel-size 2: SIGKILL to it ends mpirun and the ranks")
 
 # serve-offline on 2,000 prompts, stopped a second after both ranks run: the finished requests are
 # printed.
 with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompts:
     prompts.write("".join(f"Fortune {i}: \n" for i in range(2000)))
     prompts.flush()
-
     up_since = []
 
     def ranks_up(stdout, tree):
@@ -113,11 +186,11 @@ with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompts:
         "serve_offline --tensor-parallel-size 2",
         [serve_offline, "--model", model, "--prompts", prompts.name, "--max-new-tokens", "200",
          "--tensor-parallel-size", "2"],
-        signal.SIGTERM, ranks_up, "[stopped: ")
+        [signal.SIGTERM], ranks_up, signal.SIGTERM, "[stopped: ")
 finished = int(re.search(r"\[stopped: (\d+) of 2000 requests finished\]", stderr).group(1))
 headers = re.findall(r"^--- request (\d+), line (\d+) ", stdout, re.M)
 if len(headers) != finished or any(int(line) != int(i) + 1 for i, line in headers) or finished >= 2000:
     sys.exit(f"serve_offline: said {finished} requests finished, printed {len(headers)} "
              f"(the first: {headers[:3]})")
 print(f"serve_offline --tensor-parallel-size 2: SIGTERM stopped it with {finished} of 2000 requests finished "
-      "(each printed with its line), exit 130, no rank left, nothing from mpirun")
+      "(each printed with its line), ended by SIGTERM, no rank left, nothing from mpirun")
