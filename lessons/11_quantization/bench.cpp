@@ -14,8 +14,9 @@
 //    75.9M-parameter model (--model DIR for another), each against its two roofs: its memory roof,
 //    the bytes a step reads (the projections as stored, the norms, the KV positions) over the read
 //    bandwidth measured on a buffer of that size (the better of a measurement just before the
-//    format's rates and one just after), and its in-cache roof, the step's products timed on
-//    weights already in the cores' caches (in_cache_ceiling()).
+//    format's rates and one just after), and its compute roof, the step's products timed on
+//    weights already in the cores' caches (in_cache_ceiling()); and against the time the bytes,
+//    the instructions and the rest of the step (rest_of_step()) would take one after the other.
 //
 // Writes DIR/quality.csv and DIR/speed.csv for plot.py.
 #include <omp.h>
@@ -120,16 +121,19 @@ double group_offset(const ModelWeights& model, int group) {
 }
 
 /// The tokens/s a decode step's products could reach at `batch` if no weight waited on memory: the
-/// other roof, set by the instructions each weight costs. Each distinct product (layer 0's seven and
-/// the LM head) is timed on a slice of its rows small enough to stay in the cores' caches (about
-/// 256 KB a thread), the threads each repeating their share of the slice as the engine's step
-/// shares out rows; the step's time is every layer's products at those rates (attention, the norms
-/// and the threads' meetings left out, so it is a ceiling).
+/// compute roof, measured for the instructions each weight of this format costs. Each distinct
+/// product (layer 0's seven and the LM head) is timed on its rows, or where they are more than
+/// about 768 KB a thread (this machine's L2 is 1 MiB a core) on a slice of them, scaled up (a
+/// call's fixed costs then count more than once: a few percent for 8-bit activations at batch 8).
+/// Each thread repeats its share of the rows, one call a repetition; the engine's step shares
+/// rows the same way, except that q, k and v are one stack there. The step's time is every
+/// layer's products at those rates (attention, the norms and the threads' meetings left out:
+/// rest_of_step() measures them).
 double in_cache_ceiling(const ModelProjections& p, int batch) {
   const int threads = omp_get_max_threads();
   const auto seconds_for = [&](const Projection& w) {
     const long row_bytes = std::max(1L, w.bytes() / w.rows());
-    const long rows = std::clamp(threads * (256L << 10) / row_bytes / 4 * 4, std::min(4L, w.rows()), w.rows());
+    const long rows = std::clamp(threads * (768L << 10) / row_bytes / 4 * 4, std::min(4L, w.rows()), w.rows());
     const Matrix x = Matrix::Random(batch, w.cols());
     Matrix y(batch, w.rows());
     // Enough repetitions for about 5 ms of work at 100 GB/s; the best of five timings.
@@ -149,6 +153,38 @@ double in_cache_ceiling(const ModelProjections& p, int batch) {
   double layer = 0;
   for (const auto& w : p.layers.front()) layer += seconds_for(*w);
   return batch / (static_cast<double>(p.layers.size()) * layer + seconds_for(*p.lm_head));
+}
+
+/// A product that costs nothing: y's columns set to zero, W never read.
+class NoProduct final : public Projection {
+ public:
+  NoProduct(long rows, long cols) : rows_(rows), cols_(cols) {}
+  long rows() const override { return rows_; }
+  long cols() const override { return cols_; }
+  long bytes() const override { return 0; }
+  void rows_into(ConstMatrixRef, MatrixRef y, long first, long count, bool accumulate) const override {
+    if (!accumulate) y.middleCols(first, count).setZero();
+  }
+  Matrix to_float() const override { return Matrix::Zero(rows_, cols_); }
+
+ private:
+  long rows_, cols_;
+};
+
+/// Seconds a decode step of `batch` sequences takes besides its products (the embedding, the
+/// norms, RoPE, the appends, attention, the threads' meetings, sampling's logits): the engine's
+/// step timed with every product replaced by one that costs nothing.
+double rest_of_step(const ModelWeights& model, int batch, int context, int steps) {
+  ModelProjections none;
+  for (const LayerWeights& l : model.layers) {
+    auto& out = none.layers.emplace_back();
+    const Matrix* ws[kLayerProjections] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
+                                           &l.down_proj};
+    for (int i = 0; i < kLayerProjections; ++i) out[i] = std::make_unique<NoProduct>(ws[i]->rows(), ws[i]->cols());
+  }
+  none.lm_head = std::make_unique<NoProduct>(model.lm_head.rows(), model.lm_head.cols());
+  CpuRunner runner(model, std::move(none));
+  return batch / decode_rate(runner, batch, context, steps);
 }
 
 /// Bytes of the float32 vectors a step reads besides the projections: the norms.
@@ -220,15 +256,19 @@ int main(int argc, char** argv) {
     }
     const int context = 16;
     std::ofstream speed(out + "/speed.csv");
-    speed << "model,format,batch,tokens_per_s,bytes_per_step,bandwidth,roof_tokens_per_s,ceiling_tokens_per_s\n";
+    speed << "model,format,batch,tokens_per_s,bytes_per_step,bandwidth,roof_tokens_per_s,ceiling_tokens_per_s,"
+             "rest_seconds,serial_tokens_per_s\n";
     std::printf("Decode through the engine, %d threads, %d positions in:\n", omp_get_max_threads(), context);
     std::printf("(a8: INT4 weights by 8-bit activations, %s)\n",
                 int4_int8_vectorized(32) ? "summed by AVX-512 VNNI" : "the plain loop: this build has no AVX-512 VNNI");
-    std::printf("%-14s %-12s %5s %9s %7s %8s %9s %10s %10s %8s %8s\n", "model", "format", "batch", "tokens/s", "vs f32",
-                "MB/step", "GB/s", "memory", "in-cache", "bound", "of it");
+    std::printf("%-14s %-12s %5s %9s %7s %8s %7s %8s %9s %8s %6s %10s %6s\n", "model", "format", "batch", "tokens/s",
+                "vs f32", "MB/step", "GB/s", "memory", "compute", "bound", "of it", "no overlap", "of it");
+    double last_rest = 0;  // the last model's rest of a batch-1 step, for the note below
     for (const auto& [name, model] : models) {
       const ModelConfig& c = model.config;
       std::vector<double> f32_rate(2, 0);
+      const double rest[2] = {rest_of_step(model, 1, context, steps), rest_of_step(model, 8, context, steps)};
+      last_rest = rest[0];
       for (const Format& f : formats_for(c)) {
         ModelProjections projections = f.of(model);
         const double ceiling[2] = {in_cache_ceiling(projections, 1), in_cache_ceiling(projections, 8)};
@@ -246,25 +286,33 @@ int main(int argc, char** argv) {
           const double kv = 2.0 * 4 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (context + steps / 2.0);
           const double bytes = weights + batch * kv;
           const double roof = batch * bandwidth / bytes;
+          // Were nothing to overlap: the bytes moved, then the instructions run, then the rest.
+          const double serial = batch / (batch / roof + batch / ceiling[bi] + rest[bi]);
           const double rate = rates[bi];
           if (f.format == WeightFormat::f32) f32_rate[bi] = rate;
           const bool by_memory = roof <= ceiling[bi];
-          std::printf("%-14s %-12s %5d %9.0f %6.2fx %8.2f %9.1f %10.0f %10.0f %8s %7.0f%%\n", name.c_str(), f.name.c_str(),
-                      batch, rate, rate / f32_rate[bi], bytes / 1e6, bandwidth / 1e9, roof, ceiling[bi],
-                      by_memory ? "memory" : "in-cache", 100 * rate / std::min(roof, ceiling[bi]));
+          std::printf("%-14s %-12s %5d %9.0f %6.2fx %8.2f %7.1f %8.0f %9.0f %8s %5.0f%% %10.0f %5.0f%%\n", name.c_str(),
+                      f.name.c_str(), batch, rate, rate / f32_rate[bi], bytes / 1e6, bandwidth / 1e9, roof, ceiling[bi],
+                      by_memory ? "memory" : "compute", 100 * rate / std::min(roof, ceiling[bi]), serial,
+                      100 * rate / serial);
           speed << name << "," << f.name << "," << batch << "," << rate << "," << bytes << "," << bandwidth << "," << roof
-                << "," << ceiling[bi] << "\n";
+                << "," << ceiling[bi] << "," << rest[bi] << "," << serial << "\n";
         }
       }
     }
-    std::printf("\nTwo roofs, in tokens/s. \"memory\": batch x the read bandwidth (GB/s) of a buffer as large as\n"
-                "the format's weights over the bytes a step reads (MB/step); a batch of 8 reads the weights once.\n"
-                "\"in-cache\": what the step's products reach when their weights already sit in the cores'\n"
-                "caches, so that only the instructions each weight costs limit them (attention and the\n"
-                "threads' meetings left out). \"bound\" names the lower roof; \"of it\" is tokens/s over it.\n"
-                "A figure above 100%% means a bandwidth measurement was unlucky (another program busy on\n"
-                "this machine): run it again.\n"
+    std::printf("\nIn tokens/s. \"memory\": the memory roof, batch x the read bandwidth (GB/s) of a buffer as large\n"
+                "as the format's weights over the bytes a step reads (MB/step); a batch of 8 reads the weights\n"
+                "once. On the bundled model that buffer sits in the caches: its \"memory\" is theirs.\n"
+                "\"compute\": the compute roof, measured in cache: what the step's products reach when their\n"
+                "weights already sit in the cores' caches, so that the instructions each weight costs limit\n"
+                "them (attention, the norms and the threads' meetings left out). \"bound\" names the lower roof,\n"
+                "the roofline's bound, where bytes and instructions overlap perfectly; \"no overlap\": the\n"
+                "bytes' time, the instructions' time and the rest of the step (%.3f ms at batch 1 on the last\n"
+                "model, timed with products that cost nothing) one after the other. Each \"of it\" is tokens/s\n"
+                "over the figure before it. A figure above 100%% beside a roof means a measurement of the roof\n"
+                "was unlucky (another program busy on this machine): run it again.\n"
                 "wrote %s/quality.csv and speed.csv\n",
+                1e3 * last_rest,
                 out.c_str());
     return 0;
   } catch (const std::exception& e) {
