@@ -298,7 +298,8 @@ int main(int argc, char** argv) {
       infer::Engine engine(std::move(parts.runner), std::move(parts.memory),
                            {.policy = infer::Policy::Continuous, .max_running = 1, .speculative_tokens = guesses},
                            nullptr, std::move(parts.speculator));
-      for (int run = 0; run < (prefix_cache ? repeat : 1); ++run) {
+      int runs = 0;  // started (fewer than asked where a stop came over ranks)
+      for (int run = 0; run < (prefix_cache ? repeat : 1); ++run, ++runs) {
         infer::GenerationRequest r;
         r.id = run;
         r.prompt = prompt_ids;
@@ -326,7 +327,10 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, first token after %.2f ms]",
                        run + 1, static_cast<unsigned long long>(r.sampling.seed),
                        done.empty() ? 0 : done.back().cached_tokens, prompt_ids.size(), 1e3 * ttft);
-        if (infer::stop_requested()) break;
+        if (infer::stop_requested()) {
+          ++runs;
+          break;
+        }
       }
       long proposed = 0, accepted = 0, most_reserved = 0;
       for (const auto& e : engine.log())
@@ -342,7 +346,7 @@ int main(int argc, char** argv) {
                                   " blocks of ", block_size, " positions held");
       if (prefix)
         engine_name += infer::cat("; prefix cache: ", prefix->matched_tokens(), " of ", prefix->requested_tokens(),
-                                  " prompt positions found cached over ", repeat, " runs, ", prefix->cache().cached_blocks(),
+                                  " prompt positions found cached over ", runs, " runs, ", prefix->cache().cached_blocks(),
                                   " blocks cached");
       if (guesses > 0)
         engine_name += infer::cat("; speculative (", speculative, ", up to ", num_spec, " a step): ", proposed,

@@ -225,6 +225,15 @@ int main(int argc, char** argv) {
                  " at once, ", engine_opts.token_budget, " tokens a step, ", blocks, " KV blocks of ", block,
                  opts.has("--no-prefix-cache") ? "" : ", prefix cache", speculation);
     }
+    {  // a stop that came while the model loaded: nothing to announce
+      sigset_t pending;
+      sigpending(&pending);
+      for (int sig : {SIGINT, SIGTERM, SIGUSR1})
+        if (sigismember(&pending, sig) == 1) {
+          std::printf("stopped before serving\n");
+          return 0;
+        }
+    }
     const int port = server->start();
     const std::string host = so.host.find(':') == std::string::npos ? so.host : "[" + so.host + "]";  // IPv6
     std::printf("serving %s on http://%s:%d (%s%s)\n", name.c_str(), host.c_str(), port, what.c_str(),
