@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
     }
     if (refused > 0) {
       std::fprintf(stderr, "[%d of %zu prompts were not served: see the errors above]\n", refused, prompts.size());
-      return 1;
+      return infer::rank_result(1);  // (over ranks: said by the process that started them)
     }
     return 0;
   } catch (const std::exception& e) {

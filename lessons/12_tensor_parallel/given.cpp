@@ -293,6 +293,16 @@ volatile std::sig_atomic_t stop_signal = 0;  // the launcher: the first stop's s
 
 bool stop_requested() { return stop_told != 0; }
 
+int rank_result(int status) {
+  const char* path = std::getenv("COURSE_RANK0_STATUS");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (status == 0 || !path || !rank || std::string(rank) != "0") return status;
+  std::FILE* f = std::fopen(path, "w");
+  if (!f) return status;
+  std::fprintf(f, "%d\n", status);
+  return std::fclose(f) == 0 ? 0 : status;
+}
+
 void end_as_stopped() {
   if (stop_signal == 0) return;
   std::fflush(nullptr);
@@ -342,8 +352,17 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   int out[2] = {-1, -1};
   if (pipe(out) != 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   require(out[0] >= 0 && out[1] >= 0, program, ": cannot make a pipe for mpirun's output");
+  // Where rank 0 leaves the status of a run that ended normally but failed (rank_result()): a
+  // rank's non-zero exit would have mpirun print that it aborted the job.
+  std::error_code no_tmp;
+  std::string status_template = (std::filesystem::temp_directory_path(no_tmp) / "course-rank0-XXXXXX").string();
+  char* status_path = status_template.data();
+  const int status_fd = no_tmp ? -1 : mkstemp(status_path);
+  if (status_fd >= 0) close(status_fd), setenv("COURSE_RANK0_STATUS", status_path, 1);
   const pid_t me = getpid();
   const pid_t child = fork();
+  if (child != 0 && status_fd >= 0) unsetenv("COURSE_RANK0_STATUS");  // (this process's copy; mpirun's keeps it)
+  if (child < 0 && status_fd >= 0) std::remove(status_path);
   if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr), close(out[0]), close(out[1]);
   require(child >= 0, program, ": cannot start mpirun");
   if (child == 0) {
@@ -444,6 +463,14 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   sigaction(SIGPIPE, &old_pipe, nullptr);
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (status_fd >= 0) {
+    if (std::FILE* f = std::fopen(status_path, "r")) {
+      int left = 0;
+      if (code == 0 && std::fscanf(f, "%d", &left) == 1) code = left;
+      std::fclose(f);
+    }
+    std::remove(status_path);
+  }
   if (stops > 0) stop_told = 1;  // (stop_requested() here too: the program says how a stop ends)
   // A rank ended by the SIGUSR1 it was told with, or a job aborted by a second stop: a stop asked
   // for, said as the shell says it.

@@ -119,6 +119,13 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program);
 /// the stop it passed on. False elsewhere.
 bool stop_requested();
 
+/// The exit status a program returns at the end of a run that finished, but failed (serve-offline
+/// that refused a prompt): on rank 0 under launch_ranks(), 0, the status left for the launching
+/// process to exit with (a rank's non-zero exit would have mpirun say it aborted the job, the
+/// other ranks having ended cleanly); elsewhere `status`. Not for errors that end a rank early:
+/// there mpirun's ending of the job is what keeps the others from waiting for it.
+int rank_result(int status);
+
 /// In the process that called launch_ranks() to start mpirun, after a stop it passed on: ends this
 /// process by the stop's signal (SIGINT for Ctrl-C, SIGPIPE for a reader gone), as the signal would
 /// have ended a program run without ranks, so that a shell script running it stops too (an exit

@@ -2,7 +2,7 @@
 """The serve-offline program end to end: one bad request is reported with its line and the rest
 are served (exit status 1 at the end); CRLF prompt files lose their carriage returns; a directory
 as the prompts file and KV memory beyond the machine are refused with a message; on 2 MPI ranks
-(lesson 12) the texts are the same.
+(lesson 12) the texts and the exit status are the same, and mpirun says nothing of it.
 
     serve_offline_cli_test.py SERVE_OFFLINE_BINARY REPOSITORY_ROOT
 """
@@ -42,11 +42,13 @@ with tempfile.TemporaryDirectory() as tmp:
     tp = serve(path, "--tensor-parallel-size", "2")
     if "needs MPI" in tp.stderr:
         print(f"serve_offline --tensor-parallel-size 2: refused, this build has no MPI")
-    elif tp.returncode != 1 or tp.stdout != run.stdout or "tensor parallel over 2 MPI ranks" not in tp.stderr:
+    elif (tp.returncode != 1 or tp.stdout != run.stdout or "tensor parallel over 2 MPI ranks" not in tp.stderr
+          or "-----" in tp.stderr):
         sys.exit(f"serve_offline --tensor-parallel-size 2 (exit {tp.returncode}) printed {tp.stdout!r} and "
-                 f"{tp.stderr!r}; expected {run.stdout!r}")
+                 f"{tp.stderr!r}; expected {run.stdout!r}, exit 1 and no box of mpirun's (the job was not aborted)")
     else:
-        print("serve_offline --tensor-parallel-size 2: the same texts from rank 0 of 2 MPI ranks")
+        print("serve_offline --tensor-parallel-size 2: the same texts from rank 0 of 2 MPI ranks, exit 1, no box "
+              "of mpirun's")
         # Over paged blocks with lesson 05's prefix cache: rank 0's memory decides the blocks,
         # every rank holds its heads of them.
         paged = ["--paged", "--block-size", "4", "--prefix-cache"]
