@@ -25,6 +25,7 @@
 #include <vector>
 #include <csignal>
 #include <pthread.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -413,34 +414,15 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   int status = 0;
   std::set<pid_t> told;  // the ranks told so far
-  bool aborted = false, output_open = true, stop_seen = false, said_waiting = false;
+  bool aborted = false, output_open = true, stop_seen = false, said_waiting = false, told_mpirun = false;
   Stopwatch since_stop;
-  std::vector<char> buffer(1 << 16);
-  while (true) {
-    const pid_t done = waitpid(child, &status, WNOHANG);
-    if (done == child || (done < 0 && errno != EINTR)) break;
-    if (out[0] >= 0) {  // mpirun's output, to this process's: a reader gone is a stop
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 20) > 0) {
-        const ssize_t n = read(out[0], buffer.data(), buffer.size());
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) close(out[0]), out[0] = -1;  // (mpirun closed it)
-        for (ssize_t at = 0; n > 0 && output_open && at < n;) {
-          const ssize_t w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at));
-          if (w > 0) at += w;
-          else if (errno != EINTR) {
-            output_open = false;  // (the rest is read and dropped, so that mpirun never waits on it)
-            if (stop_signal == 0) stop_signal = SIGPIPE;
-            stops = stops + 1;
-          }
-        }
-      }
-    } else {
-      usleep(20000);
-    }
+  // Passes on what has arrived: called every 20 ms, and while a write to a slow reader waits.
+  const auto pass_on = [&] {
     if (stops > 0) {
       if (!stop_seen) since_stop.reset(), stop_seen = true;
       for (const pid_t rank : descendants_of(child))
         if (!told.count(rank) && reads_stops(rank, exe)) kill(rank, SIGUSR1), told.insert(rank);
+      if (exe.empty() && !told_mpirun) kill(child, SIGUSR1), told_mpirun = true;  // (no /proc: mpirun forwards it)
       if (!said_waiting && !aborted && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
         std::fprintf(stderr, "\n[%s: stopping when the ranks end their step; a second Ctrl-C ends them at once]\n",
                      program.c_str());
@@ -451,12 +433,42 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       std::fprintf(stderr, "\n[%s: a second stop: mpirun ends every rank now]\n", program.c_str());
       kill(child, SIGTERM), aborted = true;
     }
+  };
+  // Copies n bytes of mpirun's output to this process's; a reader gone is a stop, and from then on
+  // the output is read and dropped, so that mpirun never waits on it.
+  std::vector<char> buffer(1 << 16);
+  const auto copy_out = [&](ssize_t n) {
+    for (ssize_t at = 0; output_open && at < n;) {
+      const ssize_t w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at));
+      if (w > 0) {
+        at += w;
+      } else if (errno == EINTR) {  // (a signal while the reader is slow: pass it on, then write on)
+        pass_on();
+      } else {
+        output_open = false;
+        if (stop_signal == 0) stop_signal = SIGPIPE;
+        stops = stops + 1;
+      }
+    }
+  };
+  while (true) {
+    const pid_t done = waitpid(child, &status, WNOHANG);
+    if (done == child || (done < 0 && errno != EINTR)) break;
+    if (out[0] >= 0) {
+      pollfd p{out[0], POLLIN, 0};
+      if (poll(&p, 1, 20) > 0) {
+        const ssize_t n = read(out[0], buffer.data(), buffer.size());
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) close(out[0]), out[0] = -1;  // (mpirun closed it)
+        if (n > 0) copy_out(n);
+      }
+    } else {
+      usleep(20000);
+    }
+    pass_on();
   }
-  if (out[0] >= 0) {  // what mpirun wrote before it ended
-    for (ssize_t n; (n = read(out[0], buffer.data(), buffer.size())) > 0 && output_open;)
-      for (ssize_t at = 0, w; at < n && output_open; at += w > 0 ? w : 0)
-        if ((w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at))) < 0 && errno != EINTR)
-          output_open = false;
+  if (out[0] >= 0) {  // what mpirun wrote before it ended (not waiting for any process that kept the pipe)
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    for (ssize_t n; output_open && (n = read(out[0], buffer.data(), buffer.size())) > 0;) copy_out(n);
     close(out[0]);
   }
   for (int i = 0; i < 3; ++i) sigaction(caught[i], &old[i], nullptr);
