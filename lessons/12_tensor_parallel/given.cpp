@@ -288,11 +288,61 @@ bool reads_stops(pid_t pid, const std::filesystem::path& exe) noexcept {
 }  // namespace
 
 namespace {
+// The launcher's job, for its SIGTSTP handler: what runs below mpirun (each rank in a process group
+// of its own, so that the terminal's Ctrl-Z reaches none of them), 0 past the end. Not mpirun: it
+// waits on the ranks, and a SIGCONT to it makes it say "Forwarding signal 18".
+constexpr int kJobSize = 256;
+volatile std::sig_atomic_t job[kJobSize] = {};
+
+/// Ctrl-Z: stops the job, then this process; on SIGCONT (fg, bg), continues the job.
+void stop_the_job(int) {
+  const int saved = errno;
+  for (int i = 0; i < kJobSize && job[i] != 0; ++i) kill(static_cast<pid_t>(job[i]), SIGSTOP);
+  struct sigaction plain {}, mine {};
+  plain.sa_handler = SIG_DFL;
+  sigaction(SIGTSTP, &plain, &mine);
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGTSTP);
+  pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+  raise(SIGTSTP);  // this process stops here, and goes on when continued
+  sigaction(SIGTSTP, &mine, nullptr);
+  for (int i = 0; i < kJobSize && job[i] != 0; ++i) kill(static_cast<pid_t>(job[i]), SIGCONT);
+  errno = saved;
+}
+
 volatile std::sig_atomic_t stop_told = 0;   // a stop arrived: a rank's SIGUSR1, or the launcher's signal
 volatile std::sig_atomic_t stop_signal = 0;  // the launcher: the first stop's signal (SIGPIPE: output closed)
 }  // namespace
 
 bool stop_requested() { return stop_told != 0; }
+
+namespace {
+
+/// Where the launcher leaves rank 0's status file: $TMPDIR where it names a folder, else /tmp.
+std::filesystem::path status_folder() {
+  std::error_code ec;
+  const char* env = std::getenv("TMPDIR");
+  if (env && *env && std::filesystem::is_directory(env, ec)) return env;
+  return "/tmp";
+}
+
+/// Removes the status files of launchers that died without removing theirs (SIGKILL): each is
+/// named after its launcher's process id.
+void forget_stale_statuses(const std::filesystem::path& folder) noexcept {
+  try {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      int pid = 0;
+      if (std::sscanf(name.c_str(), "course-rank0-%d-", &pid) == 1 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+        std::filesystem::remove(it->path(), ec);
+    }
+  } catch (...) {  // (out of memory): left for the next launcher
+  }
+}
+
+}  // namespace
 
 int rank_result(int status) {
   const char* path = std::getenv("COURSE_RANK0_STATUS");
@@ -355,10 +405,11 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   require(out[0] >= 0 && out[1] >= 0, program, ": cannot make a pipe for mpirun's output");
   // Where rank 0 leaves the status of a run that ended normally but failed (rank_result()): a
   // rank's non-zero exit would have mpirun print that it aborted the job.
-  std::error_code no_tmp;
-  std::string status_template = (std::filesystem::temp_directory_path(no_tmp) / "course-rank0-XXXXXX").string();
+  const std::filesystem::path tmp = status_folder();
+  forget_stale_statuses(tmp);
+  std::string status_template = (tmp / cat("course-rank0-", getpid(), "-XXXXXX")).string();
   char* status_path = status_template.data();
-  const int status_fd = no_tmp ? -1 : mkstemp(status_path);
+  const int status_fd = mkstemp(status_path);
   if (status_fd >= 0) close(status_fd), setenv("COURSE_RANK0_STATUS", status_path, 1);
   const pid_t me = getpid();
   const pid_t child = fork();
@@ -409,6 +460,13 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   for (int i = 0; i < 3; ++i) sigaction(caught[i], &count_stop, &old[i]);
   ignore.sa_handler = SIG_IGN;  // a closed reader is seen as EPIPE from write(), not as a signal
   sigaction(SIGPIPE, &ignore, &old_pipe);
+  job[0] = 0;
+  struct sigaction pass_tstp {}, old_tstp {};
+  sigemptyset(&pass_tstp.sa_mask);
+  pass_tstp.sa_handler = stop_the_job;
+  sigaction(SIGTSTP, nullptr, &old_tstp);
+  const bool job_control = old_tstp.sa_handler == SIG_DFL;  // (not where it is ignored: no job control)
+  if (job_control) sigaction(SIGTSTP, &pass_tstp, nullptr);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -417,7 +475,22 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   bool aborted = false, output_open = true, stop_seen = false, said_waiting = false, told_mpirun = false;
   Stopwatch since_stop;
   // Passes on what has arrived: called every 20 ms, and while a write to a slow reader waits.
+  Stopwatch since_listed;
   const auto pass_on = [&] {
+    // The job as it is now, for a Ctrl-Z (SIGTSTP blocked while it is written): every 20 ms until
+    // the ranks are all there, then every second (reading /proc costs a core's time).
+    if (job_control && (job[std::min(ranks, kJobSize) - 1] == 0 || since_listed.seconds() > 1)) {
+      since_listed.reset();
+      sigset_t tstp, before;
+      sigemptyset(&tstp);
+      sigaddset(&tstp, SIGTSTP);
+      pthread_sigmask(SIG_BLOCK, &tstp, &before);
+      int n = 0;
+      for (const pid_t p : descendants_of(child))
+        if (n + 1 < kJobSize) job[n++] = p;
+      job[n] = 0;
+      pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    }
     if (stops > 0) {
       if (!stop_seen) since_stop.reset(), stop_seen = true;
       for (const pid_t rank : descendants_of(child))
@@ -442,8 +515,9 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       const ssize_t w = write(STDOUT_FILENO, buffer.data() + at, static_cast<size_t>(n - at));
       if (w > 0) {
         at += w;
-      } else if (errno == EINTR) {  // (a signal while the reader is slow: pass it on, then write on)
-        pass_on();
+      } else if (errno == EINTR) {  // a signal while the reader is slow: pass it on, and after a stop
+        pass_on();                     // drop the rest rather than wait for a reader that may never read
+        if (stops > 0) output_open = false;
       } else {
         output_open = false;
         if (stop_signal == 0) stop_signal = SIGPIPE;
@@ -473,6 +547,8 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   }
   for (int i = 0; i < 3; ++i) sigaction(caught[i], &old[i], nullptr);
   sigaction(SIGPIPE, &old_pipe, nullptr);
+  if (job_control) sigaction(SIGTSTP, &old_tstp, nullptr);
+  job[0] = 0;
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (status_fd >= 0) {
