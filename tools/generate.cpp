@@ -373,8 +373,8 @@ int main(int argc, char** argv) {
     if (stats)
       std::fprintf(stderr, "%s[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prefix_cache ? "\n" : "",
                    engine_name.c_str(), prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
-    // Stopped over ranks: this rank ends as a finished one (mpirun says nothing of it), and
-    // the process that started mpirun tells the shell 130.
+    // Stopped over ranks: this rank ends as a finished one (mpirun says nothing of it), and the
+    // process that started mpirun ends by the stop's signal (end_as_stopped()).
     if (infer::stop_requested()) std::fprintf(stderr, "[stopped after %zu tokens]\n", out.size());
     return 0;
   } catch (const std::exception& e) {
