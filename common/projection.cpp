@@ -39,16 +39,21 @@ void ModelProjections::check(const ModelConfig& c) const {
           lm_head->cols(), "], expected [", c.vocab_size, ", ", h, "]");
 }
 
-ModelProjections float_projections(const ModelWeights& model) {
+ModelProjections projections_of(const ModelWeights& model,
+                                const std::function<std::unique_ptr<Projection>(const Matrix&)>& make) {
   ModelProjections p;
   for (const LayerWeights& l : model.layers) {
     auto& out = p.layers.emplace_back();
     const Matrix* ws[kLayerProjections] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
                                            &l.down_proj};
-    for (int i = 0; i < kLayerProjections; ++i) out[i] = std::make_unique<FloatProjection>(*ws[i]);
+    for (int i = 0; i < kLayerProjections; ++i) out[i] = make(*ws[i]);
   }
-  p.lm_head = std::make_unique<FloatProjection>(model.lm_head);
+  p.lm_head = make(model.lm_head);
   return p;
+}
+
+ModelProjections float_projections(const ModelWeights& model) {
+  return projections_of(model, [](const Matrix& w) { return std::make_unique<FloatProjection>(w); });
 }
 
 }  // namespace infer

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct ModelProjections {
   /// Throws infer::Error unless there is one of each, with the shapes `config` gives.
   void check(const ModelConfig& config) const;
 };
+
+/// A Projection for each of `model`'s weight matrices (seven a layer and the output head), made
+/// by `make` from the matrix, in ModelProjections' order.
+ModelProjections projections_of(const ModelWeights& model,
+                                const std::function<std::unique_ptr<Projection>(const Matrix&)>& make);
 
 /// The float32 projections of `model` (FloatProjection each, over its matrices: `model` must
 /// outlive them).

@@ -175,15 +175,9 @@ class NoProduct final : public Projection {
 /// norms, RoPE, the appends, attention, the threads' meetings, sampling's logits): the engine's
 /// step timed with every product replaced by one that costs nothing.
 double rest_of_step(const ModelWeights& model, int batch, int context, int steps) {
-  ModelProjections none;
-  for (const LayerWeights& l : model.layers) {
-    auto& out = none.layers.emplace_back();
-    const Matrix* ws[kLayerProjections] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
-                                           &l.down_proj};
-    for (int i = 0; i < kLayerProjections; ++i) out[i] = std::make_unique<NoProduct>(ws[i]->rows(), ws[i]->cols());
-  }
-  none.lm_head = std::make_unique<NoProduct>(model.lm_head.rows(), model.lm_head.cols());
-  CpuRunner runner(model, std::move(none));
+  CpuRunner runner(model, projections_of(model, [](const Matrix& w) {
+                      return std::make_unique<NoProduct>(w.rows(), w.cols());
+                    }));
   return batch / decode_rate(runner, batch, context, steps);
 }
 

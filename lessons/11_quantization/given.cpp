@@ -68,14 +68,7 @@ ModelProjections quantize_model(const ModelWeights& model, WeightFormat format, 
     return std::make_unique<QuantizedProjection>(format == WeightFormat::int8 ? quantize_int8(w)
                                                                               : quantize_int4(w, group));
   };
-  ModelProjections p;
-  for (const LayerWeights& l : model.layers) {
-    auto& out = p.layers.emplace_back();
-    const Matrix* ws[kLayerProjections] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
-                                           &l.down_proj};
-    for (int i = 0; i < kLayerProjections; ++i) out[i] = quantize(*ws[i]);
-  }
-  p.lm_head = quantize(model.lm_head);
+  ModelProjections p = projections_of(model, quantize);
   p.check(model.config);
   return p;
 }
