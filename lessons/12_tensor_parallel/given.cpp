@@ -28,6 +28,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #include "common/errors.hpp"
@@ -342,6 +345,88 @@ void forget_stale_statuses(const std::filesystem::path& folder) noexcept {
   }
 }
 
+/// The launcher's side of rank 0's output: a socket at `path` (the status file's name and ".out")
+/// that rank 0 connects to, to be handed the launcher's own stdout and stderr. -1 where it cannot be
+/// made (a path too long for a socket's address): rank 0's output then goes through mpirun.
+int listen_for_rank0(const std::string& path) noexcept {
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  if (path.size() >= sizeof where.sun_path) return -1;
+  std::memcpy(where.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  const mode_t mask = umask(0077);  // (only this user's processes may connect)
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0;
+  umask(mask);
+  if (!bound || listen(fd, 4) != 0) return close(fd), unlink(path.c_str()), -1;
+  return fd;
+}
+
+/// Accepts rank 0's connection on `listener` and hands it this process's stdout and stderr.
+/// Whether it did (a connection from another user's process is refused, and waited past).
+bool hand_output_to_rank0(int listener) noexcept {
+  const int conn = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (conn < 0) return false;
+  ucred peer{};
+  socklen_t size = sizeof peer;
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 || peer.uid != geteuid()) return close(conn), false;
+  char byte = 'o';
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&message);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {STDOUT_FILENO, STDERR_FILENO};
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  const bool sent = sendmsg(conn, &message, MSG_NOSIGNAL) == 1;
+  close(conn);
+  return sent;
+}
+
+/// Rank 0's side: takes the launcher's stdout and stderr from the socket at `path` as its own, so
+/// that what it prints reaches the user in the order it printed it (through mpirun, stdout and
+/// stderr travel apart, and a line of stderr landed inside the text). A write to an output whose
+/// reader is gone then fails (SIGPIPE ignored): the launcher sees the reader gone and passes the
+/// stop on. Where anything fails, rank 0 keeps the output mpirun gave it.
+void take_output_from_launcher(const char* path) noexcept {
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  if (std::strlen(path) >= sizeof where.sun_path) return;
+  std::strcpy(where.sun_path, path);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  timeval wait{10, 0};  // (the launcher answers within 20 ms; not forever, should it be stopped)
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  char byte = 0;
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  ssize_t got = -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0)
+    do got = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+  close(fd);
+  const cmsghdr* c = got == 1 ? CMSG_FIRSTHDR(&message) : nullptr;
+  if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int))) return;
+  int fds[2];
+  std::memcpy(fds, CMSG_DATA(c), sizeof fds);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::fflush(nullptr);
+  dup2(fds[0], STDOUT_FILENO);
+  dup2(fds[1], STDERR_FILENO);
+  close(fds[0]), close(fds[1]);
+}
+
 }  // namespace
 
 int rank_result(int status) {
@@ -377,6 +462,9 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     note_stop.sa_flags = SA_RESTART;
     note_stop.sa_handler = [](int) { stop_told = 1; };
     sigaction(SIGUSR1, &note_stop, nullptr);
+    const char* output = std::getenv("COURSE_RANK0_OUTPUT");
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (output && rank && std::string(rank) == "0") take_output_from_launcher(output);
     Communicator& world = mpi_world();
     require(world.size() == ranks, program, ": --tensor-parallel-size ", ranks, ", but mpirun started ", world.size(),
             " ranks");
@@ -411,10 +499,15 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   char* status_path = status_template.data();
   const int status_fd = mkstemp(status_path);
   if (status_fd >= 0) close(status_fd), setenv("COURSE_RANK0_STATUS", status_path, 1);
+  // Where rank 0 takes this process's stdout and stderr from, to print in order (take_output_from_launcher()).
+  const std::string output_path = status_fd >= 0 ? cat(status_path, ".out") : std::string();
+  int listener = status_fd >= 0 ? listen_for_rank0(output_path) : -1;
+  if (listener >= 0) setenv("COURSE_RANK0_OUTPUT", output_path.c_str(), 1);
   const pid_t me = getpid();
   const pid_t child = fork();
-  if (child != 0 && status_fd >= 0) unsetenv("COURSE_RANK0_STATUS");  // (this process's copy; mpirun's keeps it)
+  if (child != 0) unsetenv("COURSE_RANK0_STATUS"), unsetenv("COURSE_RANK0_OUTPUT");  // (mpirun's copy keeps them)
   if (child < 0 && status_fd >= 0) std::remove(status_path);
+  if (child < 0 && listener >= 0) close(listener), unlink(output_path.c_str());
   if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr), close(out[0]), close(out[1]);
   require(child >= 0, program, ": cannot start mpirun");
   if (child == 0) {
@@ -525,21 +618,33 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       }
     }
   };
+  bool handed = false;  // rank 0 prints straight to this process's stdout and stderr
   while (true) {
     const pid_t done = waitpid(child, &status, WNOHANG);
     if (done == child || (done < 0 && errno != EINTR)) break;
-    if (out[0] >= 0) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 20) > 0) {
+    pollfd p[2] = {{out[0], POLLIN, 0}, {listener, POLLIN, 0}};  // (a negative fd is left out)
+    if (out[0] < 0 && listener < 0) {
+      usleep(20000);
+    } else if (poll(p, 2, 20) > 0) {
+      if (p[1].revents & POLLIN && hand_output_to_rank0(listener))
+        handed = true, close(listener), unlink(output_path.c_str()), listener = -1;
+      if (p[0].revents != 0) {
         const ssize_t n = read(out[0], buffer.data(), buffer.size());
         if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) close(out[0]), out[0] = -1;  // (mpirun closed it)
         if (n > 0) copy_out(n);
       }
-    } else {
-      usleep(20000);
+    }
+    // The reader of the output that rank 0 now writes itself gone (`| head`): seen here, as a pipe
+    // with no reader left (rank 0's writes just fail).
+    pollfd o{STDOUT_FILENO, 0, 0};
+    if (handed && output_open && poll(&o, 1, 0) > 0 && (o.revents & POLLERR)) {
+      output_open = false;
+      if (stop_signal == 0) stop_signal = SIGPIPE;
+      stops = stops + 1;
     }
     pass_on();
   }
+  if (listener >= 0) close(listener), unlink(output_path.c_str());  // (rank 0 ended before it asked)
   if (out[0] >= 0) {  // what mpirun wrote before it ended (not waiting for any process that kept the pipe)
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     for (ssize_t n; output_open && (n = read(out[0], buffer.data(), buffer.size())) > 0;) copy_out(n);

@@ -100,9 +100,12 @@ Communicator& mpi_world();
 
 /// For a program asked to run on `ranks` ranks: if this process was not started by mpirun, starts
 /// `mpirun -n ranks` on this same program with the same arguments (with `--oversubscribe`, so that
-/// the ranks may outnumber the cores, and `--allow-run-as-root` as root), copies its output, and
-/// returns its exit status; returns -1 when this process is already one of the ranks (then
-/// mpi_world().size() must be `ranks`: checked). While mpirun runs, this process's first SIGINT
+/// the ranks may outnumber the cores, and `--allow-run-as-root` as root), and returns its exit
+/// status. Rank 0 prints straight to this process's stdout and stderr (handed to it over a socket
+/// named in its environment, so that text and statistics arrive in the order it printed them;
+/// through mpirun the two streams travel apart); the other ranks' output comes through mpirun.
+/// Returns -1 when this process is already one of the ranks (then mpi_world().size() must be
+/// `ranks`: checked). While mpirun runs, this process's first SIGINT
 /// (Ctrl-C), SIGTERM or SIGHUP, or its output's reader gone (`| head`), reaches every rank as
 /// SIGUSR1; a second one aborts the job; if this process dies otherwise, mpirun ends the job. On a
 /// rank (the call that returns -1), SIGUSR1 from then on sets stop_requested() instead of ending

@@ -81,6 +81,7 @@ print("generate --speculative tree --num-speculative-tokens 64: 70 ids, the tree
 # whose rejected guesses roll every rank's cache back, and over paged blocks with the prefix cache,
 # whose second run finds the prompt's blocks cached) rank 0 prints the golden ids. Where the build
 # has no MPI, the option is refused with what to install.
+have_mpi = True
 for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "--speculative", "ngram"],
               ["--tensor-parallel-size", "2", "--paged", "--block-size", "4", "--prefix-cache"]):
     runs = 2 if "--prefix-cache" in extra else 1  # --repeat's default: the ids of both runs
@@ -89,12 +90,36 @@ for extra in (["--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2", "
                          check=False, timeout=120)
     if run.returncode != 0 and "needs MPI" in run.stderr:
         print(f"generate {' '.join(extra)}: refused, this build has no MPI ({run.stderr.strip()})")
+        have_mpi = False
         break
     if run.returncode != 0 or [int(x) for x in run.stdout.split()] != want * runs or "over 2 MPI ranks" not in run.stderr:
         sys.exit(f"generate --ids {' '.join(extra)} (exit {run.returncode}) printed {run.stdout!r}, {run.stderr!r}")
     if runs == 2 and ("[run 2, seed 1: " not in run.stderr or "[run 2, seed 1: 0 of" in run.stderr):
         sys.exit(f"generate {' '.join(extra)}: the second run found nothing cached: {run.stderr!r}")
     print(f"generate --ids {' '.join(extra)}: rank 0 prints the golden greedy ids")
+
+# Over ranks, what rank 0 prints reaches a reader in the order it printed it: the text, then the
+# statistics' line. Through mpirun, stdout and stderr travel apart: with rank 0 printing through it,
+# this check failed 3 times in 3 (the line inside the text); rank 0 now prints to the launching
+# process's own stdout and stderr. Text and statistics go to one pipe here, as a terminal shows them.
+def merged(extra):
+    run = subprocess.run([binary, "--model", model, "--prompt", golden["prompt"], "--max-new-tokens", "48",
+                          "--temperature", "0", "--stats"] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, check=False, timeout=120)
+    if run.returncode != 0:
+        sys.exit(f"generate --stats {' '.join(extra)} (exit {run.returncode}) printed {run.stdout!r}")
+    text, _, stats = run.stdout.rstrip("\n").rpartition("\n")
+    return text, stats
+
+
+if have_mpi:
+    alone, _ = merged(["--paged"])
+    for attempt in range(3):
+        text, stats = merged(["--tensor-parallel-size", "2"])
+        if text != alone or not stats.startswith("[engine on the CPU, tensor parallel over 2 MPI ranks"):
+            sys.exit(f"generate --stats --tensor-parallel-size 2, stdout and stderr to one pipe, printed\n  {text!r}\n"
+                     f"then {stats!r}\nexpected the text of one process\n  {alone!r}\nthen the statistics' line")
+    print("generate --stats --tensor-parallel-size 2: the text, then the statistics, in the order rank 0 printed them")
 
 # Lesson 11's weights: INT8 per output channel keeps this prompt's 64 greedy ids (measured: so do
 # the fixture's other prompts); INT4 runs through the same engine (its text parts from float32's
