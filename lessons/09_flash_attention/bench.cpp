@@ -51,13 +51,13 @@ Matrix materialized_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef
   for (int h = 0; h < heads; ++h) {
     const long qc = static_cast<long>(h) * d, kc = static_cast<long>(h / group) * d;
     scores.noalias() = q.middleCols(qc, d) * k.middleCols(kc, d).transpose();
-    for (long i = 0; i < T; ++i) {
+    for (long i = 0; i < T; ++i) {  // each row's softmax over the keys at or before its position
       const long pos = S - T + i;
-      float m = -std::numeric_limits<float>::infinity();
-      for (long j = 0; j <= pos; ++j) m = std::max(m, scores(i, j) *= scale);
-      float sum = 0;
-      for (long j = 0; j < S; ++j) sum += scores(i, j) = j <= pos ? std::exp(scores(i, j) - m) : 0.0f;
-      scores.row(i) /= sum;
+      auto visible = scores.row(i).head(pos + 1).array();
+      visible *= scale;
+      visible = (visible - visible.maxCoeff()).exp();  // in SIMD lanes, as the reference's tiles do
+      visible /= visible.sum();
+      scores.row(i).tail(S - pos - 1).setZero();
     }
     out.middleCols(qc, d).noalias() = scores * v.middleCols(kc, d);
   }

@@ -71,20 +71,16 @@ Matrix tiled_attention(ConstMatrixRef q, ConstMatrixRef k, ConstMatrixRef v, int
         s.noalias() = q.block(i0, qc, nq, head_dim) * k.block(j0, kc, nk, head_dim).transpose();
         for (int r = 0; r < nq; ++r) {
           const int pos = S - T + i0 + r;  // this query's position: keys after it are masked
-          float row_max = -std::numeric_limits<float>::infinity();
-          for (int c = 0; c < nk; ++c) {
-            s(r, c) = j0 + c <= pos ? s(r, c) * scale : -std::numeric_limits<float>::infinity();
-            row_max = std::max(row_max, s(r, c));
-          }
-          const float m_new = std::max(m[r], row_max);
-          if (m_new == -std::numeric_limits<float>::infinity()) {  // nothing visible yet: adds nothing
-            s.row(r).setZero();
-            continue;
-          }
-          const float correction = std::exp(m[r] - m_new);
-          float sum = 0.0f;
-          for (int c = 0; c < nk; ++c) sum += s(r, c) = std::exp(s(r, c) - m_new);
-          l[r] = l[r] * correction + sum;
+          const int seen = std::clamp(pos - j0 + 1, 0, nk);  // this tile's keys at or before it
+          auto row = s.row(r).array();
+          row.tail(nk - seen).setZero();  // a masked key's weight: exp(-inf) = 0
+          if (seen == 0) continue;        // nothing visible in this tile: adds nothing
+          auto visible = row.head(seen);
+          visible *= scale;
+          const float m_new = std::max(m[r], visible.maxCoeff());
+          const float correction = std::exp(m[r] - m_new);  // 0 on the first tile a row sees (m = -inf)
+          visible = (visible - m_new).exp();  // the whole row at once: Eigen's exp runs in SIMD lanes
+          l[r] = l[r] * correction + visible.sum();
           acc.row(r) *= correction;
           m[r] = m_new;
         }
