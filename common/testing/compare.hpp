@@ -54,9 +54,14 @@ template <typename A, typename B>
   std::ostringstream largest;  // NaN has no size: said apart
   if (nans < bad) largest << "largest difference " << worst << (nans > 0 ? ", " : "");
   if (nans > 0) largest << nans << " of them NaN";
+  const char* why_nan = nans == 0 ? ""
+                                  : "\n  (a NaN is most often a value never written, as the tests poison a kernel's "
+                                    "outputs and the emulator its shared memory with NaN; or an operation such as "
+                                    "-inf - -inf, 0 / 0 or the square root of a negative)";
   return ::testing::AssertionFailure() << what << ": " << bad << " of " << expected.size()
                                        << " values differ by more than atol " << atol << " + rtol " << rtol
-                                       << " * |expected| (" << largest.str() << "); first ones:" << first.str();
+                                       << " * |expected| (" << largest.str() << "); first ones:" << first.str()
+                                       << why_nan;
 }
 
 }  // namespace infer::testing

@@ -61,8 +61,9 @@ struct AttentionPartial {
 ///         "head_dim" when head_dim is below 1; "query" when q does not hold heads * head_dim
 ///         values; "key width" when k is not kv_heads * head_dim wide, "value width" when v is
 ///         not; "rows" when k and v differ in rows; "range" when the range is not inside
-///         [0, k.rows()] with begin <= end. Each word appears in its own message only (a single
-///         letter such as "k" would be in every message: a test could not tell them apart).
+///         [0, k.rows()] with begin <= end. The test checks only that each message holds its
+///         word; a message that holds no other check's word too is easier to read (a single
+///         letter such as "k" would be in every message).
 AttentionPartial attention_partial(const Vector& q, ConstMatrixRef k, ConstMatrixRef v, PositionRange range,
                                    int heads, int kv_heads, int head_dim);
 

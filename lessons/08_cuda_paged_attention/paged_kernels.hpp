@@ -56,7 +56,9 @@ void check_paged_batch(const PagedBatch& a, const char* who);
 /// where they lie, through the block table: no copy of a sequence's rows. The query heads that
 /// share a K/V head are computed by the block that reads it (up to 8 per block; a larger group
 /// takes several blocks), so each key and value crosses from memory once per step for every 8
-/// query heads, not once per query head.
+/// query heads, not once per query head. A grid's y and z sides hold at most 65,535 blocks: the
+/// tests and the engine keep batch and num_splits (below) far under that, and the reference
+/// refuses more, should a grid side of yours carry either.
 void paged_decode_attention(const PagedBatch& a);
 
 /// The same result computed in `num_splits` pieces per sequence (split_range's ranges of its own
