@@ -455,6 +455,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   // Open MPI tells each process it starts its place in the job through the environment.
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   if (under_mpirun) {
+    // (A seam for tests/common/stop_over_ranks_test.py: a rank that takes this long to start, so
+    // that a stop told before it can hear one would kill it every time, not in a window of a few
+    // milliseconds.)
+    if (const char* delay = std::getenv("COURSE_TEST_RANK_START_DELAY_MS")) usleep(1000 * std::clamp(std::atoi(delay), 0, 5000));
     // The stop passed on below, as a flag the program reads (SA_RESTART: MPI's own calls carry on).
     // Installed before MPI starts its threads; a thread that blocks SIGUSR1 (the server) never runs it.
     struct sigaction note_stop {};
