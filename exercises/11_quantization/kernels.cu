@@ -4,8 +4,9 @@
 // arguments (the sizes, the INT4 group, and require_device_pointers), launch the kernel and call
 // cuda_check_launch with the function's name (both in common/cuda_check.hpp; lesson 07's
 // grid_blocks in lessons/07_cuda_decoder/launch.hpp counts the blocks). The contract is
-// lessons/11_quantization/kernels.hpp; your lesson 07 gemv_batch_bf16 (its README's Step 3b) is
-// where to start. These are
+// lessons/11_quantization/kernels.hpp. Where to start: lesson 07's GEMV ladder ("How a GPU reads
+// memory" in its README: a warp per row of W, its lanes across the columns, the partial sums added
+// by shuffles), with each weight widened from its byte or half-byte in registers. These are
 // graded where a CUDA device is (`./course check 11` there, or `./course gpu-check`); without one
 // they compile and their tests skip, and `./course check 11 --emulate` runs them on the processor,
 // thread by thread: right or wrong, not fast.

@@ -191,6 +191,7 @@ double norm_bytes(const ModelWeights& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, into a file or a pipe too
   try {
     const Options opts(argc, argv, "lesson11_bench", {"--out", "--model", "--steps"}, {"--quick"});
     const std::string out = opts.text("--out", ".");
