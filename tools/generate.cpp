@@ -323,10 +323,13 @@ int main(int argc, char** argv) {
           }
         }
         const std::vector<infer::GenerationResult> done = engine.take_finished();
-        if (stats && prefix_cache)
-          std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, first token after %.2f ms]",
-                       run + 1, static_cast<unsigned long long>(r.sampling.seed),
-                       done.empty() ? 0 : done.back().cached_tokens, prompt_ids.size(), 1e3 * ttft);
+        if (stats && prefix_cache) {
+          char first_token[64] = "stopped before its first token";
+          if (ttft >= 0) std::snprintf(first_token, sizeof first_token, "first token after %.2f ms", 1e3 * ttft);
+          std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, %s]", run + 1,
+                       static_cast<unsigned long long>(r.sampling.seed), done.empty() ? 0 : done.back().cached_tokens,
+                       prompt_ids.size(), first_token);
+        }
         if (infer::stop_requested()) {
           ++runs;
           break;

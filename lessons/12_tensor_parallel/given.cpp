@@ -10,12 +10,15 @@
 #include <atomic>
 #include <condition_variable>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -316,17 +319,41 @@ void stop_the_job(int) {
 
 volatile std::sig_atomic_t stop_told = 0;   // a stop arrived: a rank's SIGUSR1, or the launcher's signal
 volatile std::sig_atomic_t stop_signal = 0;  // the launcher: the first stop's signal (SIGPIPE: output closed)
+
+// Rank 0, printing to the launcher's own output: a write there after its reader left (`| head`)
+// raises SIGPIPE, which stops the run (as the signal ends one process) and leaves "signal 13" in
+// the status file, by which the launcher ends by SIGPIPE too. A program that ignores SIGPIPE (the
+// server) goes on, as it does in one process.
+volatile std::sig_atomic_t output_gone = 0;
+char status_file[1024] = {};  // rank 0's status file, for the handler (getenv is not for handlers)
+
+void note_output_gone(int) {
+  if (output_gone) return;
+  output_gone = 1;
+  stop_told = 1;
+  const int saved = errno;
+  const int fd = status_file[0] ? open(status_file, O_WRONLY | O_TRUNC | O_CLOEXEC) : -1;
+  if (fd >= 0) {
+    static const char line[] = "signal 13\n";
+    [[maybe_unused]] const ssize_t n = write(fd, line, sizeof line - 1);
+    close(fd);
+  }
+  errno = saved;
+}
 }  // namespace
 
 bool stop_requested() { return stop_told != 0; }
 
 namespace {
 
-/// Where the launcher leaves rank 0's status file: $TMPDIR where it names a folder, else /tmp.
+/// Where the launcher leaves rank 0's status file, and mpirun its session folder: $TMPDIR where it
+/// names a folder by an absolute path that this user may write in, else /tmp (a TMPDIR that one
+/// process never uses must not stop mpirun; launch_ranks() also falls back to /tmp where no file
+/// can be made in it).
 std::filesystem::path status_folder() {
   std::error_code ec;
   const char* env = std::getenv("TMPDIR");
-  if (env && *env && std::filesystem::is_directory(env, ec)) return env;
+  if (env && env[0] == '/' && std::filesystem::is_directory(env, ec) && access(env, W_OK | X_OK) == 0) return env;
   return "/tmp";
 }
 
@@ -345,31 +372,39 @@ void forget_stale_statuses(const std::filesystem::path& folder) noexcept {
   }
 }
 
-/// The launcher's side of rank 0's output: a socket at `path` (the status file's name and ".out")
-/// that rank 0 connects to, to be handed the launcher's own stdout and stderr. -1 where it cannot be
-/// made (a path too long for a socket's address): rank 0's output then goes through mpirun.
-int listen_for_rank0(const std::string& path) noexcept {
+/// The address of the socket named `name` in the abstract namespace (no file: nothing to remove,
+/// whatever ends the launcher, and no folder's path to fit in an address); its length in `size`.
+sockaddr_un abstract_address(const std::string& name, socklen_t& size) noexcept {
   sockaddr_un where{};
   where.sun_family = AF_UNIX;
-  if (path.size() >= sizeof where.sun_path) return -1;
-  std::memcpy(where.sun_path, path.c_str(), path.size() + 1);
+  const size_t n = std::min(name.size(), sizeof where.sun_path - 1);
+  std::memcpy(where.sun_path + 1, name.data(), n);  // (sun_path[0] = 0: abstract)
+  size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return where;
+}
+
+/// The launcher's side of rank 0's output: a listening socket named `name` (after the status
+/// file) that rank 0 connects to, to be handed the launcher's own stdout and stderr. -1 where it
+/// cannot be made: rank 0's output then goes through mpirun.
+int listen_for_rank0(const std::string& name) noexcept {
+  socklen_t size = 0;
+  const sockaddr_un where = abstract_address(name, size);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  const mode_t mask = umask(0077);  // (only this user's processes may connect)
-  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0;
-  umask(mask);
-  if (!bound || listen(fd, 4) != 0) return close(fd), unlink(path.c_str()), -1;
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&where), size) != 0 || listen(fd, 4) != 0) return close(fd), -1;
   return fd;
 }
 
-/// Accepts rank 0's connection on `listener` and hands it this process's stdout and stderr.
-/// Whether it did (a connection from another user's process is refused, and waited past).
-bool hand_output_to_rank0(int listener) noexcept {
+/// Accepts a connection on `listener` and, where it comes from rank 0 (`is_rank`: a process of
+/// ours below mpirun, of this user), hands it this process's stdout and stderr. Whether it did:
+/// another process that connects first is refused, and rank 0 waited for.
+bool hand_output_to_rank0(int listener, const std::function<bool(pid_t)>& is_rank) noexcept {
   const int conn = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
   if (conn < 0) return false;
   ucred peer{};
   socklen_t size = sizeof peer;
-  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 || peer.uid != geteuid()) return close(conn), false;
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 || peer.uid != geteuid() || !is_rank(peer.pid))
+    return close(conn), false;
   char byte = 'o';
   iovec data{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
@@ -389,16 +424,15 @@ bool hand_output_to_rank0(int listener) noexcept {
   return sent;
 }
 
-/// Rank 0's side: takes the launcher's stdout and stderr from the socket at `path` as its own, so
-/// that what it prints reaches the user in the order it printed it (through mpirun, stdout and
-/// stderr travel apart, and a line of stderr landed inside the text). A write to an output whose
-/// reader is gone then fails (SIGPIPE ignored): the launcher sees the reader gone and passes the
-/// stop on. Where anything fails, rank 0 keeps the output mpirun gave it.
-void take_output_from_launcher(const char* path) noexcept {
-  sockaddr_un where{};
-  where.sun_family = AF_UNIX;
-  if (std::strlen(path) >= sizeof where.sun_path) return;
-  std::strcpy(where.sun_path, path);
+/// Rank 0's side: takes the launcher's stdout and stderr from the socket named `name` as its own,
+/// so that what it prints reaches the user in the order it printed it (through mpirun, stdout and
+/// stderr travel apart, and a line of stderr landed inside the text). From then on a write after
+/// the output's reader left is a stop (note_output_gone()), and a write to a terminal is not
+/// stopped for coming from outside its foreground (`stty tostop`: rank 0 runs in mpirun's process
+/// group). Where anything fails, rank 0 keeps the output mpirun gave it.
+void take_output_from_launcher(const char* name) noexcept {
+  socklen_t address_size = 0;
+  const sockaddr_un where = abstract_address(name, address_size);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   timeval wait{10, 0};  // (the launcher answers within 20 ms; not forever, should it be stopped)
@@ -412,7 +446,7 @@ void take_output_from_launcher(const char* path) noexcept {
   message.msg_control = control;
   message.msg_controllen = sizeof control;
   ssize_t got = -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0)
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&where), address_size) == 0)
     do got = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
     while (got < 0 && errno == EINTR);
   close(fd);
@@ -420,7 +454,14 @@ void take_output_from_launcher(const char* path) noexcept {
   if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int))) return;
   int fds[2];
   std::memcpy(fds, CMSG_DATA(c), sizeof fds);
-  std::signal(SIGPIPE, SIG_IGN);
+  if (const char* status = std::getenv("COURSE_RANK0_STATUS"); status && std::strlen(status) < sizeof status_file)
+    std::strcpy(status_file, status);
+  struct sigaction gone {};
+  sigemptyset(&gone.sa_mask);
+  gone.sa_flags = SA_RESTART;
+  gone.sa_handler = note_output_gone;
+  sigaction(SIGPIPE, &gone, nullptr);
+  std::signal(SIGTTOU, SIG_IGN);
   std::fflush(nullptr);
   dup2(fds[0], STDOUT_FILENO);
   dup2(fds[1], STDERR_FILENO);
@@ -433,6 +474,7 @@ int rank_result(int status) {
   const char* path = std::getenv("COURSE_RANK0_STATUS");
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (status == 0 || !path || !rank || std::string(rank) != "0") return status;
+  if (output_gone) return 0;  // (the status file says SIGPIPE: the launcher ends by it, as one process would)
   std::FILE* f = std::fopen(path, "w");
   if (!f) return status;
   std::fprintf(f, "%d\n", status);
@@ -497,21 +539,29 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   require(out[0] >= 0 && out[1] >= 0, program, ": cannot make a pipe for mpirun's output");
   // Where rank 0 leaves the status of a run that ended normally but failed (rank_result()): a
   // rank's non-zero exit would have mpirun print that it aborted the job.
-  const std::filesystem::path tmp = status_folder();
-  forget_stale_statuses(tmp);
-  std::string status_template = (tmp / cat("course-rank0-", getpid(), "-XXXXXX")).string();
+  // (The first folder where a file can be made: one that only looks writable, as /proc does to
+  // root, falls back to /tmp; mpirun is given the same one for its session.)
+  std::filesystem::path tmp = status_folder();
+  std::string status_template;
+  int status_fd = -1;
+  for (const std::filesystem::path& folder : {tmp, std::filesystem::path("/tmp")}) {
+    forget_stale_statuses(folder);
+    status_template = (folder / cat("course-rank0-", getpid(), "-XXXXXX")).string();
+    status_fd = mkstemp(status_template.data());
+    tmp = folder;
+    if (status_fd >= 0) break;
+  }
   char* status_path = status_template.data();
-  const int status_fd = mkstemp(status_path);
   if (status_fd >= 0) close(status_fd), setenv("COURSE_RANK0_STATUS", status_path, 1);
   // Where rank 0 takes this process's stdout and stderr from, to print in order (take_output_from_launcher()).
-  const std::string output_path = status_fd >= 0 ? cat(status_path, ".out") : std::string();
-  int listener = status_fd >= 0 ? listen_for_rank0(output_path) : -1;
-  if (listener >= 0) setenv("COURSE_RANK0_OUTPUT", output_path.c_str(), 1);
+  const std::string output_name = status_fd >= 0 ? std::filesystem::path(status_path).filename().string() : "";
+  int listener = status_fd >= 0 ? listen_for_rank0(output_name) : -1;
+  if (listener >= 0) setenv("COURSE_RANK0_OUTPUT", output_name.c_str(), 1);
   const pid_t me = getpid();
   const pid_t child = fork();
   if (child != 0) unsetenv("COURSE_RANK0_STATUS"), unsetenv("COURSE_RANK0_OUTPUT");  // (mpirun's copy keeps them)
   if (child < 0 && status_fd >= 0) std::remove(status_path);
-  if (child < 0 && listener >= 0) close(listener), unlink(output_path.c_str());
+  if (child < 0 && listener >= 0) close(listener);
   if (child < 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr), close(out[0]), close(out[1]);
   require(child >= 0, program, ": cannot start mpirun");
   if (child == 0) {
@@ -526,6 +576,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     if (getppid() != me) _exit(1);  // (died already, before the line above)
     dup2(out[1], STDOUT_FILENO);
     close(out[0]), close(out[1]);
+    setenv("TMPDIR", tmp.c_str(), 1);  // (where mpirun keeps its session: a folder it can write in)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -541,20 +592,34 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   // earlier, a rank would die of it, and mpirun say so. Ranks that appear after the stop are told
   // as they get there; a rank that hears it twice stops once. mpirun itself is not told: it would
   // forward the signal to ranks not ready for it (by default; not every build does), and print
-  // that it did. After a second stop, mpirun gets SIGTERM and aborts the job. The handler only
-  // counts; the loop below does the telling (reading /proc is not for a handler), every 20 ms.
+  // that it did. After a second stop, mpirun gets SIGTERM and aborts the job; a second that comes
+  // within 5 ms of the first is the same stop (`timeout` signals the program, then at once its
+  // process group). The handler only counts; the loop below does the telling (reading /proc is not for a
+  // handler), every 20 ms. A signal this process ignored when it began (nohup, `trap '' INT`)
+  // stays ignored, as it would be by one process.
   static volatile sig_atomic_t stops = 0;
+  static volatile long long first_stop_ns = 0;
   stops = 0;
   stop_signal = 0;
   struct sigaction count_stop {}, old[3] {}, ignore {}, old_pipe {};
   sigemptyset(&count_stop.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&count_stop.sa_mask, sig);  // one at a time: two count as two
   count_stop.sa_handler = [](int sig) {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const long long ns = now.tv_sec * 1000000000LL + now.tv_nsec;
+    if (stops == 0) first_stop_ns = ns;
+    else if (ns - first_stop_ns < 5000000LL) return;
     if (stop_signal == 0) stop_signal = sig;
     stops = stops + 1;
   };
   const int caught[3] = {SIGINT, SIGTERM, SIGHUP};
-  for (int i = 0; i < 3; ++i) sigaction(caught[i], &count_stop, &old[i]);
+  bool kept_ignored[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    sigaction(caught[i], nullptr, &old[i]);
+    kept_ignored[i] = old[i].sa_handler == SIG_IGN;
+    if (!kept_ignored[i]) sigaction(caught[i], &count_stop, nullptr);
+  }
   ignore.sa_handler = SIG_IGN;  // a closed reader is seen as EPIPE from write(), not as a signal
   sigaction(SIGPIPE, &ignore, &old_pipe);
   job[0] = 0;
@@ -571,6 +636,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   std::set<pid_t> told;  // the ranks told so far
   bool aborted = false, output_open = true, stop_seen = false, said_waiting = false, told_mpirun = false;
   Stopwatch since_stop;
+  bool handed = false;  // rank 0 prints straight to this process's stdout and stderr
   // Passes on what has arrived: called every 20 ms, and while a write to a slow reader waits.
   Stopwatch since_listed;
   const auto pass_on = [&] {
@@ -593,6 +659,16 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       for (const pid_t rank : descendants_of(child))
         if (!told.count(rank) && reads_stops(rank, exe)) kill(rank, SIGUSR1), told.insert(rank);
       if (exe.empty() && !told_mpirun) kill(child, SIGUSR1), told_mpirun = true;  // (no /proc: mpirun forwards it)
+      // Rank 0 waiting a second on an output whose reader stopped reading would never reach
+      // the end of its step: the job ends now, as one process would at the signal.
+      pollfd o{STDOUT_FILENO, POLLOUT, 0};
+      if (handed && !aborted && since_stop.seconds() > 1 && poll(&o, 1, 0) == 0) {
+        pollfd e{STDERR_FILENO, POLLOUT, 0};
+        if (poll(&e, 1, 0) == 1)
+          std::fprintf(stderr, "\n[%s: the output's reader stopped reading: mpirun ends every rank now]\n",
+                       program.c_str());
+        kill(child, SIGTERM), aborted = true;
+      }
       if (!said_waiting && !aborted && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
         std::fprintf(stderr, "\n[%s: stopping when the ranks end their step; a second Ctrl-C ends them at once]\n",
                      program.c_str());
@@ -622,7 +698,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       }
     }
   };
-  bool handed = false;  // rank 0 prints straight to this process's stdout and stderr
+  const auto is_rank = [&](pid_t pid) {  // (a process of ours below mpirun: no other may take the output)
+    const std::vector<pid_t> below = descendants_of(child);
+    return std::find(below.begin(), below.end(), pid) != below.end() && reads_stops(pid, exe);
+  };
   while (true) {
     const pid_t done = waitpid(child, &status, WNOHANG);
     if (done == child || (done < 0 && errno != EINTR)) break;
@@ -630,31 +709,23 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     if (out[0] < 0 && listener < 0) {
       usleep(20000);
     } else if (poll(p, 2, 20) > 0) {
-      if (p[1].revents & POLLIN && hand_output_to_rank0(listener))
-        handed = true, close(listener), unlink(output_path.c_str()), listener = -1;
+      if (p[1].revents & POLLIN && hand_output_to_rank0(listener, is_rank)) handed = true, close(listener), listener = -1;
       if (p[0].revents != 0) {
         const ssize_t n = read(out[0], buffer.data(), buffer.size());
         if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) close(out[0]), out[0] = -1;  // (mpirun closed it)
         if (n > 0) copy_out(n);
       }
     }
-    // The reader of the output that rank 0 now writes itself gone (`| head`): seen here, as a pipe
-    // with no reader left (rank 0's writes just fail).
-    pollfd o{STDOUT_FILENO, 0, 0};
-    if (handed && output_open && poll(&o, 1, 0) > 0 && (o.revents & POLLERR)) {
-      output_open = false;
-      if (stop_signal == 0) stop_signal = SIGPIPE;
-      stops = stops + 1;
-    }
     pass_on();
   }
-  if (listener >= 0) close(listener), unlink(output_path.c_str());  // (rank 0 ended before it asked)
+  if (listener >= 0) close(listener);  // (rank 0 ended before it asked)
   if (out[0] >= 0) {  // what mpirun wrote before it ended (not waiting for any process that kept the pipe)
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     for (ssize_t n; output_open && (n = read(out[0], buffer.data(), buffer.size())) > 0;) copy_out(n);
     close(out[0]);
   }
-  for (int i = 0; i < 3; ++i) sigaction(caught[i], &old[i], nullptr);
+  for (int i = 0; i < 3; ++i)
+    if (!kept_ignored[i]) sigaction(caught[i], &old[i], nullptr);
   sigaction(SIGPIPE, &old_pipe, nullptr);
   if (job_control) sigaction(SIGTSTP, &old_tstp, nullptr);
   job[0] = 0;
@@ -662,8 +733,17 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (status_fd >= 0) {
     if (std::FILE* f = std::fopen(status_path, "r")) {
+      char line[64] = {};
       int left = 0;
-      if (code == 0 && std::fscanf(f, "%d", &left) == 1) code = left;
+      if (code == 0 && std::fgets(line, sizeof line, f)) {
+        if (std::sscanf(line, "signal %d", &left) == 1 && left == SIGPIPE) {
+          // rank 0 wrote after the output's reader left, and stopped: this process ends by SIGPIPE
+          if (stop_signal == 0) stop_signal = SIGPIPE;
+          stops = stops + 1, code = 128 + SIGPIPE;
+        } else if (std::sscanf(line, "%d", &left) == 1) {
+          code = left;
+        }
+      }
       std::fclose(f);
     }
     std::remove(status_path);

@@ -105,9 +105,11 @@ Communicator& mpi_world();
 /// named in its environment, so that text and statistics arrive in the order it printed them;
 /// through mpirun the two streams travel apart); the other ranks' output comes through mpirun.
 /// Returns -1 when this process is already one of the ranks (then mpi_world().size() must be
-/// `ranks`: checked). While mpirun runs, this process's first SIGINT
-/// (Ctrl-C), SIGTERM or SIGHUP, or its output's reader gone (`| head`), reaches every rank as
-/// SIGUSR1; a second one aborts the job; if this process dies otherwise, mpirun ends the job. On a
+/// `ranks`: checked). While mpirun runs, this process's first SIGINT (Ctrl-C), SIGTERM or SIGHUP
+/// (one it ignored when called stays ignored), or a write to its output after the reader left
+/// (`| head`), reaches every rank as SIGUSR1; a second one (5 ms or more later: `timeout` signals
+/// twice at once) aborts the job, as does a stop that finds rank 0 waiting a second on an output
+/// nobody reads; if this process dies otherwise, mpirun ends the job. On a
 /// rank (the call that returns -1), SIGUSR1 from then on sets stop_requested() instead of ending
 /// the process: a program stops cleanly by reading it between steps (or by sigwait()ing for
 /// SIGUSR1, blocked, as the server does), rank 0 letting the followers return, and exits 0 (a rank

@@ -9,6 +9,7 @@ its boxes (a rank that died of the stop's SIGUSR1, or exited non-zero, would hav
 
     stop_over_ranks_test.py GENERATE_BINARY SERVE_OFFLINE_BINARY REPOSITORY_ROOT
 """
+import fcntl
 import os
 import re
 import signal
@@ -43,9 +44,9 @@ def none_left(name, tree, what):
         sys.exit(f"{name}: processes {left} (mpirun or ranks) left running after {what}")
 
 
-def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None):
+def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None, at_once=False):
     """Runs argv (with `env` added to the environment), waits until started(stdout so far, process
-    tree) holds, sends `signals` (10 ms apart), and checks that the program ended by signal
+    tree) holds, sends `signals` (10 ms apart, or at once), and checks that the program ended by signal
     `ends_by`, said `stderr_says`, printed no box and left nothing running. Returns the stdout and stderr, or None where the build has no MPI."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
@@ -69,8 +70,8 @@ def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None)
         tree |= descendants(process.pid)
         what = " and ".join(s.name for s in signals)
         for i, sig in enumerate(signals):
-            if i:
-                time.sleep(0.01)
+            if i and not at_once:
+                time.sleep(0.01)  # (two within 5 ms are one stop: `timeout` signals twice at once)
             process.send_signal(sig)
         try:
             code = process.wait(timeout=20)
@@ -155,6 +156,51 @@ if code != -signal.SIGPIPE or len(first) != 100:
 no_box("generate --tensor-parallel-size 2 | head", stderr, "its reader left")
 none_left("generate --tensor-parallel-size 2 | head", tree, "its reader left")
 print("generate --tensor-parallel-size 2 | head: ended by SIGPIPE, nothing from mpirun, nothing left")
+
+# A reader that leaves after the whole text (`generate ... | head -1`, the text one line): nothing
+# was written after it left, so the program ends as one process does, with status 0 (before rank
+# 0 wrote to the terminal itself, the launcher saw the reader gone and ended by SIGPIPE, 8 in 8).
+SHORT = [generate, "--model", model, "--prompt", "Once upon", "--max-new-tokens", "40", "--temperature", "0",
+         "--tensor-parallel-size", "2"]
+for attempt in range(3):
+    process = subprocess.Popen(SHORT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = process.stdout.readline()
+    process.stdout.close()
+    code = process.wait(timeout=60)
+    stderr = process.stderr.read().decode(errors="replace")
+    if code != 0 or not line.startswith(b"Once upon"):
+        sys.exit(f"generate --tensor-parallel-size 2 | head -1: exit status {code} (expected 0: nothing was written "
+                 f"after the reader left), first line {line!r}; stderr:\n{stderr[-2000:]}")
+print("generate --tensor-parallel-size 2 | head -1, the text whole: exit status 0, as one process")
+
+# A reader that stopped reading (a pipe of 4 KiB, full): rank 0 waits in write() and never ends its
+# step, so one SIGTERM ends the job a second later (before, only a second signal did).
+read_end, write_end = os.pipe()
+fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ
+process = subprocess.Popen(LONG, stdout=write_end, stderr=subprocess.PIPE)
+os.close(write_end)
+time.sleep(3)
+tree = descendants(process.pid)
+process.send_signal(signal.SIGTERM)
+try:
+    code = process.wait(timeout=15)
+except subprocess.TimeoutExpired:
+    process.kill()
+    sys.exit("generate --tensor-parallel-size 2, its reader not reading: still running 15 s after one SIGTERM")
+os.close(read_end)
+stderr = process.stderr.read().decode(errors="replace")
+if code != -signal.SIGTERM or "stopped reading" not in stderr:
+    sys.exit(f"generate --tensor-parallel-size 2, its reader not reading: exit status {code} after SIGTERM "
+             f"(expected to end by it, saying why); stderr:\n{stderr[-2000:]}")
+no_box("generate --tensor-parallel-size 2, its reader not reading", stderr, "SIGTERM")
+none_left("generate --tensor-parallel-size 2, its reader not reading", tree, "SIGTERM")
+print("generate --tensor-parallel-size 2 with a reader that stopped reading: one SIGTERM ends it, saying why")
+
+# `timeout` signals the program and then, at once, its process group: the two are one stop (the
+# second, as a second stop, aborted the job in 2 runs of 11).
+stop_and_check("generate --tensor-parallel-size 2, SIGTERM twice at once", LONG, [signal.SIGTERM, signal.SIGTERM],
+               lambda stdout, tree: len(stdout) > 300, signal.SIGTERM, "[stopped after ", at_once=True)
+print("generate --tensor-parallel-size 2: two SIGTERMs at once are one stop")
 
 # SIGKILL to the launching process: mpirun, told by the kernel, ends the job.
 process = subprocess.Popen(LONG, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
