@@ -395,6 +395,22 @@ int listen_for_rank0(const std::string& name) noexcept {
   return fd;
 }
 
+/// One byte with room beside it for two descriptors (SCM_RIGHTS): what the launcher sends rank 0.
+struct TwoDescriptors {
+  char byte = 'o';
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr message{};
+  TwoDescriptors() {
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+  }
+  TwoDescriptors(const TwoDescriptors&) = delete;  // (it points into itself)
+  TwoDescriptors& operator=(const TwoDescriptors&) = delete;
+};
+
 /// Accepts a connection on `listener` and, where it comes from rank 0 (`is_rank`: a process of
 /// ours below mpirun, of this user), hands it this process's stdout and stderr. Whether it did:
 /// another process that connects first is refused, and rank 0 waited for.
@@ -405,14 +421,8 @@ bool hand_output_to_rank0(int listener, const std::function<bool(pid_t)>& is_ran
   socklen_t size = sizeof peer;
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 || peer.uid != geteuid() || !is_rank(peer.pid))
     return close(conn), false;
-  char byte = 'o';
-  iovec data{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
+  TwoDescriptors sent_fds;
+  msghdr& message = sent_fds.message;
   cmsghdr* c = CMSG_FIRSTHDR(&message);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -437,14 +447,8 @@ void take_output_from_launcher(const char* name) noexcept {
   if (fd < 0) return;
   timeval wait{10, 0};  // (the launcher answers within 20 ms; not forever, should it be stopped)
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
-  char byte = 0;
-  iovec data{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
+  TwoDescriptors received;
+  msghdr& message = received.message;
   ssize_t got = -1;
   if (connect(fd, reinterpret_cast<const sockaddr*>(&where), address_size) == 0)
     do got = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
