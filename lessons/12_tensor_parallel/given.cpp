@@ -32,7 +32,6 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -504,7 +503,8 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     // (A seam for tests/common/stop_over_ranks_test.py: a rank that takes this long to start, so
     // that a stop told before it can hear one would kill it every time, not in a window of a few
     // milliseconds.)
-    if (const char* delay = std::getenv("COURSE_TEST_RANK_START_DELAY_MS")) usleep(1000 * std::clamp(std::atoi(delay), 0, 5000));
+    if (const char* delay = std::getenv("COURSE_TEST_RANK_START_DELAY_MS"))
+      usleep(1000 * std::clamp(std::atoi(delay), 0, 5000));
     // The stop passed on below, as a flag the program reads (SA_RESTART: MPI's own calls carry on).
     // Installed before MPI starts its threads; a thread that blocks SIGUSR1 (the server) never runs it.
     struct sigaction note_stop {};
@@ -598,8 +598,8 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   // forward the signal to ranks not ready for it (by default; not every build does), and print
   // that it did. After a second stop, mpirun gets SIGTERM and aborts the job; a second that comes
   // within 5 ms of the first is the same stop (`timeout` signals the program, then at once its
-  // process group). The handler only counts; the loop below does the telling (reading /proc is not for a
-  // handler), every 20 ms. A signal this process ignored when it began (nohup, `trap '' INT`)
+  // process group). The handler only counts; the loop below does the telling (reading /proc is not
+  // for a handler), every 20 ms. A signal this process ignored when it began (nohup, `trap '' INT`)
   // stays ignored, as it would be by one process.
   static volatile sig_atomic_t stops = 0;
   static volatile long long first_stop_ns = 0;
