@@ -307,7 +307,17 @@ int main(int argc, char** argv) {
         r.sampling = params;
         r.sampling.seed = params.seed + static_cast<uint64_t>(run);
         r.arrival_step = engine.now();
-        engine.submit(r);
+        try {
+          engine.submit(r);
+        } catch (const infer::Error& e) {
+          if (!comm) throw;
+          // Over ranks, a request refused between steps: the followers wait for the next step,
+          // which the runner tells them is none as the engine goes; rank 0 leaves its status for
+          // the process that started mpirun (an exit of 1 here would have mpirun print its box).
+          if (text_started) std::cout << std::endl;
+          std::cerr << "error: " << e.what() << "\n";
+          return infer::rank_result(1);
+        }
         if (run > 0 && !print_ids) std::cout << "\n" << prompt;
         infer::Stopwatch first;
         double ttft = -1;

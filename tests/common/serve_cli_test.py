@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,20 @@ for bad, fragment in [(["--cublas"], "needs --device cuda, --weights bf16"),
     if run.returncode != 1 or fragment not in run.stderr:
         sys.exit(f"serve {' '.join(bad)}: expected exit 1 saying {fragment!r}, got {run.returncode}: {run.stderr!r}")
 print("serve --cublas without the GPU's bf16 engine: refused")
+
+# Over ranks, an address the server cannot listen on is refused before mpirun starts them (rank 0
+# said it among two of mpirun's boxes), in Server::start()'s words.
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    for bad, fragment in [(["--host", "999.1.1.1"], "'999.1.1.1' is not an IP address"),
+                          (["--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:")]:
+        run = subprocess.run([binary, "--model", model, "--tensor-parallel-size", "2"] + bad, capture_output=True,
+                             text=True, timeout=60)
+        if run.returncode != 1 or fragment not in run.stderr or "-----" in run.stderr or "mpirun" in run.stderr:
+            sys.exit(f"serve --tensor-parallel-size 2 {' '.join(bad)}: expected exit 1 saying {fragment!r} before "
+                     f"mpirun starts, got {run.returncode}: {run.stderr!r}")
+print("serve --tensor-parallel-size 2: a bad --host and a port in use are refused before mpirun starts")
 
 one = Started().wait_ready()
 expected = texts(one.port)
