@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
           }
         }
         const std::vector<infer::GenerationResult> done = engine.take_finished();
-        if (stats && prefix_cache) {
+        if (stats && prefix_cache && std::cout.good()) {  // (not after stdout's reader left: below)
           char first_token[64] = "stopped before its first token";
           if (ttft >= 0) std::snprintf(first_token, sizeof first_token, "first token after %.2f ms", 1e3 * ttft);
           std::fprintf(stderr, "\n[run %d, seed %llu: %d of %zu prompt positions cached, %s]", run + 1,
@@ -383,12 +383,15 @@ int main(int argc, char** argv) {
     if (print_ids)
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
     std::cout << std::endl;  // flushed before the statistics go to stderr
-    if (stats)
+    // Over ranks, a write after stdout's reader left (`| head`) stopped the run (lesson 12): one
+    // process would have ended at that write, saying nothing more, and so does this one.
+    const bool reader_gone = !std::cout.good();
+    if (stats && !reader_gone)
       std::fprintf(stderr, "%s[%s: %zu prompt tokens, %zu generated in %.2f s: %.1f tokens/s]\n", prefix_cache ? "\n" : "",
                    engine_name.c_str(), prompt_ids.size(), out.size(), seconds, seconds > 0 ? out.size() / seconds : 0.0);
     // Stopped over ranks: this rank ends as a finished one (mpirun says nothing of it), and the
     // process that started mpirun ends by the stop's signal (end_as_stopped()).
-    if (infer::stop_requested()) std::fprintf(stderr, "[stopped after %zu tokens]\n", out.size());
+    if (infer::stop_requested() && !reader_gone) std::fprintf(stderr, "[stopped after %zu tokens]\n", out.size());
     return 0;
   } catch (const std::exception& e) {
     if (text_started) std::cout << std::endl;  // (the error on a line of its own, after the text so far)

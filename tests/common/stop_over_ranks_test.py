@@ -155,6 +155,8 @@ stderr = process.stderr.read().decode(errors="replace")
 if code != -signal.SIGPIPE or len(first) != 100:
     sys.exit(f"generate --tensor-parallel-size 2 | head: exit status {code} (expected to end by SIGPIPE, "
              f"{-signal.SIGPIPE}), read {len(first)} bytes; stderr:\n{stderr[-3000:]}")
+if "[stopped after" in stderr:  # (one process ends at the write, saying nothing more)
+    sys.exit(f"generate --tensor-parallel-size 2 | head: said more after its reader left: {stderr[-2000:]!r}")
 no_box("generate --tensor-parallel-size 2 | head", stderr, "its reader left")
 none_left("generate --tensor-parallel-size 2 | head", tree, "its reader left")
 print("generate --tensor-parallel-size 2 | head: ended by SIGPIPE, nothing from mpirun, nothing left")
