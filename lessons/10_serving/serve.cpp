@@ -34,17 +34,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <new>
-#include <string>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <omp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "common/options.hpp"
 #include "common/weights.hpp"
@@ -62,36 +56,6 @@
 #endif
 
 using namespace infer;
-
-namespace {
-
-/// Over ranks, the address is tried before mpirun starts them (rank 0 would refuse it among
-/// mpirun's boxes), with Server::start()'s words: `host` an IP address, `port` one this process
-/// may listen on now (0, any free one, is not tried). A host with a scope ("fe80::1%eth0") is
-/// left to Server::start().
-void check_listen_address(const std::string& host, int port) {
-  if (host.find('%') != std::string::npos) return;
-  sockaddr_in v4{};
-  sockaddr_in6 v6{};
-  const bool is_v4 = inet_pton(AF_INET, host.c_str(), &v4.sin_addr) == 1;
-  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, host.c_str(), &v6.sin6_addr) == 1;
-  require(is_v4 || is_v6, "Server::start: '", host, "' is not an IP address");
-  if (port == 0) return;
-  const int fd = socket(is_v4 ? AF_INET : AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;  // (no socket to try with: Server::start() says what it finds)
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // (as Server::start() binds)
-  v4.sin_family = AF_INET, v4.sin_port = htons(static_cast<uint16_t>(port));
-  v6.sin6_family = AF_INET6, v6.sin6_port = htons(static_cast<uint16_t>(port));
-  const int bound = is_v4 ? bind(fd, reinterpret_cast<const sockaddr*>(&v4), sizeof v4)
-                          : bind(fd, reinterpret_cast<const sockaddr*>(&v6), sizeof v6);
-  const int error = errno;
-  close(fd);
-  require(bound == 0, "Server::start: cannot listen on ", host, ":", port,
-          " (in use, or not an address of this machine?): ", std::strerror(error));
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // Ctrl-C and SIGTERM are taken by the main thread's sigwait() alone: blocked before any other
@@ -198,7 +162,6 @@ int main(int argc, char** argv) {
                 "--kv-blocks or --block-size");
     Communicator* comm = nullptr;
     if (tp > 1) {
-      if (!std::getenv("OMPI_COMM_WORLD_SIZE")) check_listen_address(so.host, so.port);  // (the launching process)
       const int status = launch_ranks(tp, argc, argv, "lesson10_serve");  // this process: mpirun's status
       if (status >= 0) return status;
       comm = &mpi_world();
@@ -271,7 +234,18 @@ int main(int argc, char** argv) {
           return 0;
         }
     }
-    const int port = server->start();
+    int port = 0;
+    try {
+      port = server->start();
+    } catch (const Error& e) {
+      if (!comm) throw;
+      // Over ranks, refused before the first step (an address it cannot listen on): the followers
+      // wait for one, which the runner tells them is none as the engine goes; rank 0 leaves its
+      // status for the process that started mpirun (an exit of 1 here would have mpirun print its
+      // boxes). As generate does with a request its engine refuses.
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return rank_result(1);
+    }
     const std::string host = so.host.find(':') == std::string::npos ? so.host : "[" + so.host + "]";  // IPv6
     std::printf("serving %s on http://%s:%d (%s%s)\n", name.c_str(), host.c_str(), port, what.c_str(),
                 so.api_key.empty() ? "" : "; /v1/ needs the API key");
