@@ -44,6 +44,14 @@ def none_left(name, tree, what):
         sys.exit(f"{name}: processes {left} (mpirun or ranks) left running after {what}")
 
 
+def written(f):
+    """What the program has written to the temporary file f so far. Read with pread, never with
+    seek and read: the file's offset is shared with the program (its stdout is the same open file),
+    and a seek(0) of ours between two writes of rank 0 made its next write land at the start of the
+    file (a clean clone's run once got 't e world' for 'The world')."""
+    return os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0)
+
+
 def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None, at_once=False):
     """Runs argv (with `env` added to the environment), waits until started(stdout so far, process
     tree) holds, sends `signals` (10 ms apart, or at once), and checks that the program ended by
@@ -55,12 +63,10 @@ def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None,
         tree = set()
         while True:
             tree |= descendants(process.pid)
-            out.seek(0)
-            if started(out.read(), tree):
+            if started(written(out), tree):
                 break
             if process.poll() is not None:
-                err.seek(0)
-                said = err.read().decode(errors="replace")
+                said = written(err).decode(errors="replace")
                 if "needs MPI" in said:  # a build without MPI: the option is refused, saying what to install
                     return None
                 sys.exit(f"{name}: ended (exit {process.returncode}) before it could be stopped: {said[-2000:]}")
@@ -81,8 +87,7 @@ def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None,
                 os.kill(pid, signal.SIGKILL)
             process.kill()
             sys.exit(f"{name}: still running 20 s after {what}")
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        stdout, stderr = written(out).decode(errors="replace"), written(err).decode(errors="replace")
     if "needs MPI" in stderr:
         return None
     endings = ends_by if isinstance(ends_by, tuple) else (ends_by,)
