@@ -142,21 +142,23 @@ GRADED_TEST(Lesson08Kernels, PagedAttentionMatchesLesson04, 4) {
   }
 }
 
-GRADED_TEST(Lesson08Kernels, ScoresInTheHundredsStayFinite, 1) {
-  // Queries 60 times larger: scores of a few hundred, whose exp() overflows float. Every softmax on
-  // the way (each warp's, the block's merge of its warps, the splits' merge) must subtract its max.
-  REQUIRE_DEVICE();
+/// A batch whose queries are 60 times larger: scores of a few hundred, whose exp() overflows float.
+PagedFixture scores_in_the_hundreds() {
   PagedFixture f({8, 2, 64}, 16, {1, 30, 200}, 61);
   f.scale_queries(60.0f);
+  return f;
+}
+
+GRADED_TEST(Lesson08Kernels, ScoresInTheHundredsStayFinite, 1) {
+  // Every softmax on the way (each warp's, the block's merge of its warps) must subtract its max.
+  // (The splits' merge, Step 5, meets the same scores in SplitEqualsUnsplitForEverySplitCount.)
+  REQUIRE_DEVICE();
+  PagedFixture f = scores_in_the_hundreds();
   const Matrix want = f.reference();
   ASSERT_TRUE(want.allFinite());
   DeviceArray<float> out = poisoned(f.out_size());
   paged_decode_attention(f.args(out.get()));
   ASSERT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "paged_decode_attention, scores in the hundreds"));
-  const size_t rows = static_cast<size_t>(f.batch()) * 8;
-  DeviceArray<float> split = poisoned(f.out_size()), po = poisoned(rows * 3 * 64), pl = poisoned(rows * 3);
-  paged_decode_attention_split(f.args(split.get()), 3, po.get(), pl.get());
-  ASSERT_TRUE(testing::all_close(want, f.download(split), 1e-5, 1e-4, "3 splits, scores in the hundreds"));
 }
 
 GRADED_TEST(Lesson08Kernels, LongContextsMatchLesson04, 2) {
@@ -202,6 +204,14 @@ GRADED_TEST(Lesson08Kernels, SplitEqualsUnsplitForEverySplitCount, 3) {
       ASSERT_TRUE(testing::all_close(want, f.download(out), 1e-5, 1e-4, "the split attention, merged"));
     }
   }
+  // Scores in the hundreds over 3 splits (the first sequence, of 1 position, leaves two of them
+  // empty): the merge of the splits subtracts its max too.
+  PagedFixture f = scores_in_the_hundreds();
+  const Matrix want = f.reference();
+  const size_t rows = static_cast<size_t>(f.batch()) * 8;
+  DeviceArray<float> split = poisoned(f.out_size()), po = poisoned(rows * 3 * 64), pl = poisoned(rows * 3);
+  paged_decode_attention_split(f.args(split.get()), 3, po.get(), pl.get());
+  ASSERT_TRUE(testing::all_close(want, f.download(split), 1e-5, 1e-4, "3 splits, scores in the hundreds"));
 }
 
 GRADED_TEST(Lesson08Kernels, EachSplitsPartialMatchesTheCpuPartial, 2) {
