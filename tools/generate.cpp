@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
     // Stopped over ranks: this rank ends as a finished one (mpirun says nothing of it), and the
     // process that started mpirun ends by the stop's signal (end_as_stopped()).
     if (infer::stop_requested() && !reader_gone) std::fprintf(stderr, "[stopped after %zu tokens]\n", out.size());
-    return 0;
+    return infer::rank_result(0);  // (over ranks: rank 0 reached its end, whatever mpirun says of the job)
   } catch (const std::exception& e) {
     if (text_started) std::cout << std::endl;  // (the error on a line of its own, after the text so far)
     std::cerr << "error: " << e.what() << "\n";

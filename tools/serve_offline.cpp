@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "[%d of %zu prompts were not served: see the errors above]\n", refused, prompts.size());
       return infer::rank_result(1);  // (over ranks: said by the process that started them)
     }
-    return 0;
+    return infer::rank_result(0);  // (over ranks: rank 0 reached its end, whatever mpirun says of the job)
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

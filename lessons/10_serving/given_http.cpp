@@ -391,8 +391,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
                                     "model", "model_not_found"));
       return reply(200, dump(s_.model_object()));
     }
-    if (path_ == "/health") {
+    if (path_ == "/health") {  // (a balancer sends no more here once it says 503)
       const std::string broken = s_.mailbox.broken();
+      if (broken.empty() && s_.mailbox.closing()) return reply(503, R"({"status":"shutting down"})");
       return reply(broken.empty() ? 200 : 503,
                    broken.empty() ? R"({"status":"ok"})" : dump(json{{"status", "failed"}, {"error", broken}}));
     }
@@ -718,6 +719,16 @@ int Server::start() {
       }
     });
   return s.bound_port;
+}
+
+void Server::drain() {
+  Impl& s = *impl_;
+  if (!s.started || s.stopped || s.mailbox.closing()) return;
+  s.mailbox.close();
+  net::post(s.io, [&s] {
+    beast::error_code ignored;
+    s.acceptor->close(ignored);
+  });
 }
 
 void Server::stop() {

@@ -7,8 +7,9 @@ namespace infer::server {
 void Mailbox::enqueue(const std::shared_ptr<Job>& job, bool accept, size_t max_open) {
   std::lock_guard lock(mutex_);
   job->id = next_id_++;
-  if (stopping_ || !broken_.empty()) {
-    end_in_error(*job, stopping_ ? 503 : 500, stopping_ ? "the server is shutting down" : broken_);
+  if (stopping_ || closed_ || !broken_.empty()) {
+    const bool closing = stopping_ || closed_;
+    end_in_error(*job, closing ? 503 : 500, closing ? "the server is shutting down" : broken_);
     return;
   }
   if (max_open > 0 && static_cast<size_t>(open_jobs_) >= max_open) {
@@ -36,6 +37,16 @@ bool Mailbox::wait_idle(double seconds) const {
 std::string Mailbox::broken() const {
   std::lock_guard lock(mutex_);
   return broken_;
+}
+
+void Mailbox::close() {
+  std::lock_guard lock(mutex_);
+  closed_ = true;
+}
+
+bool Mailbox::closing() const {
+  std::lock_guard lock(mutex_);
+  return closed_ || stopping_;
 }
 
 void Mailbox::stop() {

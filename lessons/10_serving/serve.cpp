@@ -3,7 +3,7 @@
 //   build/solutions/bin/lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P]
 //       [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S] [--no-prefix-cache]
 //       [--naive] [--threads N] [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]
-//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--max-connections N] [--weights f32|int8|int4 [--group G] [--activations int8]]
+//       [--api-key KEY] [--max-waiting N] [--request-timeout S] [--max-connections N] [--shutdown-timeout S] [--weights f32|int8|int4 [--group G] [--activations int8]]
 //       [--tensor-parallel-size N] [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]
 //
 // The engine: up to --max-running sequences at once (32), --token-budget tokens per step (64),
@@ -30,7 +30,10 @@
 // weight matrices in float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs); with --naive, the naive baseline's forward runs there too;
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
 // (with --weights bf16) multiplies steps of 2 rows or more by cuBLAS's GEMM, not lesson 07's kernels.
-// Ctrl-C stops it (every rank, under mpirun).
+// Ctrl-C or SIGTERM stops it (every rank, under mpirun) gracefully: no new connection or request,
+// and those already in finish, for --shutdown-timeout seconds at most (30; 0: they end at once, with
+// 503) or until a second Ctrl-C.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +44,7 @@
 #include <omp.h>
 
 #include "common/options.hpp"
+#include "common/timer.hpp"
 #include "common/weights.hpp"
 #include "lessons/05_prefix_caching/prefix_cache.hpp"
 #include "lessons/06_speculative_decoding/speculative.hpp"
@@ -72,7 +76,7 @@ int main(int argc, char** argv) {
     const Options opts(argc, argv, "lesson10_serve",
                        {"--model", "--name", "--host", "--port", "--max-running", "--token-budget", "--kv-blocks",
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
-                        "--api-key", "--max-waiting", "--request-timeout", "--max-connections", "--weights", "--group", "--activations",
+                        "--api-key", "--max-waiting", "--request-timeout", "--max-connections", "--shutdown-timeout", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
                        {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"},
                        // vLLM's names for the same options, so that what works there works here
@@ -84,13 +88,15 @@ int main(int argc, char** argv) {
       std::cout << "usage: lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P] [--api-key KEY]\n"
                    "                      [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S]\n"
                    "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--max-connections N]\n"
-                   "                      [--threads N]\n"
+                   "                      [--shutdown-timeout S] [--threads N]\n"
                    "                      [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]\n"
                    "                      [--weights f32|int8|int4 [--group G]] [--activations int8]\n"
                    "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
                    "                      [--tensor-parallel-size N] [--naive]\n"
                    "  The OpenAI-compatible server on the bundled model (port 8000; --port 0: a free one, which\n"
-                   "  the first line printed names). vLLM's names are accepted\n"
+                   "  the first line printed names). Ctrl-C or SIGTERM: no new requests, those already in finish\n"
+                   "  (for --shutdown-timeout seconds at most, 30 by default; a second Ctrl-C ends them at once).\n"
+                   "  vLLM's names are accepted\n"
                    "  too: --max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks-override,\n"
                    "  --no-enable-prefix-caching. Each option: lessons/10_serving/README.md, \"Step 4: serve\".\n";
       return 0;
@@ -108,6 +114,7 @@ int main(int argc, char** argv) {
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
     so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s, kMinRequestTimeout, kMaxRequestTimeout);
     so.max_connections = static_cast<int>(opts.number("--max-connections", so.max_connections, 1));
+    const double shutdown_timeout = opts.real("--shutdown-timeout", 30, 0, 3600);
     const char* env_key = std::getenv("COURSE_API_KEY");
     so.api_key = opts.text("--api-key", env_key ? env_key : "");
     if (so.api_key.empty() && (opts.has("--api-key") || env_key))  // (a script's unset variable, say)
@@ -257,9 +264,23 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    // A graceful stop, as a service manager or a rolling restart expects: no new connection or
+    // request (each gets 503, /health too), and the requests already in finish, for
+    // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left.
+    server->drain();
+    if (shutdown_timeout > 0 && !server->wait_idle(0)) {
+      std::printf("\nstopping: the requests already in finish first (%g s at most; a second Ctrl-C ends them now)\n",
+                  shutdown_timeout);
+      std::fflush(stdout);
+      const Stopwatch waited;
+      timespec now{};  // (sigtimedwait's zero wait: a second stop, if one came)
+      while (waited.seconds() < shutdown_timeout && !server->wait_idle(std::min(0.05, shutdown_timeout - waited.seconds())))
+        if (sigtimedwait(&stop_signals, nullptr, &now) > 0) break;
+    }
     std::printf("\nstopping\n");
+    std::fflush(stdout);  // (said at once, whatever the stop takes)
     server->stop();
-    return 0;
+    return rank_result(0);  // (over ranks: rank 0 reached its end, whatever mpirun says of the job)
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: lesson10_serve: out of memory: the model, or the KV pool (--kv-blocks, --block-size, "
                          "--max-running), is larger than this machine holds\n");

@@ -108,6 +108,10 @@ class Server {
   /// Binds and starts serving on background threads; returns the port. Throws infer::Error if the
   /// address cannot be bound.
   int start();
+  /// Stops listening and taking requests (one that comes on an open connection gets 503, the
+  /// server shutting down, as /health does); the requests already in go on to their end, which
+  /// wait_idle() waits for. The first half of a graceful stop: stop() ends what is left. Idempotent.
+  void drain();
   /// Stops listening and the engine; requests still open end with an error. Idempotent.
   void stop();
   /// The port (after start()).

@@ -171,7 +171,7 @@ class Mailbox {
 
   // The HTTP threads' side.
 
-  /// Numbers `job` and hands it to the engine thread, or fails it at once (stopping: 503;
+  /// Numbers `job` and hands it to the engine thread, or fails it at once (closed or stopping: 503;
   /// broken: 500; `max_open` jobs already open, running or waiting: 503). `accept`: mark it
   /// accepted now (the naive thread refuses nothing). `max_open` 0: no limit.
   void enqueue(const std::shared_ptr<Job>& job, bool accept, size_t max_open = 0);
@@ -181,6 +181,11 @@ class Mailbox {
   bool wait_idle(double seconds) const;
   /// Whether the engine failed, and how ("" if not).
   std::string broken() const;
+  /// Takes no new job from now on (each fails at once with 503, the server shutting down); the
+  /// open ones go on to their end.
+  void close();
+  /// Whether close() or stop() was called.
+  bool closing() const;
   /// Tells the engine thread to stop.
   void stop();
 
@@ -223,6 +228,7 @@ class Mailbox {
   std::deque<std::shared_ptr<Job>> inbox_;
   std::unordered_set<int> cancels_;
   bool stopping_ = false;
+  bool closed_ = false;  ///< close(): new jobs fail, open ones go on
   bool idle_ = true;
   int next_id_ = 1;
   int open_jobs_ = 0;   ///< queued or in the engine

@@ -32,6 +32,7 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -476,7 +477,8 @@ void take_output_from_launcher(const char* name) noexcept {
 int rank_result(int status) {
   const char* path = std::getenv("COURSE_RANK0_STATUS");
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (status == 0 || !path || !rank || std::string(rank) != "0") return status;
+  if (!path || !rank || std::string(rank) != "0") return status;
+  std::fflush(nullptr);  // (what it printed is out before the launcher may end)
   if (output_gone) return 0;  // (the status file says SIGPIPE: the launcher ends by it, as one process would)
   std::FILE* f = std::fopen(path, "w");
   if (!f) return status;
@@ -507,11 +509,18 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       usleep(1000 * std::clamp(std::atoi(delay), 0, 5000));
     // The stop passed on below, as a flag the program reads (SA_RESTART: MPI's own calls carry on).
     // Installed before MPI starts its threads; a thread that blocks SIGUSR1 (the server) never runs it.
-    struct sigaction note_stop {};
+    // SIGINT, SIGTERM and SIGHUP are the same stop where they reach a rank itself: a service
+    // manager stops every process of the service at once (systemd's default, a batch system's
+    // cancel), mpirun among them, which then ends the ranks a second later; meanwhile each finishes
+    // its step, and rank 0 says what it did, as one process would. (A signal ignored when the rank
+    // began stays ignored.)
+    struct sigaction note_stop {}, was {};
     sigemptyset(&note_stop.sa_mask);
     note_stop.sa_flags = SA_RESTART;
     note_stop.sa_handler = [](int) { stop_told = 1; };
-    sigaction(SIGUSR1, &note_stop, nullptr);
+    for (int sig : {SIGUSR1, SIGINT, SIGTERM, SIGHUP})
+      if (sigaction(sig, nullptr, &was) == 0 && (sig == SIGUSR1 || was.sa_handler != SIG_IGN))
+        sigaction(sig, &note_stop, nullptr);
     const char* output = std::getenv("COURSE_RANK0_OUTPUT");
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (output && rank && std::string(rank) == "0") take_output_from_launcher(output);
@@ -673,7 +682,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
                        program.c_str());
         kill(child, SIGTERM), aborted = true;
       }
-      if (!said_waiting && !aborted && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
+      // (Not where rank 0 has reached its end already: mpirun, stopped too, is ending the job.)
+      struct stat left {};
+      const bool rank0_done = status_fd >= 0 && stat(status_path, &left) == 0 && left.st_size > 0;
+      if (!said_waiting && !aborted && !rank0_done && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
         std::fprintf(stderr, "\n[%s: stopping when the ranks end their step; a second Ctrl-C ends them at once]\n",
                      program.c_str());
         said_waiting = true;
@@ -735,17 +747,21 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   job[0] = 0;
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  bool rank0_ended = false;  // rank 0 reached the end of its run, and left its status (rank_result())
   if (status_fd >= 0) {
     if (std::FILE* f = std::fopen(status_path, "r")) {
       char line[64] = {};
       int left = 0;
-      if (code == 0 && std::fgets(line, sizeof line, f)) {
+      if (std::fgets(line, sizeof line, f)) {
         if (std::sscanf(line, "signal %d", &left) == 1 && left == SIGPIPE) {
           // rank 0 wrote after the output's reader left, and stopped: this process ends by SIGPIPE
-          if (stop_signal == 0) stop_signal = SIGPIPE;
-          stops = stops + 1, code = 128 + SIGPIPE;
+          if (code == 0 && stop_signal == 0) stop_signal = SIGPIPE;
+          if (code == 0) stops = stops + 1, code = 128 + SIGPIPE;
         } else if (std::sscanf(line, "%d", &left) == 1) {
-          code = left;
+          // After a stop that reached mpirun too (a service manager signals every process at
+          // once), mpirun ends the job failed; rank 0's own ending is the program's.
+          rank0_ended = true;
+          if (code == 0 || (stops > 0 && !aborted)) code = left;
         }
       }
       std::fclose(f);
@@ -753,9 +769,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     std::remove(status_path);
   }
   if (stops > 0) stop_told = 1;  // (stop_requested() here too: the program says how a stop ends)
-  // A rank ended by the SIGUSR1 it was told with, or a job aborted by a second stop: a stop asked
-  // for, said as the shell says it.
-  if (stops > 0 && (aborted || code == 128 + SIGUSR1)) code = 128 + stop_signal;
+  // A rank ended by the SIGUSR1 it was told with, a job aborted by a second stop, or one that
+  // mpirun ended before rank 0 got to its end (the stop reached mpirun too): a stop asked for,
+  // said as the shell says it.
+  if (stops > 0 && (aborted || code == 128 + SIGUSR1 || (code != 0 && !rank0_ended))) code = 128 + stop_signal;
   return code;
 }
 

@@ -111,7 +111,8 @@ Communicator& mpi_world();
 /// twice at once) aborts the job, as does a stop that finds rank 0 waiting a second on an output
 /// nobody reads; if this process dies otherwise, mpirun ends the job. On a
 /// rank (the call that returns -1), SIGUSR1 from then on sets stop_requested() instead of ending
-/// the process: a program stops cleanly by reading it between steps (or by sigwait()ing for
+/// the process, and so do SIGINT, SIGTERM and SIGHUP that reach the rank itself (a service manager
+/// that signals every process of the job at once: mpirun then ends the ranks a second later): a program stops cleanly by reading it between steps (or by sigwait()ing for
 /// SIGUSR1, blocked, as the server does), rank 0 letting the followers return, and exits 0 (a rank
 /// that died of a signal or exited non-zero would have mpirun print a box about it). The launching
 /// process then sees stop_requested() too and says how a stop ends: end_as_stopped() for a command
@@ -124,11 +125,13 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program);
 /// the stop it passed on. False elsewhere.
 bool stop_requested();
 
-/// The exit status a program returns at the end of a run that finished, but failed (serve-offline
-/// that refused a prompt): on rank 0 under launch_ranks(), 0, the status left for the launching
-/// process to exit with (a rank's non-zero exit would have mpirun say it aborted the job, the
-/// other ranks having ended cleanly); elsewhere `status`. Not for errors that end a rank early:
-/// there mpirun's ending of the job is what keeps the others from waiting for it.
+/// The exit status a program returns at the end of a run that finished, failed (serve-offline
+/// that refused a prompt) or not: on rank 0 under launch_ranks(), 0, with what it printed flushed
+/// and `status` left for the launching process to exit with (a rank's non-zero exit would have
+/// mpirun say it aborted the job, the other ranks having ended cleanly; and where a stop reached
+/// mpirun too, mpirun ends the job failed, whatever rank 0 did); elsewhere `status`. Not for
+/// errors that end a rank early: there mpirun's ending of the job is what keeps the others from
+/// waiting for it.
 int rank_result(int status);
 
 /// In the process that called launch_ranks() to start mpirun, after a stop it passed on: ends this

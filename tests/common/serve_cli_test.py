@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The HTTP server over lesson 12's MPI ranks, end to end: options it cannot combine with ranks are
 refused before mpirun starts; on 2 ranks (mpirun started by the server) concurrent greedy requests
-get the single-process server's texts; SIGTERM to the server stops every rank, exit status 0, also
-under an mpirun that does not pass SIGUSR1 on to its ranks (as one Open MPI 4.1.6 did not).
+get the single-process server's texts; SIGTERM stops the server gracefully (a request in flight
+finishes; a second SIGTERM ends it at once); SIGTERM to the server stops every rank, exit status 0, also
+when it reaches every process at once (a service manager's stop), and under an mpirun that does not
+pass SIGUSR1 on to its ranks (as one Open MPI 4.1.6 did not).
 
     serve_cli_test.py LESSON10_SERVE_BINARY REPOSITORY_ROOT
 """
@@ -91,17 +93,30 @@ class Started:
                 pass
         self.process.kill()
 
-    def stop(self, what):
+    def stop(self, what, every_process=False):
+        """SIGTERM to the server; with every_process, to mpirun and the ranks too, at once (as a
+        service manager stops a service: systemd's default, KillMode=control-group)."""
+        for pid in (descendants(self.process.pid) | self.tree) if every_process else ():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
         self.process.send_signal(signal.SIGTERM)
+        code, out = self.ended(what)
+        if code != 0:
+            sys.exit(f"{what}: exit status {code} after SIGTERM: {self.process.stderr.read()}")
+        return out
+
+    def ended(self, what):
+        """Waits for the server to exit after a stop (30 s at most: then it is killed and the test
+        fails, saying `what`): its exit status and all it printed on stdout."""
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.kill()
             sys.exit(f"{what}: still running 30 s after SIGTERM")
         self.reader.join(timeout=10)
-        if self.process.returncode != 0:
-            sys.exit(f"{what}: exit status {self.process.returncode} after SIGTERM: {self.process.stderr.read()}")
-        return "".join(self.out)
+        return self.process.returncode, "".join(self.out)
 
     def all_gone(self):
         for _ in range(50):
@@ -165,6 +180,69 @@ one = Started().wait_ready()
 expected = texts(one.port)
 one.stop("the single-process server")
 
+
+def in_engine(port):
+    """Requests running or waiting in the engine, by /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(m) for m in re.findall(r"^course_requests_(?:running|waiting) (\S+)$", text, re.M))
+
+
+def streamed_while_stopped(signals):
+    """A server that runs one sequence at a time (--max-running 1) with 8 streamed requests of 200
+    tokens in (one running, seven waiting), sent `signals` SIGTERMs (0.05 s apart) once the first
+    tokens came: each request's events, the server's exit status and its stdout."""
+    server = Started("--max-running", "1", "--token-budget", "1").wait_ready()
+    body = json.dumps({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0,
+                       "stream": True}).encode()
+    events = [[] for _ in range(8)]
+
+    def stream(i):
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            for line in answer:
+                if line.startswith(b"data: "):
+                    events[i].append(line[6:].strip().decode())
+
+    clients = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    for c in clients:
+        c.start()
+    deadline = time.monotonic() + 30
+    while sum(map(len, events)) < 3 or in_engine(server.port) < 8:  # all 8 in, the first streaming
+        if time.monotonic() > deadline:
+            server.kill()
+            sys.exit(f"8 requests not all in the engine after 30 s ({in_engine(server.port)})")
+        time.sleep(0.001)
+    for i in range(signals):
+        time.sleep(0.05 if i else 0)
+        server.process.send_signal(signal.SIGTERM)
+    for c in clients:
+        c.join(timeout=60)
+    return (events, *server.ended(f"the server with 8 requests in, {signals} SIGTERM"))
+
+
+def finish_reason(event):
+    return None if event == "[DONE]" or "error" in json.loads(event) else json.loads(event)["choices"][0]["finish_reason"]
+
+
+# A graceful stop: one SIGTERM, and every request already in, running or waiting, finishes (each
+# token, its finish_reason, then [DONE]); a second one ends them at once, with an error event that
+# says why.
+events, code, out = streamed_while_stopped(1)
+whole = [e for e in events if e and e[-1] == "[DONE]" and any(finish_reason(x) for x in e)]
+if code != 0 or len(whole) != 8 or "the requests already in finish first" not in out:
+    sys.exit(f"one SIGTERM with 8 requests in: exit {code}, {len(whole)} of 8 finished (the ends: "
+             f"{[e[-2:] for e in events]!r}), stdout {out[-400:]!r}")
+print(f"serve: one SIGTERM with 8 requests in (1 running, 7 waiting): all 8 finished "
+      f"({sum(map(len, events))} events), then exit 0")
+events, code, out = streamed_while_stopped(2)
+cut = [e for e in events if any("shutting down" in x for x in e)]
+if code != 0 or not cut:
+    sys.exit(f"two SIGTERMs with 8 requests in: exit {code}, none ended saying the server is shutting down "
+             f"(the ends: {[e[-2:] for e in events]!r})")
+print(f"serve: a second SIGTERM ends what is left at once ({len(cut)} of 8 requests ended by an error event "
+      "saying the server is shutting down), exit 0")
+
 ranks = Started("--tensor-parallel-size", "2").wait_ready()
 got = texts(ranks.port)
 if got != expected:
@@ -176,6 +254,17 @@ if len(ranks.tree) < 3:  # mpirun and 2 ranks under this server (and perhaps mpi
 out = ranks.stop("the server on 2 ranks")
 if "tensor parallel over 2 MPI ranks" not in out:
     sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
+ranks.all_gone()
+
+# SIGTERM to every process at once, as a service manager stops a service (systemd by default): the
+# server stops as one process does, saying so, exit status 0 (before, mpirun ended the job failed,
+# exit status 1, and rank 0's "stopping" was lost).
+ranks = Started("--tensor-parallel-size", "2").wait_ready()
+out = ranks.stop("the server on 2 ranks, SIGTERM to every process", every_process=True)
+err = ranks.process.stderr.read()
+if "\nstopping\n" not in out or "-----" in err or "mpirun" in err:
+    sys.exit(f"the server on 2 ranks, SIGTERM to every process: expected 'stopping' and none of mpirun's boxes, "
+             f"printed {out[-500:]!r}, stderr {err[-2000:]!r}")
 ranks.all_gone()
 
 # An mpirun that keeps SIGUSR1 to itself (ignored, nothing forwarded): the stop must still reach
@@ -215,5 +304,5 @@ with tempfile.TemporaryDirectory() as bin_dir:
     ranks.stop("the server on 2 ranks under an mpirun that forwards no signal")
     ranks.all_gone()
 print(f"serve --tensor-parallel-size 2: {len(PROMPTS)} concurrent greedy requests answered as by one process; "
-      "SIGTERM stopped every rank, exit 0, also under an mpirun " +
+      "SIGTERM stopped every rank, exit 0, also when it reached every process, and under an mpirun " +
       ("that forwards no signal" if premise else "told to forward no signal (premise not built, above)"))

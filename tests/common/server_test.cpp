@@ -621,6 +621,87 @@ TEST(ServerStop, AStopSequenceEndsTheTextWhereItBeginsStreamedOrNot) {
   expect_stops_cut_the_text(naive, "naive");
 }
 
+/// Sends `bytes` (a whole request) on the open connection `fd` and reads its whole answer: the
+/// status (0: none within 10 s) and everything read.
+Raw ask_on(int fd, const std::string& bytes) {
+  Raw r;
+  if (!send_all(fd, bytes)) return r;
+  for (pollfd p{fd, POLLIN, 0}; !complete(r.text) && ::poll(&p, 1, 10000) > 0;) {
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    r.text.append(buf, static_cast<size_t>(n));
+  }
+  if (r.text.rfind("HTTP/1.1 ", 0) == 0 && r.text.size() >= 12) r.status = std::atoi(r.text.c_str() + 9);
+  return r;
+}
+
+/// Server::drain(), the first half of serve's graceful stop (Ctrl-C or SIGTERM): checked on `server`.
+void expect_a_drain_finishes_what_is_in(Server& server, const std::string& who) {
+  const int port = server.port();
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::string post = post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
+                                                            std::to_string(kGood.size()) + "\r\n") + kGood;
+  // Two kept-alive connections, each answered once before the drain (so both were accepted).
+  const int a = connect_loopback(port), b = connect_loopback(port);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(ask_on(a, health).status, 200) << who;
+  EXPECT_EQ(ask_on(b, post).status, 200) << who;
+  // A streamed request of 200 tokens in flight: drained after its second event.
+  std::atomic<int> events{0};
+  HttpReply streamed;
+  std::thread client([&] {
+    streamed = http_post("127.0.0.1", port, "/v1/completions",
+                         R"({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0, "stream": true})",
+                         [&](const std::string&) { return ++events, true; });
+  });
+  while (events.load() < 2 && streamed.status == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server.drain();
+  const int seen = events.load();
+  // No new request: 503 on a connection already open (with OpenAI's error body), /health 503 (a
+  // balancer stops sending), and a new connection is refused (once the listener has closed).
+  const Raw refused = ask_on(b, post), unhealthy = ask_on(a, health);
+  EXPECT_EQ(refused.status, 503) << who << ": " << refused.text.substr(0, 300);
+  EXPECT_TRUE(is_error_body(refused) && refused.text.find("shutting down") != std::string::npos) << who << ": " << refused.text;
+  EXPECT_EQ(unhealthy.status, 503) << who << ": " << unhealthy.text.substr(0, 300);
+  ::close(a), ::close(b);
+  bool listening = true;
+  for (int i = 0; i < 200 && listening; ++i) {
+    const int fd = connect_loopback(port);
+    listening = fd >= 0;
+    if (fd >= 0) ::close(fd), std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(listening) << who << ": still accepting connections 2 s after drain()";
+  // The request in flight goes on to its end: every token, finish_reason, [DONE].
+  client.join();
+  ASSERT_EQ(streamed.status, 200) << who << ": " << streamed.error;
+  EXPECT_LT(seen, 200) << who << ": the request had ended before the drain; the case proves nothing";
+  ASSERT_FALSE(streamed.events.empty());
+  EXPECT_EQ(streamed.events.back(), "[DONE]") << who;
+  std::string reason;
+  for (const std::string& e : streamed.events) {
+    EXPECT_EQ(e.find("\"error\""), std::string::npos) << who << ": the request in flight was cut: " << e;
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e);
+    if (!j["choices"].empty() && !j["choices"][0]["finish_reason"].is_null()) reason = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(reason == "length" || reason == "stop") << who << ": finish_reason '" << reason << "'";
+  EXPECT_TRUE(server.wait_idle(10)) << who;
+  server.stop();
+}
+
+TEST(ServerShutdown, ADrainFinishesTheRequestsInAndTakesNoNewOne) {
+  // serve's Ctrl-C or SIGTERM: the requests already in finish (for --shutdown-timeout seconds at
+  // most), the rest get 503, and the listener closes. The engine, and the naive server.
+  auto engine = small_server();
+  expect_a_drain_finishes_what_is_in(*engine, "the engine");
+  const ModelWeights& m = testing::bundled_model();
+  Server naive(m, ApiModel{"tiny-fortunes", m.config}, ServerOptions{.http_threads = 4});
+  naive.start();
+  expect_a_drain_finishes_what_is_in(naive, "naive");
+}
+
 TEST(ServerLogprobs, EachTokenComesWithTheModelsLogProbabilities) {
   // Greedy: each token is the most likely one, and its log-probability is the log-softmax of the
   // model's logits there (lesson 02's forward_cached, tolerance 1e-3); the top ones come sorted,

@@ -3,8 +3,9 @@
 and SIGTERM mid-run (the program says where it stopped, prints what it finished, and ends by that
 signal, as it would without ranks: a shell script running it stops too), a Ctrl-C in the first
 milliseconds (ranks not yet ready to hear it), two Ctrl-Cs (the job is aborted, saying so), a
-reader that closes the output early (`| head`: ends by SIGPIPE), and SIGKILL to the launching
-process (mpirun ends the job). Each time: no rank or mpirun left running, and mpirun prints none of
+reader that closes the output early (`| head`: ends by SIGPIPE), SIGTERM to every process at once
+(a service manager's or a batch system's stop), and SIGKILL to the launching process (mpirun ends
+the job). Each time: no rank or mpirun left running, and mpirun prints none of
 its boxes (a rank that died of the stop's SIGUSR1, or exited non-zero, would have it print one).
 
     stop_over_ranks_test.py GENERATE_BINARY SERVE_OFFLINE_BINARY REPOSITORY_ROOT
@@ -52,9 +53,11 @@ def written(f):
     return os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0)
 
 
-def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None, at_once=False):
+def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None, at_once=False, every_process=False):
     """Runs argv (with `env` added to the environment), waits until started(stdout so far, process
-    tree) holds, sends `signals` (10 ms apart, or at once), and checks that the program ended by
+    tree) holds, sends `signals` (10 ms apart, or at once; with every_process, each to mpirun and
+    the ranks too, at once, as a service manager or a batch system stops a job), and checks that
+    the program ended by
     signal `ends_by` (or by one of a tuple of them), said `stderr_says`, printed no box and left
     nothing running. Returns the stdout and stderr, or None where the build has no MPI."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -79,6 +82,11 @@ def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None,
         for i, sig in enumerate(signals):
             if i and not at_once:
                 time.sleep(0.01)
+            for pid in descendants(process.pid) | tree if every_process else ():
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
             process.send_signal(sig)
         try:
             code = process.wait(timeout=20)
@@ -216,6 +224,13 @@ if "a second stop" in stderr:
              f"{stderr[-2000:]}")
 print("generate --tensor-parallel-size 2: two stops at once are one")
 
+# SIGTERM to every process at once (systemd's default stop, a batch system's cancel): mpirun, told
+# too, ends the ranks a second later, but each rank takes the signal as the stop, so rank 0 says
+# where it stopped and the program ends by SIGTERM (before: exit status 1, nothing said).
+stop_and_check("generate --tensor-parallel-size 2, SIGTERM to every process", LONG, [signal.SIGTERM],
+               lambda stdout, tree: len(stdout) > 300, signal.SIGTERM, "[stopped after ", every_process=True)
+print("generate --tensor-parallel-size 2: SIGTERM to every process at once stops it as one process")
+
 # SIGKILL to the launching process: mpirun, told by the kernel, ends the job.
 process = subprocess.Popen(LONG, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 deadline = time.time() + 60
@@ -248,15 +263,18 @@ with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompts:
             up_since.append(time.time())
         return bool(up_since) and time.time() - up_since[0] > 1
 
-    stdout, stderr = stop_and_check(
-        "serve_offline --tensor-parallel-size 2",
-        [serve_offline, "--model", model, "--prompts", prompts.name, "--max-new-tokens", "200",
-         "--tensor-parallel-size", "2"],
-        [signal.SIGTERM], ranks_up, signal.SIGTERM, "[stopped: ")
-finished = int(re.search(r"\[stopped: (\d+) of 2000 requests finished\]", stderr).group(1))
-headers = re.findall(r"^--- request (\d+), line (\d+) ", stdout, re.M)
-if len(headers) != finished or any(int(line) != int(i) + 1 for i, line in headers) or finished >= 2000:
-    sys.exit(f"serve_offline: said {finished} requests finished, printed {len(headers)} "
-             f"(the first: {headers[:3]})")
-print(f"serve_offline --tensor-parallel-size 2: SIGTERM stopped it with {finished} of 2000 requests finished "
-      "(each printed with its line), ended by SIGTERM, no rank left, nothing from mpirun")
+    # SIGTERM to it, then to every process at once (a batch system cancelling the job).
+    for every_process, to_whom in ((False, "SIGTERM"), (True, "SIGTERM to every process")):
+        up_since.clear()
+        stdout, stderr = stop_and_check(
+            f"serve_offline --tensor-parallel-size 2, {to_whom}",
+            [serve_offline, "--model", model, "--prompts", prompts.name, "--max-new-tokens", "200",
+             "--tensor-parallel-size", "2"],
+            [signal.SIGTERM], ranks_up, signal.SIGTERM, "[stopped: ", every_process=every_process)
+        finished = int(re.search(r"\[stopped: (\d+) of 2000 requests finished\]", stderr).group(1))
+        headers = re.findall(r"^--- request (\d+), line (\d+) ", stdout, re.M)
+        if len(headers) != finished or any(int(line) != int(i) + 1 for i, line in headers) or finished >= 2000:
+            sys.exit(f"serve_offline, {to_whom}: said {finished} requests finished, printed {len(headers)} "
+                     f"(the first: {headers[:3]})")
+        print(f"serve_offline --tensor-parallel-size 2: {to_whom} stopped it with {finished} of 2000 requests "
+              "finished (each printed with its line), ended by SIGTERM, no rank left, nothing from mpirun")
