@@ -78,8 +78,8 @@ class Options {
       throw Error(cat(program_, ": ", name, " expects an integer in [", minimum, ", ", maximum, "], got '", v, "'"));
     return n;
   }
-  /// The option as a finite real number in [minimum, maximum], or `fallback` ("inf" and "nan"
-  /// are refused).
+  /// The option as a finite real number in [minimum, maximum], written in decimal (as 2, -0.5 or
+  /// 1e-3), or `fallback` ("inf", "nan", hexadecimal and spaces are refused).
   double real(const std::string& name, double fallback, double minimum = -std::numeric_limits<double>::max(),
               double maximum = std::numeric_limits<double>::max()) const {
     if (!has(name)) return fallback;
@@ -89,8 +89,8 @@ class Options {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
     const size_t used = static_cast<size_t>(end - v.c_str());
-    require(used == v.size() && used > 0 && std::isfinite(x), program_, ": ", name, " expects a finite number, got '",
-            v, "'");
+    require(used == v.size() && used > 0 && std::isfinite(x) && v.find_first_not_of("0123456789+-.eE") == std::string::npos,
+            program_, ": ", name, " expects a finite number written in decimal, got '", v, "'");
     require(x >= minimum && x <= maximum, program_, ": ", name, " expects a number in [", minimum, ", ", maximum,
             "], got '", v, "'");
     return x;

@@ -30,7 +30,7 @@
 // weight matrices in float32 or bf16 (or lesson 11's INT8 and INT4, read by its GEMVs); with --naive, the naive baseline's forward runs there too;
 // --cuda-graphs replays its decode steps from CUDA graphs (captured once per batch size); --cublas
 // (with --weights bf16) multiplies steps of 2 rows or more by cuBLAS's GEMM, not lesson 07's kernels.
-// Ctrl-C or SIGTERM stops it (every rank, under mpirun) gracefully: no new connection or request,
+// Ctrl-C, SIGTERM or SIGHUP stops it (every rank, under mpirun) gracefully: no new connection or request,
 // and those already in finish, for --shutdown-timeout seconds at most (30; 0: they end at once, with
 // 503) or until a second Ctrl-C.
 #include <algorithm>
@@ -62,15 +62,14 @@
 using namespace infer;
 
 int main(int argc, char** argv) {
-  // Ctrl-C and SIGTERM are taken by the main thread's sigwait() alone: blocked before any other
-  // thread starts (the server's, and under mpirun MPI's), which inherit the mask. SIGUSR1 too: it
-  // is how a stop reaches the ranks of --tensor-parallel-size (launch_ranks()). A follower rank
-  // keeps them blocked: it stops when rank 0 tells it to.
+  // Ctrl-C, SIGTERM and SIGHUP (a closed terminal; systemd's SendSIGHUP) are taken by the main
+  // thread's sigwait() alone: blocked before any other thread starts (the server's, and under
+  // mpirun MPI's), which inherit the mask. SIGUSR1 too: it is how a stop reaches the ranks of
+  // --tensor-parallel-size (launch_ranks()). A follower rank keeps them blocked: it stops when
+  // rank 0 tells it to.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGUSR1);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   try {
     const Options opts(argc, argv, "lesson10_serve",
@@ -94,7 +93,7 @@ int main(int argc, char** argv) {
                    "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
                    "                      [--tensor-parallel-size N] [--naive]\n"
                    "  The OpenAI-compatible server on the bundled model (port 8000; --port 0: a free one, which\n"
-                   "  the first line printed names). Ctrl-C or SIGTERM: no new requests, those already in finish\n"
+                   "  the first line printed names). Ctrl-C, SIGTERM, SIGHUP: no new requests, those already in finish\n"
                    "  (for --shutdown-timeout seconds at most, 30 by default; a second Ctrl-C ends them at once).\n"
                    "  vLLM's names are accepted\n"
                    "  too: --max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks-override,\n"
@@ -235,10 +234,10 @@ int main(int argc, char** argv) {
     {  // a stop that came while the model loaded: nothing to announce
       sigset_t pending;
       sigpending(&pending);
-      for (int sig : {SIGINT, SIGTERM, SIGUSR1})
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1})
         if (sigismember(&pending, sig) == 1) {
           std::printf("stopped before serving\n");
-          return 0;
+          return rank_result(0);  // (over ranks: said before mpirun, stopped too, ends the job)
         }
     }
     int port = 0;
@@ -262,20 +261,42 @@ int main(int argc, char** argv) {
                 host.c_str(), port, so.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
                 name.c_str());
     std::fflush(stdout);
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+    siginfo_t first{};
+    while (sigwaitinfo(&stop_signals, &first) < 0) {
+    }
+    const Stopwatch since_stop;
     // A graceful stop, as a service manager or a rolling restart expects: no new connection or
     // request (each gets 503, /health too), and the requests already in finish, for
-    // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left.
+    // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left. Over
+    // ranks, a stop that mpirun (this rank's parent) passes on is mpirun ending the job, the ranks
+    // killed a second or two later: no time to drain, the open requests end now, each saying why.
+    // Over ranks, a second stop: the launcher's SIGUSR1 numbered 2 (launch_ranks()), or a signal
+    // from mpirun (this rank's parent) ending the job.
+    const auto job_ends = [&](const siginfo_t& s) {
+      return comm && (s.si_signo == SIGUSR1 ? s.si_code == SI_QUEUE && s.si_value.sival_int >= 2 : s.si_pid == getppid());
+    };
     server->drain();
-    if (shutdown_timeout > 0 && !server->wait_idle(0)) {
+    bool now = shutdown_timeout <= 0 || job_ends(first);
+    // What comes within 5 ms of the first signal is the same stop (`timeout` signals the program,
+    // then its group; systemd's SendSIGHUP follows its SIGTERM; a lower-numbered signal pending
+    // beside it is taken first), unless it is the job ending.
+    siginfo_t next{};
+    for (double left; !now && (left = 0.005 - since_stop.seconds()) > 0;) {
+      const timespec wait{0, static_cast<long>(left * 1e9)};
+      if (sigtimedwait(&stop_signals, &next, &wait) > 0 && job_ends(next)) now = true;
+    }
+    if (!now && !server->wait_idle(0)) {
       std::printf("\nstopping: the requests already in finish first (%g s at most; a second Ctrl-C ends them now)\n",
                   shutdown_timeout);
       std::fflush(stdout);
-      const Stopwatch waited;
-      timespec now{};  // (sigtimedwait's zero wait: a second stop, if one came)
-      while (waited.seconds() < shutdown_timeout && !server->wait_idle(std::min(0.05, shutdown_timeout - waited.seconds())))
-        if (sigtimedwait(&stop_signals, nullptr, &now) > 0) break;
+      const timespec zero{};  // (sigtimedwait's zero wait: a second stop, if one came)
+      while (since_stop.seconds() < shutdown_timeout &&
+             !server->wait_idle(std::min(0.05, shutdown_timeout - since_stop.seconds()))) {
+        // A second stop ends what is left. Over ranks only the launcher says which stop is the
+        // second: another signal here is the first again (its SIGUSR1 after a stop that reached
+        // this rank itself too, as a service manager's does).
+        if (sigtimedwait(&stop_signals, &next, &zero) > 0 && (!comm || job_ends(next))) break;
+      }
     }
     std::printf("\nstopping\n");
     std::fflush(stdout);  // (said at once, whatever the stop takes)

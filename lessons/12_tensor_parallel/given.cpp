@@ -647,6 +647,13 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   int status = 0;
   std::set<pid_t> told;  // the ranks told so far
+  // A stop reaches a rank as SIGUSR1 carrying its number (1, then 2 for a second stop), which a
+  // rank that sigwait()s reads (the server: the first stop drains, a second ends what is left).
+  const auto tell = [](pid_t rank, int nth) {
+    sigval which{};
+    which.sival_int = nth;
+    sigqueue(rank, SIGUSR1, which);
+  };
   bool aborted = false, output_open = true, stop_seen = false, said_waiting = false, told_mpirun = false;
   Stopwatch since_stop;
   bool handed = false;  // rank 0 prints straight to this process's stdout and stderr
@@ -670,7 +677,7 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     if (stops > 0) {
       if (!stop_seen) since_stop.reset(), stop_seen = true;
       for (const pid_t rank : descendants_of(child))
-        if (!told.count(rank) && reads_stops(rank, exe)) kill(rank, SIGUSR1), told.insert(rank);
+        if (!told.count(rank) && reads_stops(rank, exe)) tell(rank, 1), told.insert(rank);
       if (exe.empty() && !told_mpirun) kill(child, SIGUSR1), told_mpirun = true;  // (no /proc: mpirun forwards it)
       // Rank 0 waiting a second on an output whose reader stopped reading would never reach
       // the end of its step: the job ends now, as one process would at the signal.
@@ -686,13 +693,14 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
       struct stat left {};
       const bool rank0_done = status_fd >= 0 && stat(status_path, &left) == 0 && left.st_size > 0;
       if (!said_waiting && !aborted && !rank0_done && since_stop.seconds() > 1 && stop_signal != SIGPIPE) {
-        std::fprintf(stderr, "\n[%s: stopping when the ranks end their step; a second Ctrl-C ends them at once]\n",
+        std::fprintf(stderr, "\n[%s: stopping: the ranks are ending what they do; a second Ctrl-C ends them at once]\n",
                      program.c_str());
         said_waiting = true;
       }
     }
     if (stops > 1 && !aborted) {
       std::fprintf(stderr, "\n[%s: a second stop: mpirun ends every rank now]\n", program.c_str());
+      for (const pid_t rank : told) tell(rank, 2);  // (mpirun's own SIGTERM reaches them a second later)
       kill(child, SIGTERM), aborted = true;
     }
   };
@@ -758,10 +766,11 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
           if (code == 0 && stop_signal == 0) stop_signal = SIGPIPE;
           if (code == 0) stops = stops + 1, code = 128 + SIGPIPE;
         } else if (std::sscanf(line, "%d", &left) == 1) {
-          // After a stop that reached mpirun too (a service manager signals every process at
-          // once), mpirun ends the job failed; rank 0's own ending is the program's.
+          // After a stop, rank 0's own ending is the program's: mpirun ends the job failed
+          // where the stop reached it too (a service manager signals every process at once) or
+          // where a second stop aborted it, rank 0 having ended in time.
           rank0_ended = true;
-          if (code == 0 || (stops > 0 && !aborted)) code = left;
+          if (code == 0 || stops > 0) code = left;
         }
       }
       std::fclose(f);
@@ -769,10 +778,10 @@ int launch_ranks(int ranks, int argc, char** argv, const std::string& program) {
     std::remove(status_path);
   }
   if (stops > 0) stop_told = 1;  // (stop_requested() here too: the program says how a stop ends)
-  // A rank ended by the SIGUSR1 it was told with, a job aborted by a second stop, or one that
-  // mpirun ended before rank 0 got to its end (the stop reached mpirun too): a stop asked for,
-  // said as the shell says it.
-  if (stops > 0 && (aborted || code == 128 + SIGUSR1 || (code != 0 && !rank0_ended))) code = 128 + stop_signal;
+  // A rank ended by the SIGUSR1 it was told with, or a job that mpirun ended (aborted by a second
+  // stop, or one that reached mpirun too) before rank 0 got to its end: a stop asked for, said as
+  // the shell says it.
+  if (stops > 0 && !rank0_ended && (aborted || code != 0)) code = 128 + stop_signal;
   return code;
 }
 

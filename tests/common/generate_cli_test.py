@@ -156,6 +156,7 @@ for bad, fragment in [(["--tensor-parallel-size", "2", "--kv-cache"], "drop --de
                       (["--tensor-parallel-size", "2", "--weights", "int4", "--group", "64"], "(--group 32 does)"),
                       (["--top-k", "4294967297"], "--top-k expects an integer"),
                       (["--temperature", "inf"], "--temperature expects a finite number"),
+                      (["--temperature", "0x1"], "--temperature expects a finite number written in decimal"),
                       (["--device", "tpu"], "cpu or cuda"), (["--cublas"], "it needs --device cuda and --weights bf16"),
                       (["--bogus"], "unknown option"), (["--max-new-tokens", "400"], "context"),
                       (["--kv-cache", "--max-new-tokens", "400"], "context"), (["--kv-dtype", "int4"], "f32 or int8"),

@@ -93,14 +93,7 @@ class Started:
                 pass
         self.process.kill()
 
-    def stop(self, what, every_process=False):
-        """SIGTERM to the server; with every_process, to mpirun and the ranks too, at once (as a
-        service manager stops a service: systemd's default, KillMode=control-group)."""
-        for pid in (descendants(self.process.pid) | self.tree) if every_process else ():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+    def stop(self, what):
         self.process.send_signal(signal.SIGTERM)
         code, out = self.ended(what)
         if code != 0:
@@ -187,61 +180,97 @@ def in_engine(port):
     return sum(float(m) for m in re.findall(r"^course_requests_(?:running|waiting) (\S+)$", text, re.M))
 
 
-def streamed_while_stopped(signals):
-    """A server that runs one sequence at a time (--max-running 1) with 8 streamed requests of 200
-    tokens in (one running, seven waiting), sent `signals` SIGTERMs (0.05 s apart) once the first
-    tokens came: each request's events, the server's exit status and its stdout."""
-    server = Started("--max-running", "1", "--token-budget", "1").wait_ready()
+def rank0(tree):
+    """The process of `tree` that is rank 0 (by the environment mpirun gave it), as a list."""
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
+                    return [pid]
+        except OSError:
+            pass
+    sys.exit(f"no rank 0 among {sorted(tree)}")
+
+
+def streamed_while_stopped(signals, sig=signal.SIGTERM, extra=(), also=lambda tree: []):
+    """A server (with `extra` options) that runs one sequence at a time (--max-running 1), sent 16
+    streamed requests of 200 tokens, and then `signals` of `sig` (0.01 s apart; each also to the
+    processes also(its process tree) picks, at once) once the engine took them all (a stream's
+    headers come then) and the first tokens came: each request's events, the server's exit status,
+    its stdout, and the server (ended; its `in_at_stop`: the requests running or waiting then)."""
+    server = Started(*extra, "--max-running", "1", "--token-budget", "1").wait_ready()
     body = json.dumps({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0,
                        "stream": True}).encode()
-    events = [[] for _ in range(8)]
+    events = [[] for _ in range(16)]
+    taken = [False] * 16
 
     def stream(i):
         request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
+            taken[i] = True
             for line in answer:
                 if line.startswith(b"data: "):
                     events[i].append(line[6:].strip().decode())
 
-    clients = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    clients = [threading.Thread(target=stream, args=(i,)) for i in range(16)]
     for c in clients:
         c.start()
     deadline = time.monotonic() + 30
-    while sum(map(len, events)) < 3 or in_engine(server.port) < 8:  # all 8 in, the first streaming
+    while sum(map(len, events)) < 3 or not all(taken):  # (waiting for all 16 to be in: some may end first)
         if time.monotonic() > deadline:
             server.kill()
-            sys.exit(f"8 requests not all in the engine after 30 s ({in_engine(server.port)})")
+            sys.exit(f"16 requests not all taken by the engine after 30 s ({sum(taken)})")
         time.sleep(0.001)
+    server.in_at_stop = in_engine(server.port)
     for i in range(signals):
-        time.sleep(0.05 if i else 0)
-        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.01 if i else 0)
+        for pid in also(server.tree):
+            os.kill(pid, sig)
+        server.process.send_signal(sig)
     for c in clients:
         c.join(timeout=60)
-    return (events, *server.ended(f"the server with 8 requests in, {signals} SIGTERM"))
+    return (events, *server.ended(f"the server {list(extra)} with 16 requests in, {signals} {sig.name}"), server)
 
 
 def finish_reason(event):
     return None if event == "[DONE]" or "error" in json.loads(event) else json.loads(event)["choices"][0]["finish_reason"]
 
 
-# A graceful stop: one SIGTERM, and every request already in, running or waiting, finishes (each
-# token, its finish_reason, then [DONE]); a second one ends them at once, with an error event that
-# says why.
-events, code, out = streamed_while_stopped(1)
-whole = [e for e in events if e and e[-1] == "[DONE]" and any(finish_reason(x) for x in e)]
-if code != 0 or len(whole) != 8 or "the requests already in finish first" not in out:
-    sys.exit(f"one SIGTERM with 8 requests in: exit {code}, {len(whole)} of 8 finished (the ends: "
-             f"{[e[-2:] for e in events]!r}), stdout {out[-400:]!r}")
-print(f"serve: one SIGTERM with 8 requests in (1 running, 7 waiting): all 8 finished "
-      f"({sum(map(len, events))} events), then exit 0")
-events, code, out = streamed_while_stopped(2)
-cut = [e for e in events if any("shutting down" in x for x in e)]
-if code != 0 or not cut:
-    sys.exit(f"two SIGTERMs with 8 requests in: exit {code}, none ended saying the server is shutting down "
-             f"(the ends: {[e[-2:] for e in events]!r})")
-print(f"serve: a second SIGTERM ends what is left at once ({len(cut)} of 8 requests ended by an error event "
-      "saying the server is shutting down), exit 0")
+def all_finished(what, events, code, out, server):
+    """Checks that every one of the 16 requests finished (each token, its finish_reason, then
+    [DONE]) and the server said so and exited 0, leaving nothing running."""
+    whole = [e for e in events if e and e[-1] == "[DONE]" and any(finish_reason(x) for x in e)]
+    if code != 0 or len(whole) != 16 or "the requests already in finish first" not in out:
+        server.kill()  # (mpirun and the ranks, were any left)
+        sys.exit(f"{what} with 16 requests in: exit {code}, {len(whole)} of 16 finished (the ends: "
+                 f"{[e[-2:] for e in events]!r}), stdout {out[-400:]!r}")
+    server.all_gone()
+    print(f"serve: {what} with {server.in_at_stop:.0f} of 16 requests in (1 running, the others waiting): all 16 "
+          f"finished ({sum(map(len, events))} events), then exit 0")
+
+
+# A graceful stop: one SIGTERM (or SIGHUP: a closed terminal, systemd's SendSIGHUP), and every
+# request already in, running or waiting, finishes; a second one ends them at once, with an error
+# event that says why.
+all_finished("one SIGTERM", *streamed_while_stopped(1))
+all_finished("one SIGHUP", *streamed_while_stopped(1, signal.SIGHUP))
+
+
+def second_stop_cuts(what, events, code, out, server):
+    """Checks that a second stop ended what was left at once: some requests ended by an error event
+    saying the server is shutting down, exit status 0, nothing left running."""
+    cut = [e for e in events if any("shutting down" in x for x in e)]
+    if code != 0 or not cut:
+        server.kill()
+        sys.exit(f"{what}, two SIGTERMs with 16 requests in: exit {code}, {len(cut)} ended saying the server is "
+                 f"shutting down (the ends: {[e[-2:] for e in events]!r})")
+    server.all_gone()
+    print(f"serve{what}: a second SIGTERM ends what is left at once ({len(cut)} of 16 requests ended by an error "
+          "event saying the server is shutting down), exit 0")
+
+
+second_stop_cuts("", *streamed_while_stopped(2))
 
 ranks = Started("--tensor-parallel-size", "2").wait_ready()
 got = texts(ranks.port)
@@ -256,16 +285,31 @@ if "tensor parallel over 2 MPI ranks" not in out:
     sys.exit(f"the server on 2 ranks must say so when it starts, printed {out!r}")
 ranks.all_gone()
 
-# SIGTERM to every process at once, as a service manager stops a service (systemd by default): the
-# server stops as one process does, saying so, exit status 0 (before, mpirun ended the job failed,
-# exit status 1, and rank 0's "stopping" was lost).
-ranks = Started("--tensor-parallel-size", "2").wait_ready()
-out = ranks.stop("the server on 2 ranks, SIGTERM to every process", every_process=True)
+# Over ranks, the same graceful stop, also where the stop reaches rank 0 itself besides through
+# the launcher (the launcher's SIGUSR1 is that same stop passed on: taken as a second stop, it cut
+# the drain after 0.05 s).
+all_finished("on 2 ranks, one SIGTERM", *streamed_while_stopped(1, extra=("--tensor-parallel-size", "2")))
+all_finished("on 2 ranks, one SIGTERM to it and to rank 0",
+             *streamed_while_stopped(1, extra=("--tensor-parallel-size", "2"), also=rank0))
+# A second stop aborts the job (mpirun ends the ranks), which rank 0 sees coming: it ends the
+# open requests with their error event and its status is the program's, 0 (before: 143).
+second_stop_cuts(" on 2 ranks", *streamed_while_stopped(2, extra=("--tensor-parallel-size", "2")))
+
+# SIGTERM to every process at once, as a service manager stops a service (systemd by default):
+# mpirun, signalled too, ends the ranks a second later, so the server ends the open requests at
+# once, each with an error event that says why (none cut without a word), says "stopping" and
+# exits 0, without mpirun's boxes (before: exit status 1, "stopping" lost).
+events, code, out, ranks = streamed_while_stopped(1, extra=("--tensor-parallel-size", "2"),
+                                                  also=lambda tree: [p for p in tree if alive(p)])
 err = ranks.process.stderr.read()
-if "\nstopping\n" not in out or "-----" in err or "mpirun" in err:
-    sys.exit(f"the server on 2 ranks, SIGTERM to every process: expected 'stopping' and none of mpirun's boxes, "
-             f"printed {out[-500:]!r}, stderr {err[-2000:]!r}")
+told = [e for e in events if e and e[-1] == "[DONE]" and (any(finish_reason(x) for x in e) or "shutting down" in e[-2])]
+if code != 0 or "\nstopping\n" not in out or len(told) != 16 or "-----" in err or "mpirun" in err:
+    sys.exit(f"the server on 2 ranks, SIGTERM to every process with 16 requests in: exit {code}, {len(told)} of 16 "
+             f"streams ended with a finish_reason or an error (the ends: {[e[-2:] for e in events]!r}), stdout "
+             f"{out[-300:]!r}, stderr {err[-2000:]!r}")
 ranks.all_gone()
+print(f"serve on 2 ranks, SIGTERM to every process with 16 requests in: each stream ended with its finish_reason "
+      f"or an error event, 'stopping', exit 0, no box")
 
 # An mpirun that keeps SIGUSR1 to itself (ignored, nothing forwarded): the stop must still reach
 # the ranks, which the server tells directly.
