@@ -754,4 +754,15 @@ std::string Server::metrics() const { return impl_->metrics.text(); }
 
 bool Server::wait_idle(double seconds) const { return impl_->mailbox.wait_idle(seconds); }
 
+bool Server::wait_answered(double seconds) const {
+  // (The answers are written by the HTTP threads, with no signal to wait on: looked at every 5 ms.)
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
+  for (;;) {
+    const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+    if (impl_->mailbox.wait_idle(std::max(left, 0.0)) && impl_->answering.load() == 0) return true;
+    if (left <= 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 }  // namespace infer

@@ -268,10 +268,9 @@ int main(int argc, char** argv) {
     // A graceful stop, as a service manager or a rolling restart expects: no new connection or
     // request (each gets 503, /health too), and the requests already in finish, for
     // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left. Over
-    // ranks, a stop that mpirun (this rank's parent) passes on is mpirun ending the job, the ranks
-    // killed a second or two later: no time to drain, the open requests end now, each saying why.
-    // Over ranks, a second stop: the launcher's SIGUSR1 numbered 2 (launch_ranks()), or a signal
-    // from mpirun (this rank's parent) ending the job.
+    // ranks, what ends the drain at once: the launcher's SIGUSR1 numbered 2 (a second stop,
+    // launch_ranks()), or a signal from mpirun (this rank's parent) ending the job, which kills
+    // the ranks a second or two later (the open requests end now, each saying why).
     const auto job_ends = [&](const siginfo_t& s) {
       return comm && (s.si_signo == SIGUSR1 ? s.si_code == SI_QUEUE && s.si_value.sival_int >= 2 : s.si_pid == getppid());
     };
@@ -285,13 +284,13 @@ int main(int argc, char** argv) {
       const timespec wait{0, static_cast<long>(left * 1e9)};
       if (sigtimedwait(&stop_signals, &next, &wait) > 0 && job_ends(next)) now = true;
     }
-    if (!now && !server->wait_idle(0)) {
+    if (!now && !server->wait_answered(0)) {
       std::printf("\nstopping: the requests already in finish first (%g s at most; a second Ctrl-C ends them now)\n",
                   shutdown_timeout);
       std::fflush(stdout);
       const timespec zero{};  // (sigtimedwait's zero wait: a second stop, if one came)
       while (since_stop.seconds() < shutdown_timeout &&
-             !server->wait_idle(std::min(0.05, shutdown_timeout - since_stop.seconds()))) {
+             !server->wait_answered(std::min(0.05, shutdown_timeout - since_stop.seconds()))) {
         // A second stop ends what is left. Over ranks only the launcher says which stop is the
         // second: another signal here is the first again (its SIGUSR1 after a stop that reached
         // this rank itself too, as a service manager's does).

@@ -110,7 +110,7 @@ class Server {
   int start();
   /// Stops listening and taking requests (one that comes on an open connection gets 503, the
   /// server shutting down, as /health does); the requests already in go on to their end, which
-  /// wait_idle() waits for. The first half of a graceful stop: stop() ends what is left. Idempotent.
+  /// wait_answered() waits for. The first half of a graceful stop: stop() ends what is left. Idempotent.
   void drain();
   /// Stops listening and the engine; requests still open end with an error. Idempotent.
   void stop();
@@ -120,6 +120,9 @@ class Server {
   std::string metrics() const;
   /// Waits until every request has ended and the engine is idle; false after `seconds`.
   bool wait_idle(double seconds) const;
+  /// wait_idle(), and every answer written to its client too (or its client gone): what a
+  /// drain() waits for before stop(). False after `seconds`.
+  bool wait_answered(double seconds) const;
 
  private:
   struct Impl;

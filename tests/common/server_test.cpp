@@ -702,6 +702,40 @@ TEST(ServerShutdown, ADrainFinishesTheRequestsInAndTakesNoNewOne) {
   expect_a_drain_finishes_what_is_in(naive, "naive");
 }
 
+TEST(ServerShutdown, ADrainWaitsForAnswersStillBeingWritten) {
+  // A client that reads slowly: 100 streamed answers pipelined on one connection with a 4 KB
+  // receive buffer, megabytes, more than the sockets hold. Once they are full, the engine is idle
+  // (the next request is not read until this answer is written) and an answer waits to be
+  // written; wait_answered() (what serve's drain waits for before stop() drops what is unsent)
+  // waits for it, and is true once the client reads.
+  auto server = small_server();
+  const int port = server->port();
+  const int fd = connect_loopback(port, /*receive_buffer=*/4096);
+  ASSERT_GE(fd, 0);
+  const std::string body = R"({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0, "stream": true})";
+  std::string requests;
+  for (int i = 0; i < 100; ++i)
+    requests += post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
+                                                 std::to_string(body.size()) + "\r\n") + body;
+  std::thread sender([&] { send_all(fd, requests); });  // (the server reads them one by one)
+  int stuck = 0;  // checks in a row (10 ms apart) that found the engine idle and an answer unwritten
+  for (int i = 0; i < 2000 && stuck < 20; ++i) {
+    stuck = server->wait_idle(0) && !server->wait_answered(0) ? stuck + 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(stuck, 20) << "the sockets never filled: no answer left waiting to be written";
+  server->drain();
+  EXPECT_FALSE(server->wait_answered(0.3)) << "an answer is still being written to a client that does not read";
+  std::string text;
+  std::thread reader([&] { text = read_until_quiet(fd, 3); });
+  EXPECT_TRUE(server->wait_answered(10)) << "the client reads: the answer being written ends";
+  server->stop();
+  reader.join();
+  sender.join();
+  ::close(fd);
+  EXPECT_NE(text.find("data: [DONE]"), std::string::npos);
+}
+
 TEST(ServerLogprobs, EachTokenComesWithTheModelsLogProbabilities) {
   // Greedy: each token is the most likely one, and its log-probability is the log-softmax of the
   // model's logits there (lesson 02's forward_cached, tolerance 1e-3); the top ones come sorted,
