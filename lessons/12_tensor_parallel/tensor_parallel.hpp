@@ -107,8 +107,9 @@ Communicator& mpi_world();
 /// Returns -1 when this process is already one of the ranks (then mpi_world().size() must be
 /// `ranks`: checked). While mpirun runs, this process's first SIGINT (Ctrl-C), SIGTERM or SIGHUP
 /// (one it ignored when called stays ignored), or a write to its output after the reader left
-/// (`| head`), reaches every rank as SIGUSR1; a second one (5 ms or more later: `timeout` signals
-/// twice at once) aborts the job, as does a stop that finds rank 0 waiting a second on an output
+/// (`| head`), reaches every rank as SIGUSR1 (sent with sigqueue(), carrying 1; a second stop's
+/// carries 2, which a rank that sigwait()s can read); a second one (5 ms or more later: `timeout`
+/// signals twice at once) then aborts the job, as does a stop that finds rank 0 waiting a second on an output
 /// nobody reads; if this process dies otherwise, mpirun ends the job. On a
 /// rank (the call that returns -1), SIGUSR1 from then on sets stop_requested() instead of ending
 /// the process, and so do SIGINT, SIGTERM and SIGHUP that reach the rank itself (a service manager
