@@ -272,6 +272,18 @@ def second_stop_cuts(what, events, code, out, server):
 
 second_stop_cuts("", *streamed_while_stopped(2))
 
+# --shutdown-timeout 0: no drain, the open requests end at once, each with its error event.
+events, code, out, server = streamed_while_stopped(1, extra=("--shutdown-timeout", "0"))
+cut = [e for e in events if any("shutting down" in x for x in e)]
+if code != 0 or len(cut) < server.in_at_stop - 1 or "finish first" in out:  # (the running one may just end)
+    server.kill()
+    sys.exit(f"--shutdown-timeout 0, one SIGTERM with {server.in_at_stop:.0f} requests in: exit {code}, {len(cut)} "
+             f"ended by the error event "
+             f"(the ends: {[e[-2:] for e in events]!r}), stdout {out[-300:]!r}")
+server.all_gone()
+print(f"serve --shutdown-timeout 0: one SIGTERM ends the requests in at once ({len(cut)} of the "
+      f"{server.in_at_stop:.0f} in by the error event)")
+
 ranks = Started("--tensor-parallel-size", "2").wait_ready()
 got = texts(ranks.port)
 if got != expected:
