@@ -14,9 +14,11 @@ import fcntl
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 
 from proc_tree import alive, descendants
@@ -193,10 +195,18 @@ print("generate --tensor-parallel-size 2 | head -1, the text whole: exit status 
 # A reader that stopped reading (a pipe of 4 KiB, full): rank 0 waits in write() and never ends its
 # step, so one SIGTERM ends the job a second later (before, only a second signal did).
 read_end, write_end = os.pipe()
-fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ
+size = fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: the size it got
 process = subprocess.Popen(LONG, stdout=write_end, stderr=subprocess.PIPE)
 os.close(write_end)
-time.sleep(3)
+# The pipe full (FIONREAD: the bytes in it), then a second more: rank 0 is waiting in write(). (A
+# fixed 3 s was not always enough: on a busy machine the ranks had written 3,331 bytes by then.)
+deadline = time.time() + 60
+while struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0"))[0] < size:
+    if time.time() > deadline or process.poll() is not None:
+        process.kill()
+        sys.exit(f"generate --tensor-parallel-size 2: its output never filled a pipe of {size} bytes")
+    time.sleep(0.05)
+time.sleep(1)
 tree = descendants(process.pid)
 process.send_signal(signal.SIGTERM)
 try:
