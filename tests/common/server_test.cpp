@@ -650,13 +650,15 @@ void expect_a_drain_finishes_what_is_in(Server& server, const std::string& who) 
   EXPECT_EQ(ask_on(b, post).status, 200) << who;
   // A streamed request of 200 tokens in flight: drained after its second event.
   std::atomic<int> events{0};
+  std::atomic<bool> answered{false};  // (the loop below must not read `streamed` while it is written)
   HttpReply streamed;
   std::thread client([&] {
     streamed = http_post("127.0.0.1", port, "/v1/completions",
                          R"({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0, "stream": true})",
                          [&](const std::string&) { return ++events, true; });
+    answered = true;
   });
-  while (events.load() < 2 && streamed.status == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (events.load() < 2 && !answered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server.drain();
   const int seen = events.load();
   // No new request: 503 on a connection already open (with OpenAI's error body), /health 503 (a
