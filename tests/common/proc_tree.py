@@ -1,6 +1,7 @@
 """A process's tree, read from /proc: for the tests that check that a stopped program left nothing
-running."""
+running; and whether a process has taken a signal sent to it."""
 import os
+import time
 
 
 def children():
@@ -37,3 +38,26 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def signal_taken(pid, sig, timeout=5.0):
+    """Waits until process `pid` has taken the signal `sig` sent to it (a handler or a sigwait()
+    removed it from the process's pending signals), or has ended; False after `timeout` seconds.
+    Two signals of one kind sent while the first is still pending merge into one (ordinary signals
+    do not queue), and a busy machine can leave a process unscheduled for longer than a test's 10 ms
+    between them: a test that means two stops waits for this between the two."""
+    bit = 1 << (sig - 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            return True
+        if fields.get("State", "").split()[:1] == ["Z"]:
+            return True
+        if not (int(fields.get("ShdPnd", "0"), 16) | int(fields.get("SigPnd", "0"), 16)) & bit:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 
-from proc_tree import alive, descendants
+from proc_tree import alive, descendants, signal_taken
 
 binary, root = sys.argv[1], sys.argv[2]
 model = os.path.join(root, "models", "tiny-fortunes")
@@ -194,10 +194,11 @@ def rank0(tree):
 
 def streamed_while_stopped(signals, sig=signal.SIGTERM, extra=(), also=lambda tree: []):
     """A server (with `extra` options) that runs one sequence at a time (--max-running 1), sent 16
-    streamed requests of 200 tokens, and then `signals` of `sig` (0.01 s apart; each also to the
-    processes also(its process tree) picks, at once) once the engine took them all (a stream's
-    headers come then) and the first tokens came: each request's events, the server's exit status,
-    its stdout, and the server (ended; its `in_at_stop`: the requests running or waiting then)."""
+    streamed requests of 200 tokens, and then `signals` of `sig` (each 0.01 s after the server took
+    the one before; each also to the processes also(its process tree) picks, at once) once the
+    engine took them all (a stream's headers come then) and the first tokens came: each request's
+    events, the server's exit status, its stdout, and the server (ended; its `in_at_stop`: the
+    requests running or waiting then)."""
     server = Started(*extra, "--max-running", "1", "--token-budget", "1").wait_ready()
     body = json.dumps({"model": "tiny-fortunes", "prompt": "The ", "max_tokens": 200, "temperature": 0,
                        "stream": True}).encode()
@@ -224,7 +225,9 @@ def streamed_while_stopped(signals, sig=signal.SIGTERM, extra=(), also=lambda tr
         time.sleep(0.001)
     server.in_at_stop = in_engine(server.port)
     for i in range(signals):
-        time.sleep(0.01 if i else 0)
+        if i:  # a second stop: after the first was taken (two pending would merge), past its 5 ms
+            signal_taken(server.process.pid, sig)
+            time.sleep(0.01)
         for pid in also(server.tree):
             os.kill(pid, sig)
         server.process.send_signal(sig)

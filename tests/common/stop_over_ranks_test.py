@@ -21,7 +21,7 @@ import tempfile
 import termios
 import time
 
-from proc_tree import alive, descendants
+from proc_tree import alive, descendants, signal_taken
 
 generate, serve_offline, root = sys.argv[1], sys.argv[2], sys.argv[3]
 model = os.path.join(root, "models", "tiny-fortunes")
@@ -57,11 +57,10 @@ def written(f):
 
 def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None, at_once=False, every_process=False):
     """Runs argv (with `env` added to the environment), waits until started(stdout so far, process
-    tree) holds, sends `signals` (10 ms apart, or at once; with every_process, each to mpirun and
-    the ranks too, at once, as a service manager or a batch system stops a job), and checks that
-    the program ended by
-    signal `ends_by` (or by one of a tuple of them), said `stderr_says`, printed no box and left
-    nothing running. Returns the stdout and stderr, or None where the build has no MPI."""
+    tree) holds, sends `signals` (each 10 ms after the program took the one before, or at once;
+    with every_process, each to mpirun and the ranks too, at once, as a service manager or a batch
+    system stops a job), and checks that the program ended by signal `ends_by` (or by one of a
+    tuple of them), said `stderr_says`, printed no box and left nothing running. Returns the stdout and stderr, or None where the build has no MPI."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
         deadline = time.time() + 60
@@ -82,7 +81,8 @@ def stop_and_check(name, argv, signals, started, ends_by, stderr_says, env=None,
         tree |= descendants(process.pid)
         what = " and ".join(s.name for s in signals)
         for i, sig in enumerate(signals):
-            if i and not at_once:
+            if i and not at_once:  # after the program took the one before (two pending merge), past 5 ms
+                signal_taken(process.pid, signals[i - 1])
                 time.sleep(0.01)
             for pid in descendants(process.pid) | tree if every_process else ():
                 try:
