@@ -70,6 +70,21 @@ class GradingError(Exception):
 
 # ------------------------------------------------------------------ sandbox --
 
+def closed_folder(*paths):
+    """The first folder on the way to one of `paths` (from /) that other users cannot enter (no x
+    bit for others), or None."""
+    for path in paths:
+        parts = os.path.abspath(path).split(os.sep)
+        for i in range(2, len(parts) + 1):
+            folder = os.sep.join(parts[:i])
+            try:
+                if os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001:
+                    return folder
+            except OSError:
+                return None
+    return None
+
+
 class Sandbox:
     """How a student's program is started: bubblewrap + prlimit, or plainly."""
 
@@ -106,6 +121,10 @@ class Sandbox:
             # Why, as the probe saw it: bwrap's own words where it said any (it cannot start while
             # the uid's processes are at their limit), else the test -r's.
             why = said.strip().splitlines()[-1] if said.strip() else "the course tree is not readable by other users"
+            closed = closed_folder(self.source, self.build)
+            if closed:  # (a clone in /root: Debian makes /root 700)
+                why += (f"; {closed} is closed to other users: grade from a copy outside it, or `chmod o+x {closed}`, "
+                        "to have the limit")
             self.note = (f"processes not limited in number: a sandbox as an unprivileged user did not start ({why}), so cases "
                          "run as root inside the sandbox")
         if self._run_quiet(check)[0] == 0:
@@ -1169,7 +1188,9 @@ def main():
             for lesson, lines in notes.items():
                 for line in lines[:10]:
                     print(f"  {line}")
-        if sandbox_note:
+        # (Not for ./course check, --first-failure: a student's own code, where a limit on its
+        # processes' number protects nobody; the report keeps the note.)
+        if sandbox_note and not (args.first_failure and sandbox_kind == "bubblewrap"):
             print(f"\nWARNING: {sandbox_note}", file=sys.stderr)
         for p in problems:
             print(f"\nGRADING NOT COMPLETE: {p}", file=sys.stderr)
