@@ -303,30 +303,53 @@ def section_order(lesson, root=ROOT):
     return order
 
 
-def print_first_failure(report, results, root=ROOT, json_path=None):
+def print_first_failure(report, results, root=ROOT, json_path=None, checked_build=None):
     """Prints the first case that does not pass, what it said and where to read; True if any.
     "First" in the order the lesson's README takes its steps (the test files' order among cases
     of one section, and after every section for a case the README does not name). `json_path`,
-    the report with every case's message, is named when more than one case fails."""
+    the report with every case's message, is named when more than one case fails.
+    `checked_build`, a command: named where the case got wrong numbers (values that differ),
+    which a shape mistake reading past a vector's end gives unseen in a build without checks."""
     for r in report["lessons"]:
         failing = [u for u in r["tests"] if u["status"] != "passed" and u["status"] not in UNGRADED]
+        if failing and all(u["status"] == "not built" for u in failing):
+            # No case ran: the compiler's first error is the one thing to read (not a case's name
+            # and its README section, which the error may have nothing to do with).
+            said = (failing[0].get("message") or "").split("\n", 1)
+            print(f"\nlesson {r['lesson'][:2]} does not compile: fix its first error"
+                  + (f" (the build's whole output is above):\n{said[1]}" if len(said) > 1 else ", above."))
+            return True
         if failing:
             order = section_order(r["lesson"], root)
             t = min(failing, key=lambda u: order.get(readme_section(r["lesson"], u["name"], root), len(order)))
-            print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: "
-                  + ", ".join(u["name"].split(".")[-1] for u in failing))
+            names = [u["name"].split(".")[-1] for u in failing]
+            print(f"\n{len(failing)} of {r['cases']} cases do not pass yet: " + ", ".join(names[:6])
+                  + (f" and {len(names) - 6} more" if len(names) > 6 else ""))
             print(f"\nFirst failing case: {t['name']} ({t['status']}, {points(t['points'])})")
             res = results.get(t["name"])
             out = (res.get("output") if isinstance(res, dict) else res[1]) if res else ""
+            said = ""
             if t.get("message") and not (out and t["message"] in out):
-                print(t["message"])
+                said = t["message"]
+                print(said)
                 if out and "read the output for where" in t["message"]:  # a crash: its last words
                     lines = [line for line in out.splitlines() if line.strip()]
                     print("Its output ended:\n" + "\n".join("  " + line for line in lines[-8:]))
             elif out:
-                print(failure_message(out))
+                said = failure_message(out)
+                print(said)
             elif t["status"] == "not built":
                 print("The test program did not build: see the compiler errors above.")
+            program = res.get("program") if isinstance(res, dict) else None
+            if program and "Eigen's check failed" in (said + out):
+                shown = os.path.relpath(program)
+                print(f"\nWhich line of yours: run the case under gdb (Debian package gdb); the first frame in "
+                      f"exercises/ is it:\n  gdb -q -batch -ex 'catch throw' -ex run -ex bt --args {shown} "
+                      f"--gtest_filter={t['name']}")
+            if checked_build and re.search(r"\bdiffer", said):
+                print(f"\n(Wrong numbers can also come from a shape mistake, a row where a column was meant, "
+                      f"that reads past a vector's end: this fast build does not check. `{checked_build}` runs "
+                      f"the same cases with every shape and index checked.)")
             section = readme_section(r["lesson"], t["name"], root)
             where = f"lessons/{r['lesson']}/README.md"
             print(f"\nRead: {where}" + (f', section "{section}"' if section else ""))

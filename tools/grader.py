@@ -5,7 +5,7 @@
                     [--build DIR] [--source DIR] [--no-configure]
                     [--json FILE] [--csv FILE] [--junit FILE]
                     [--sandbox require|auto|off] [--timeout S] [--jobs N]
-                    [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure]
+                    [--memory-mb M] [--max-output-mb M] [--show-build] [--first-failure [--checked-build CMD]]
                     [--stop-at-first-loss] [--first SUITE.CASE ...]
                     [--build-timeout S] [--build-memory-mb M] [--report-student DIR]
                     [--classroom-outputs FILE]
@@ -1057,7 +1057,7 @@ def grade(args):
         if args.stop_at_first_loss and status not in ("passed", "skipped") and status not in grade_report.UNGRADED:
             lost.set()
         return name, {"status": status, "message": message, "output": run["output"],
-                      "time": time.monotonic() - t0}
+                      "time": time.monotonic() - t0, "program": binary}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for name, r in pool.map(one, runs):
@@ -1107,6 +1107,9 @@ def main():
     ap.add_argument("--show-build", action="store_true")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--first-failure", action="store_true")
+    ap.add_argument("--checked-build", metavar="COMMAND",
+                    help="with --first-failure: where the first failing case got wrong numbers, name COMMAND, "
+                         "the same cases with every shape and index checked (./course check NN --debug)")
     ap.add_argument("--stop-at-first-loss", action="store_true",
                     help="run no more cases once one is lost: enough to prove a submission loses points "
                          "(tools/known_wrong.py), not a grade")
@@ -1180,7 +1183,8 @@ def main():
         shown = set()
         for r in report["lessons"]:
             for t in r["tests"]:
-                if t["status"] == "not built" and r["lesson"] not in shown:
+                # (--first-failure: print_first_failure says it, once)
+                if t["status"] == "not built" and r["lesson"] not in shown and not args.first_failure:
                     shown.add(r["lesson"])
                     print(f"\n{r['lesson']}: {t.get('message', 'did not build')}")
         if notes and not args.first_failure:
@@ -1198,7 +1202,7 @@ def main():
         for p in problems:
             print(f"GRADING NOT COMPLETE: {p}", file=sys.stderr)
     if args.first_failure and complete:
-        if grade_report.print_first_failure(report, results, args.source, args.json):
+        if grade_report.print_first_failure(report, results, args.source, args.json, args.checked_build):
             return 1
     return 0 if complete else 2
 

@@ -111,7 +111,8 @@ def main(argv):
             if n == 0:
                 print(f"No tier of {title} seen yet: ./course hint {nn} {args[1]} shows the first.")
             for i, (tier_title, text) in enumerate(tiers[:n], 1):
-                print(f"\n{title}, hint {i} of {len(tiers)}: {tier_title}\n\n{text}")
+                shown = re.sub(r"^\d+\.\s*", "", tier_title)  # ("1. A nudge": the number is said already)
+                print(f"\n{title}, hint {i} of {len(tiers)}: {shown}\n\n{text}")
             if n < len(tiers) and n > 0:
                 print(f"\n(Stuck still? ./course hint {nn} {args[1]} once more shows hint {n + 1} of {len(tiers)}.)")
             elif n == len(tiers):

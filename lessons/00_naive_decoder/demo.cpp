@@ -16,6 +16,7 @@
 #include "lessons/00_naive_decoder/naive_decoder.hpp"
 
 int main(int argc, char** argv) {
+  bool text_started = false;  // the prompt went to stdout: an error starts a new line
   try {
     const infer::Options opts(argc, argv, "lesson00_demo", {"--prompt", "--tokens", "--seed"});
     const std::string prompt = opts.text("--prompt", "The ");
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     // Time each step as it comes: step n runs forward() over n tokens.
     std::vector<double> step_ms;
     infer::Stopwatch clock;
-    std::cout << prompt << std::flush;
+    std::cout << prompt << std::flush, text_started = true;
     infer::generate(model, ids, tokens, sampler, [&](int t) {
       step_ms.push_back(clock.millis());
       clock.reset();
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
                 "about n times a single token: see `./course bench 00` for the curve.\n");
     return 0;
   } catch (const std::exception& e) {
+    if (text_started) std::cout << std::endl;  // (the error on a line of its own, after the text so far)
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
