@@ -34,4 +34,6 @@ namespace infer::checked {
 
 }  // namespace infer::checked
 
+/// Eigen's check of condition `x` (Eigen uses this macro when it is defined before its headers):
+/// infer::checked::eigen_check_failed() where it does not hold.
 #define eigen_assert(x) ((x) ? static_cast<void>(0) : ::infer::checked::eigen_check_failed(#x, __FILE__, __LINE__))
