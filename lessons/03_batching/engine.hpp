@@ -96,7 +96,7 @@ struct EngineStepLog {
   int accepted = 0;         ///< of them, kept
   int occupied = 0;         ///< places in the batch taken during the step (a static batch keeps its finished members')
   long stored_tokens = 0;   ///< K/V positions held by running sequences after the step
-  long reserved_tokens = 0; ///< positions of KV memory reserved for them (KVManager::reserved_tokens)
+  long reserved_tokens = 0; ///< positions of KV memory taken after the step, a prefix cache's included (KVManager::reserved_tokens)
 };
 
 // ============================================================== KV memory ==
@@ -121,7 +121,8 @@ class KVManager {
   virtual int preemptions_needed(std::span<const KVStore* const> running) const = 0;
   /// The most positions one sequence can ever hold (the engine refuses longer requests).
   virtual int capacity_tokens() const = 0;
-  /// Positions of memory reserved by open stores right now.
+  /// Positions of memory taken right now: by open stores, and by what the memory keeps of its own
+  /// (a prefix cache's blocks, which it gives back when asked for room).
   virtual long reserved_tokens() const = 0;
 
   // What the engine calls. The defaults suit memories without a prefix cache; lesson 05's
