@@ -95,7 +95,7 @@ struct CompletionRequest {
 /// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
 /// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
 /// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary) | 0 |
-/// | seed | integer | >= 0 | 0 |
+/// | seed | integer | >= 0 | 0 (the server then gives the request a seed of its own: a fresh sample each time, as OpenAI's API) |
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
 /// | stream_options | object | {"include_usage": boolean}; checked whether or not "stream" is true (ignored when it is not) | |

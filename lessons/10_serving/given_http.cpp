@@ -4,6 +4,7 @@
 // at once or queue a Job in the Mailbox and answer it, whole or as server-sent events, each time
 // the engine thread (given_http_engine.cpp) says the job changed. The other rooms are listed in
 // server_parts.hpp.
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -26,6 +28,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/rng.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/10_serving/server.hpp"
 #include "lessons/10_serving/server_parts.hpp"
@@ -119,8 +122,14 @@ struct Server::Impl {
   std::thread worker;
   int bound_port = 0;
   bool started = false, stopped = false;
+  bool accept_failing = false;  ///< the last accept failed (only the accept loop, one at a time, reads it)
 
   Impl(ApiModel m, ServerOptions o) : model(std::move(m)), options(std::move(o)) { metrics.watch_http(connections, body_bytes); }
+
+  /// A seed for a request that sent none: a new one each call (a counter that starts from the
+  /// system's entropy, mixed).
+  uint64_t fresh_seed() { return Rng(seeds.fetch_add(1)).next_u64(); }
+  std::atomic<uint64_t> seeds{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
 
   /// What the headers alone decide, before a byte of the body is read (so that nothing a client
   /// sends is held in memory, or inflated, to be refused after): the method, the key, and for a
@@ -189,6 +198,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   Connection(tcp::socket socket, Server::Impl& server)
       : stream_(std::move(socket)), s_(server), deadline_(stream_.get_executor()) {
     ++s_.connections;
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = cat(peer.address().to_string(), ":", peer.port());
   }
   ~Connection() {
     uncount();
@@ -210,6 +222,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   // --------------------------------------------------------------- reading --
 
   void read_header() {
+    began_ = Clock::now();  // (for the log: an idle keep-alive connection's wait counts too, at most its timeout)
+    method_.clear(), path_.clear(), log_detail_.clear();
+    logged_ = false;
     header_.emplace();
     header_->header_limit(kMaxHeaderBytes);
     header_->body_limit(std::numeric_limits<std::uint64_t>::max());  // the body's size is refuse_by_headers()'s to judge (not boost::none: Boost 1.74 compares it wrongly)
@@ -239,6 +254,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       return refuse(ApiError(505, cat("This server speaks HTTP/1.1; the request is HTTP/", req.version() / 10, ".",
                                       req.version() % 10)));
     path_ = origin_path({req.target().data(), req.target().size()});
+    method_ = std::string(req.method_string());
     head_only_ = req.method() == http::verb::head;
     keep_alive_ = header_->keep_alive();
     if (const std::optional<ApiError> e = s_.refuse_by_headers(req, path_)) return refuse(*e);
@@ -372,7 +388,11 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
         std::lock_guard lock(job_->mutex);
         finished = job_->finished;
       }
-      if (!finished) s_.mailbox.cancel(job_->id);  // the engine frees its sequence before its next step
+      if (!finished) {
+        s_.mailbox.cancel(job_->id);  // the engine frees its sequence before its next step
+        log_request(shown_.head_sent ? 200 : 0, cat(": the client hung up after ", shown_.bytes,
+                                                    " bytes of its answer's text; cancelled"));
+      }
     }
     close();
   }
@@ -404,8 +424,12 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   void generate(const std::string& body, Endpoint endpoint) {
     auto job = std::make_shared<Job>();
     try {
-      refuse_unsupported(parse_json_object(body));
+      const json fields = parse_json_object(body);
+      refuse_unsupported(fields);
       job->request = parse_completion_request(body, endpoint, s_.model);
+      // Without a seed, a sample of its own each time (OpenAI's API does the same), where the
+      // parse's default, 0, would give every such request the same text.
+      if (!fields.contains("seed") || fields["seed"].is_null()) job->request.sampling.seed = s_.fresh_seed();
     } catch (const ApiError& e) {
       return reply_error(e);
     } catch (const json::exception& e) {  // a field of an unexpected type read without a check
@@ -457,6 +481,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       if (!finished) return;
       end_job();
       if (reason == "error") return reply_error(ApiError(status, error), /*refused=*/false);  // counted as ended in error
+      log_detail_ = generated(job, tokens.size(), reason);
       return reply(200, dump(completion_body(job, s_.model.name, ByteTokenizer::decode(tokens),
                                              static_cast<int>(tokens.size()), reason)));
     }
@@ -487,6 +512,8 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
       shown_.role_sent = true;
     }
     if (finished) {
+      log_request(200, reason == "error" ? cat(", streamed: ended by an error: ", error)
+                                         : generated(job, tokens.size(), reason) + ", streamed");
       if (reason == "error") {
         event(ApiError(status, error).body());
       } else {
@@ -511,11 +538,35 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     counted_ = false;
   }
 
+  // --------------------------------------------------------------- the log --
+
+  /// The request's line in the server's log (ServerOptions::log_requests), once: who, what, the
+  /// status (0: none was sent, "-"), how long from its first byte, and `detail`. Successful
+  /// /health and /metrics requests (a balancer's or a scraper's, every few seconds) are left out.
+  void log_request(int status, const std::string& detail) {
+    if (!s_.options.log_requests || logged_) return;
+    logged_ = true;
+    if (status == 200 && (path_ == "/health" || path_ == "/metrics")) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - began_).count();
+    std::string shown_path = path_.size() > 100 ? path_.substr(0, 100) + "..." : path_;
+    for (char& c : shown_path)  // (a client's bytes: nothing that would move a terminal's cursor)
+      if (c < 0x20 || c > 0x7e) c = '?';
+    std::fprintf(stderr, "serve: %s %s %s %s %.3f s%s\n", peer_.empty() ? "-" : peer_.c_str(),
+                 method_.empty() ? "-" : method_.c_str(), shown_path.empty() ? "-" : shown_path.c_str(),
+                 status > 0 ? std::to_string(status).c_str() : "-", seconds, detail.c_str());
+  }
+
+  /// What a generation's log line says of it.
+  static std::string generated(const Job& job, size_t tokens, const std::string& reason) {
+    return cat(", prompt ", job.request.prompt.size(), " tokens, ", tokens, " generated (", reason, ")");
+  }
+
   // --------------------------------------------------------------- writing --
 
   /// Answers with `body` (JSON unless told), then goes on to the next request or closes.
   void reply(int status, const std::string& body, const std::string& type = "application/json",
              const std::string& extra = "") {
+    log_request(status, log_detail_);
     answered_ = true;
     send(http_response(status, type, body, !keep_alive_, extra, head_only_));
   }
@@ -523,6 +574,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   /// Answers with OpenAI's error body; `refused`: count it as a request refused before the engine.
   void reply_error(const ApiError& e, bool refused = true) {
     if (refused) s_.metrics.rejected(e.status());
+    log_detail_ = cat(": ", e.message().size() > 200 ? e.message().substr(0, 200) + "..." : e.message());
     reply(e.status(), e.body(), "application/json", e.status() == 503 ? "Retry-After: 1\r\n" : "");
   }
 
@@ -608,6 +660,11 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   std::optional<http::request_parser<http::empty_body>> header_;
   std::optional<http::request_parser<http::string_body>> body_;
   std::string path_;
+  std::string method_;        ///< the request's method, for the log
+  std::string peer_;          ///< the client's address and port, for the log
+  Clock::time_point began_;   ///< when the request's headers began to be read, for the log
+  std::string log_detail_;    ///< what the log line adds after the status (reply_error's message, a generation's counts)
+  bool logged_ = false;       ///< the request's line is written
   bool head_only_ = false, keep_alive_ = true;
   std::shared_ptr<Job> job_;  ///< the request being answered, if it went to the engine
   struct Shown {
@@ -633,7 +690,15 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
 void Server::Impl::accept() {
   acceptor->async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor->is_open()) return;  // stopping
-    if (ec) return accept_later();  // out of file descriptors, say: try again in a moment, never stop accepting
+    if (ec) {  // out of file descriptors, say: try again in a moment, never stop accepting
+      if (!accept_failing)  // (said once while it lasts: the loop comes back every 50 ms)
+        std::fprintf(stderr, "serve: cannot accept connections: %s (with %d open; `ulimit -n` bounds them): new ones wait "
+                             "in the system's queue until some close\n", ec.message().c_str(), connections.load());
+      accept_failing = true;
+      return accept_later();
+    }
+    if (accept_failing) std::fprintf(stderr, "serve: accepting connections again\n");
+    accept_failing = false;
     // One event per token: do not let Nagle hold them back. A send buffer of its own size: the
     // system would let it grow to megabytes for a client that reads nothing, which the write
     // deadline then never sees. (A socket the options cannot be set on is broken already: it is
@@ -688,6 +753,16 @@ int Server::start() {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+  // The server's own files (its listener, Asio's, the standard streams) are about ten;
+  // said at once where the limit leaves max_connections no room.
+  constexpr rlim_t kOwnFiles = 16;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur < static_cast<rlim_t>(s.options.max_connections) + kOwnFiles)
+    std::fprintf(stderr, "serve: warning: this process may open %llu files (`ulimit -n`), too few for %d connections "
+                         "(--max-connections) and the server's own; past about %llu, new connections wait until "
+                         "others close: raise the limit, or lower --max-connections\n",
+                 static_cast<unsigned long long>(files.rlim_cur), s.options.max_connections,
+                 static_cast<unsigned long long>(files.rlim_cur > kOwnFiles ? files.rlim_cur - kOwnFiles : 0));
   beast::error_code ec;
   const net::ip::address address = net::ip::make_address(s.options.host, ec);
   require(!ec, "Server::start: '", s.options.host, "' is not an IP address");
@@ -701,7 +776,11 @@ int Server::start() {
           " (in use, or not an address of this machine?): ", ec.message());
   s.bound_port = s.acceptor->local_endpoint().port();
   s.started = true;
-  s.worker = std::thread([&s] {
+  // The engine computes with the OpenMP threads of the thread that starts the server (a program's
+  // --threads): a new thread would start from OpenMP's default, every core.
+  const int compute_threads = omp_get_max_threads();
+  s.worker = std::thread([&s, compute_threads] {
+    omp_set_num_threads(compute_threads);
     if (s.engine) server::run_engine(*s.engine, s.mailbox, s.metrics);
     else server::run_naive(s.naive, s.model.config.eos_token_id, s.mailbox, s.metrics);
   });

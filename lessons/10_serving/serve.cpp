@@ -77,27 +77,30 @@ int main(int argc, char** argv) {
                         "--block-size", "--threads", "--speculative", "--num-speculative-tokens", "--draft",
                         "--api-key", "--max-waiting", "--request-timeout", "--max-connections", "--shutdown-timeout", "--weights", "--group", "--activations",
                         "--tensor-parallel-size", "--device"},
-                       {"--naive", "--no-prefix-cache", "--cuda-graphs", "--cublas", "-h", "--help"},
+                       {"--naive", "--no-prefix-cache", "--no-request-log", "--cuda-graphs", "--cublas", "-h", "--help"},
                        // vLLM's names for the same options, so that what works there works here
                        {{"--max-num-seqs", "--max-running"},
                         {"--max-num-batched-tokens", "--token-budget"},
                         {"--num-gpu-blocks-override", "--kv-blocks"},
-                        {"--no-enable-prefix-caching", "--no-prefix-cache"}});
+                        {"--no-enable-prefix-caching", "--no-prefix-cache"},
+                        {"--disable-log-requests", "--no-request-log"}});
     if (opts.help()) {
       std::cout << "usage: lesson10_serve [--model DIR] [--name NAME] [--host H] [--port P] [--api-key KEY]\n"
                    "                      [--max-running N] [--token-budget T] [--kv-blocks B] [--block-size S]\n"
                    "                      [--no-prefix-cache] [--max-waiting N] [--request-timeout S] [--max-connections N]\n"
-                   "                      [--shutdown-timeout S] [--threads N]\n"
+                   "                      [--shutdown-timeout S] [--threads N] [--no-request-log]\n"
                    "                      [--speculative ngram|draft [--num-speculative-tokens K] [--draft DIR]]\n"
                    "                      [--weights f32|int8|int4 [--group G]] [--activations int8]\n"
                    "                      [--device cuda [--weights f32|bf16|int8|int4] [--cuda-graphs] [--cublas]]\n"
                    "                      [--tensor-parallel-size N] [--naive]\n"
                    "  The OpenAI-compatible server on the bundled model (port 8000; --port 0: a free one, which\n"
                    "  the first line printed names). Ctrl-C, SIGTERM, SIGHUP: no new requests, those already in finish\n"
-                   "  (for --shutdown-timeout seconds at most, 30 by default; a second Ctrl-C ends them at once).\n"
-                   "  vLLM's names are accepted\n"
+                   "  (for --shutdown-timeout seconds at most, 30 by default; a second stop ends them at once).\n"
+                   "  Each request answered is a line on stderr (client, method, path, status, seconds, tokens or\n"
+                   "  error); --no-request-log leaves them out. vLLM's names are accepted\n"
                    "  too: --max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks-override,\n"
-                   "  --no-enable-prefix-caching. Each option: lessons/10_serving/README.md, \"Step 4: serve\".\n";
+                   "  --no-enable-prefix-caching, --disable-log-requests. Each option: lessons/10_serving/README.md,\n"
+                   "  \"Step 4: serve\".\n";
       return 0;
     }
     const std::string dir = opts.text("--model", bundled_model_dir("tiny-fortunes"));
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
     so.max_waiting = static_cast<int>(opts.number("--max-waiting", so.max_waiting, 0));
     so.request_timeout_s = opts.real("--request-timeout", so.request_timeout_s, kMinRequestTimeout, kMaxRequestTimeout);
     so.max_connections = static_cast<int>(opts.number("--max-connections", so.max_connections, 1));
+    so.log_requests = !opts.has("--no-request-log");
     const double shutdown_timeout = opts.real("--shutdown-timeout", 30, 0, 3600);
     const char* env_key = std::getenv("COURSE_API_KEY");
     so.api_key = opts.text("--api-key", env_key ? env_key : "");
@@ -285,7 +289,7 @@ int main(int argc, char** argv) {
       if (sigtimedwait(&stop_signals, &next, &wait) > 0 && job_ends(next)) now = true;
     }
     if (!now && !server->wait_answered(0)) {
-      std::printf("\nstopping: the requests already in finish first (%g s at most; a second Ctrl-C ends them now)\n",
+      std::printf("\nstopping: the requests already in finish first (%g s at most; a second Ctrl-C or signal ends them now)\n",
                   shutdown_timeout);
       std::fflush(stdout);
       const timespec zero{};  // (sigtimedwait's zero wait: a second stop, if one came)

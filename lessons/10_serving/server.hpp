@@ -81,6 +81,11 @@ struct ServerOptions {
   /// When not empty, every /v1/ route needs the header `Authorization: Bearer <api_key>` (401
   /// otherwise); /health and /metrics stay open.
   std::string api_key = "";
+  /// A line on stderr for each request answered (or whose client left first): the client's
+  /// address, the method and path, the status, the seconds from its first byte, and what it got
+  /// (a generation's prompt and generated tokens and finish reason; an error's message).
+  /// Successful /health and /metrics requests are left out.
+  bool log_requests = false;
 };
 
 /// What naive serving runs for every token: the logits [1, vocab] after all of `tokens`,
@@ -105,8 +110,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  /// Binds and starts serving on background threads; returns the port. Throws infer::Error if the
-  /// address cannot be bound.
+  /// Binds and starts serving on background threads; returns the port. The engine's thread
+  /// computes with as many OpenMP threads as the calling thread would (omp_get_max_threads()).
+  /// Throws infer::Error if the address cannot be bound.
   int start();
   /// Stops listening and taking requests (one that comes on an open connection gets 503, the
   /// server shutting down, as /health does); the requests already in go on to their end, which

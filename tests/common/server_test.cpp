@@ -17,11 +17,15 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <omp.h>
 
 #include "common/testing/models.hpp"
 #include "common/testing/slow_runner.hpp"
@@ -420,6 +424,108 @@ TEST(ServerHostile, AnApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(http_get("127.0.0.1", port, "/health").first, 200);
   const HttpReply no_key = http_post("127.0.0.1", port, "/v1/completions", kGood);
   EXPECT_NE(no_key.body.find("invalid_api_key"), std::string::npos) << no_key.body;
+}
+
+/// The CPU forward, recording the OpenMP threads its thread would compute with.
+class ThreadsRecordingForward final : public ModelRunner {
+ public:
+  explicit ThreadsRecordingForward(const ModelWeights& m, std::atomic<int>& threads) : inner_(m), threads_(threads) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  Matrix forward(const StepInput& step) override {
+    threads_ = omp_get_max_threads();
+    return inner_.forward(step);
+  }
+
+ private:
+  CpuRunner inner_;
+  std::atomic<int>& threads_;
+};
+
+TEST(ServerThreads, TheEngineComputesWithTheThreadsOfTheThreadThatStartedIt) {
+  // A program's --threads is omp_set_num_threads() on its main thread; the engine runs on a
+  // thread of the server's, which would otherwise compute with OpenMP's default (every core),
+  // and a busy machine then slows every step by the threads waiting for each other.
+  const ModelWeights& m = testing::bundled_model();
+  const int before = omp_get_max_threads();
+  for (const int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::atomic<int> seen{0};
+    auto engine = serving_engine(std::make_unique<ThreadsRecordingForward>(m, seen),
+                                 std::make_unique<PagedKVManager>(m.config, 64, 16), {.max_running = 4, .token_budget = 32});
+    Server server(std::move(engine), ApiModel{"tiny-fortunes", m.config}, {.http_threads = 1});
+    const int port = server.start();
+    omp_set_num_threads(before);  // (what the engine uses was fixed at start())
+    const HttpReply r = http_post("127.0.0.1", port, "/v1/completions", kGood);
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(seen.load(), threads) << "the engine's forward ran with another number of OpenMP threads";
+  }
+}
+
+TEST(ServerSeeds, ARequestWithoutASeedSamplesAfreshAndOneWithASeedRepeats) {
+  // OpenAI's API samples anew for each request that sends no seed. The parse's default, 0, would
+  // give every such request the same text; the server gives each its own seed instead.
+  auto server = small_server();
+  const int port = server->port();
+  const auto text = [&](const std::string& body) {
+    const HttpReply r = http_post("127.0.0.1", port, "/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    return j.is_discarded() ? std::string() : j["choices"][0]["text"].get<std::string>();
+  };
+  const std::string unseeded = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 40, "temperature": 1})";
+  std::set<std::string> texts;
+  for (int i = 0; i < 4; ++i) texts.insert(text(unseeded));
+  EXPECT_GT(texts.size(), 1u) << "four requests without a seed all got the same text";
+  const std::string seeded = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 40, "temperature": 1, "seed": 7})";
+  EXPECT_EQ(text(seeded), text(seeded)) << "the same seed gives the same text";
+  const std::string null_seed = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 40, "seed": null})";
+  texts.clear();
+  for (int i = 0; i < 4; ++i) texts.insert(text(null_seed));
+  EXPECT_GT(texts.size(), 1u) << "a null seed is no seed";
+}
+
+TEST(ServerLog, EachRequestIsOneLineSayingWhoWhatAndHowItEnded) {
+  // ServerOptions::log_requests: one line on stderr per request answered, or left by its client
+  // (a stream's status is the 200 its head said); none for a successful /health; nothing at all
+  // without the option.
+  const ModelWeights& m = testing::bundled_model();
+  const auto lines_of = [](const std::string& text) {
+    std::vector<std::string> lines;
+    for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1)
+      if (text.compare(at, 7, "serve: ") == 0) lines.push_back(text.substr(at, end - at));
+    return lines;
+  };
+  for (const bool log : {true, false}) {
+    auto engine = serving_engine(std::make_unique<testing::SlowForward>(m), std::make_unique<PagedKVManager>(m.config, 64, 16),
+                                 {.max_running = 4, .token_budget = 32});
+    Server server(std::move(engine), ApiModel{"tiny-fortunes", m.config}, {.http_threads = 2, .log_requests = log});
+    const int port = server.start();
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
+    EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 0})").status, 400);
+    EXPECT_EQ(http_get("127.0.0.1", port, "/health").first, 200);
+    const int fd = connect_loopback(port);  // a client that leaves before its answer
+    const std::string body = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 200, "stream": true})";
+    ASSERT_TRUE(send_all(fd, post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
+                                                                std::to_string(body.size()) + "\r\n") + body));
+    for (int i = 0; i < 2000 && metric_value(server.metrics(), "course_generation_tokens_total") < 10; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::close(fd);
+    EXPECT_TRUE(server.wait_idle(20));
+    server.stop();
+    const std::vector<std::string> lines = lines_of(::testing::internal::GetCapturedStderr());
+    if (!log) {
+      EXPECT_TRUE(lines.empty()) << lines.front();
+      continue;
+    }
+    ASSERT_EQ(lines.size(), 3u) << "a line each for the completion, the refusal and the client that left; none for /health";
+    EXPECT_TRUE(std::regex_match(lines[0], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s, prompt 5 tokens, 2 generated \(length\))")))
+        << lines[0];
+    EXPECT_TRUE(std::regex_match(lines[1], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 400 \d+\.\d{3} s: 'max_tokens' must be >= 1, got 0)")))
+        << lines[1];
+    EXPECT_TRUE(std::regex_match(lines[2], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s: the client hung up after \d+ bytes of its answer's text; cancelled)")))
+        << lines[2];
+  }
 }
 
 TEST(ServerHostile, AFullQueueAnswers503WithRetryAfter) {
