@@ -53,6 +53,40 @@ def graded_cases(extra_dir=None, root=ROOT):
     return cases
 
 
+def extra_tests_error(extra_dir, root=ROOT):
+    """Why `extra_dir` cannot be an instructor's hidden tests at all (None: it can): not a folder,
+    or no folder in it named after a lesson holding a *_test.cpp file (a lesson's own folder given
+    in place of its parent, say), which would grade without them and say nothing."""
+    if not os.path.isdir(extra_dir):
+        return f"--extra-tests {extra_dir}: not a folder (expected one folder per lesson, such as 00_naive_decoder/)"
+    lessons = lesson_dirs(root)
+    if any(glob.glob(os.path.join(extra_dir, l, "*_test.cpp")) for l in lessons):
+        return None
+    here = os.path.basename(os.path.normpath(extra_dir))
+    hint = (f"; it is {here}/ itself: give the folder that holds it" if here in lessons
+            else f"; expected folders named after the lessons, such as {lessons[0]}/, each holding *_test.cpp files")
+    return f"--extra-tests {extra_dir}: no lesson folder in it holds a *_test.cpp file{hint}"
+
+
+def hold_lock(folder):
+    """Takes `folder`'s grading lock (folder/.grading.lock) for as long as this process lives, or
+    returns False when another process holds it: two gradings writing the same build trees and
+    reports would give each other's points."""
+    import fcntl
+    os.makedirs(folder, exist_ok=True)
+    f = open(os.path.join(folder, ".grading.lock"), "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _held_locks.append(f)  # (kept open: closing it would let go of the lock)
+    return True
+
+
+_held_locks = []
+
+
 def extra_tests_warnings(extra_dir, root=ROOT):
     """What in an instructor's hidden-tests folder would silently grade nothing: a folder that
     names no lesson, a test file whose cases are plain TEST()s, a source not named *_test.cpp."""

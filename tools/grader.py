@@ -711,7 +711,10 @@ def include_findings(deps, build, allowed, course):
         real = os.path.realpath(dep if os.path.isabs(dep) else os.path.join(build, dep)) if dep else ""
         if not real or real.startswith(allowed) or (real.startswith(course) and not real.startswith(refused)):
             continue
-        yield "includes a file from outside the lesson", os.path.relpath(real, course) if real.startswith(course) else real
+        what = ("includes the course's reference solution" if real.startswith(refused[0])
+                else "includes the course's tests" if real.startswith(refused[1])
+                else "includes a file from outside the lesson")
+        yield what, os.path.relpath(real, course) if real.startswith(course) else real
 
 
 def suspicious_objects(build, nn, student, source):
@@ -1129,11 +1132,15 @@ def main():
     for n in args.lessons or []:
         if not re.fullmatch(r"[0-9]{1,2}", n):
             ap.error(f"--lessons takes lesson numbers (00 to 99), got '{n}'")
-    if args.extra_tests and not os.path.isdir(args.extra_tests):
-        ap.error(f"--extra-tests must be a folder of hidden tests (one folder per lesson), got '{args.extra_tests}'")
     args.source = os.path.abspath(args.source)
+    if args.extra_tests and (why := grade_report.extra_tests_error(args.extra_tests, args.source)):
+        ap.error(why)
     args.student = os.path.abspath(args.student)
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
+    if not grade_report.hold_lock(args.build):
+        print(f"grader: another grading is using {args.build} (its build and its reports); wait until it ends, "
+              "or grade into another folder (--build)", file=sys.stderr)
+        return 2
     if args.extra_tests:
         args.extra_tests = os.path.abspath(args.extra_tests)
     named = os.path.abspath(args.report_student or args.student)

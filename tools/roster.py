@@ -46,10 +46,22 @@ import grade_report  # noqa: E402
 from grader import kill_tree  # noqa: E402
 
 
-def student_folder(path):
-    """The folder of the student's exercises: path/exercises in a clone of the course, else path."""
-    inner = os.path.join(path, "exercises")
-    return inner if os.path.isdir(inner) else path
+def student_folder(path, lessons):
+    """The folder of the student's exercises: path/exercises in a clone of the course, else path;
+    where path holds no lesson folder and a single folder (an archive unpacked one level deep:
+    NAME/course-main/exercises), the same within that folder."""
+    for _ in range(3):
+        inner = os.path.join(path, "exercises")
+        if os.path.isdir(inner):
+            return inner
+        entries = [e for e in os.listdir(path) if not e.startswith(".")]
+        if any(e in lessons for e in entries):
+            return path
+        folders = [e for e in entries if os.path.isdir(os.path.join(path, e))]
+        if len(folders) != 1:
+            return path
+        path = os.path.join(path, folders[0])
+    return path
 
 
 def copy_regular_files(src, dst):
@@ -77,17 +89,28 @@ def copy_regular_files(src, dst):
 
 
 def summarize(report):
-    """Why a student lost whole lessons, in a few words per lesson ('' when nothing stands out)."""
+    """Why a student lost points, in a few words per lesson ('' when nothing stands out): first the
+    lines an instructor should read (suspicious code, grading not complete), then lessons that did
+    not build or lost cases, then, in one item, the lessons not started (every case not implemented)."""
     notes = []
+    for lesson, lines in (report.get("suspicious") or {}).items():
+        kinds = sorted({l.split(": ")[1] for l in lines if l.count(": ") >= 2})
+        notes.append(f"{lesson[:2]}: READ {len(lines)} suspicious line{'s' if len(lines) != 1 else ''} "
+                     f"({', '.join(kinds)})")
     for p in report.get("problems", []):
         notes.append("grading not complete: " + p.splitlines()[0][:200])
     graded = [t for r in report["lessons"] for t in r["tests"] if t["status"] not in grade_report.UNGRADED]
     if graded and all("not implemented" in (t.get("message") or "") for t in graded):
         return "; ".join(notes + ["every graded case says not implemented (the starters as given)"])
+    not_started = []
     for r in report["lessons"]:
         nn = r["lesson"][:2]
         states = [t for t in r["tests"] if t["status"] != "passed" and t["status"] not in grade_report.UNGRADED]
         if not states:
+            continue
+        if len(states) == sum(t["status"] not in grade_report.UNGRADED for t in r["tests"]) and all(
+                "not implemented" in (t.get("message") or "") for t in states):
+            not_started.append(nn)
             continue
         if any(t["status"] == "not built" for t in states):
             first = next(t.get("message", "") for t in states if t["status"] == "not built")
@@ -105,9 +128,8 @@ def summarize(report):
         if unwritten:
             what.append(f"{unwritten} not implemented")
         notes.append(f"{nn}: " + ", ".join(what))
-    for lesson, lines in (report.get("suspicious") or {}).items():
-        kinds = sorted({l.split(": ")[1] for l in lines if l.count(": ") >= 2})
-        notes.append(f"{lesson[:2]}: {len(lines)} suspicious line{'s' if len(lines) != 1 else ''} ({', '.join(kinds)})")
+    if not_started:
+        notes.append("not started (every case not implemented): " + " ".join(not_started))
     return "; ".join(notes)
 
 
@@ -140,12 +162,22 @@ def main():
         print(f"roster: {args.roster} is not a directory (expected one folder per student)", file=sys.stderr)
         return 2
     names = sorted(d for d in os.listdir(roster) if not d.startswith(".") and os.path.isdir(os.path.join(roster, d)))
+    # Files beside the folders (a student's archive not unpacked, say): a row each, saying so.
+    not_folders = sorted(d for d in os.listdir(roster) if not d.startswith(".") and not os.path.isdir(os.path.join(roster, d)))
     if not names:
         print(f"roster: {args.roster} has no student folders", file=sys.stderr)
         return 2
+    # Mistakes that would grade the whole class wrongly are refused before anything is written.
+    if args.extra_tests and (why := grade_report.extra_tests_error(os.path.abspath(args.extra_tests), source)):
+        print(f"roster: {why}", file=sys.stderr)
+        return 2
+    if not grade_report.hold_lock(out):
+        print(f"roster: another grading is using {out} (its build trees, reports and gradebook); wait until it ends, "
+              "or give this one another folder (--out DIR)", file=sys.stderr)
+        return 2
     for w in grade_report.extra_tests_warnings(args.extra_tests and os.path.abspath(args.extra_tests), source):
         print(f"roster: WARNING: {w}", file=sys.stderr)
-    lessons = grade_report.lesson_dirs(source)
+    lessons = all_lessons = grade_report.lesson_dirs(source)
     if args.lessons:
         wanted = tuple(f"{int(n):02d}_" for n in args.lessons)
         lessons = [l for l in lessons if l.startswith(wanted)]
@@ -153,14 +185,17 @@ def main():
     workers = args.workers or (cores if shutil.which("ccache") else 1)
     workers = max(1, min(workers, len(names)))
     jobs = max(1, cores // workers)
+    # This run's reports only: another class's, or an earlier run's, would sit beside them.
+    shutil.rmtree(os.path.join(out, "students"), ignore_errors=True)
     os.makedirs(os.path.join(out, "students"), exist_ok=True)
+    hidden = f"; hidden tests from {os.path.abspath(args.extra_tests)}" if args.extra_tests else "; no hidden tests"
 
     queue = list(reversed(names))
     rows, lock = {}, threading.Lock()
     running = set()  # the graders at work, to stop them all on Ctrl-C
     started = time.monotonic()
     print(f"roster: {len(names)} students in {roster}, {workers} at a time, {jobs} case(s) at once each; "
-          f"reports in {out}", flush=True)
+          f"reports in {out}{hidden}", flush=True)
 
     def done(name, row):
         with lock:
@@ -180,7 +215,7 @@ def main():
         base = os.path.join(out, "build", f"w{w}")
         copy = os.path.join(base, "student")
         origin = os.path.join(roster, name)
-        folder = student_folder(origin)
+        folder = student_folder(origin, all_lessons)
         left_out = copy_regular_files(folder, copy)
         stem = os.path.join(out, "students", name)
         cmd = [sys.executable, os.path.join(HERE, "grader.py"), "--source", source, "--student", copy,
@@ -232,9 +267,12 @@ def main():
         note = summarize(report).replace(copy, folder)  # messages name the student's folder, not the copy
         if left_out:
             note = "; ".join(filter(None, [note, "not graded (links or .git): " + ", ".join(left_out[:5])]))
-        if folder == origin and not any(os.path.isdir(os.path.join(folder, l)) for l in lessons):
+        if not any(os.path.isdir(os.path.join(folder, l)) for l in all_lessons):
             note = ("no lesson folders found (expected a copy of exercises/, or the course's repository with "
                     "exercises/ inside)")
+            row["complete"] = False
+        elif folder not in (origin, os.path.join(origin, "exercises")):
+            note = "; ".join(filter(None, [f"graded from {os.path.relpath(folder, origin)}/", note]))
         row["note"] = note
         # A build tree whose configure failed is configured again for the next student.
         return row, os.path.exists(os.path.join(base, "build.ninja"))
@@ -278,6 +316,11 @@ def main():
               f"{os.path.join(out, 'students')})", file=sys.stderr)
         return 130
 
+    for name in not_folders:
+        rows[name] = {"student": name, "earned": 0, "total": 0, "ungraded": 0, "lessons": {}, "complete": False,
+                      "note": "a file, not a folder: not graded (unpack it into a folder named after the student)",
+                      "commit": "", "sources_sha256": "", "seconds": 0.0}
+    names = sorted(names + not_folders)
     totals = {}
     for row in rows.values():
         for lesson, (_, total) in row["lessons"].items():
@@ -299,7 +342,7 @@ def main():
     for name in names:
         r = rows[name]
         print(f"{name:<{width}}  {r['earned']:>4}/{r['total']:<4} {r['note'] or ('' if r['complete'] else 'incomplete')}")
-    print(f"\n{len(names)} students graded in {wall / 60:.1f} min ({workers} at a time); gradebook: {book}")
+    print(f"\n{len(names)} students graded in {wall / 60:.1f} min ({workers} at a time{hidden}); gradebook: {book}")
     return 0 if all(r["complete"] for r in rows.values()) else 1
 
 

@@ -95,6 +95,9 @@ ROSTER = {
     "grace": ("repository", {"00": 5, "01": 4}, ""),
     "heidi": ("compiles_forever", {"00": 5, "01": 0}, "did not finish within"),
     "ivan": ("empty", {"00": 0, "01": 0}, "no lesson folders found"),
+    "judy": ("includes_solution", {"00": 5, "01": 4}, "READ 1 suspicious line (includes the course's reference solution)"),
+    "kim": ("nested", {"00": 5, "01": 4}, "graded from course-main/exercises/"),
+    "leo.zip": ("file", {}, "a file, not a folder"),
 }
 
 
@@ -109,6 +112,11 @@ def start_roster(work):
         folder = os.path.join(roster, student)
         if how == "empty":
             os.makedirs(folder)
+        elif how == "nested":  # an archive unpacked as it came: NAME/course-main/exercises/
+            prepare(os.path.join(folder, "course-main", "exercises"), "good", ())
+        elif how == "file":
+            with open(folder, "w") as f:
+                f.write("PK\x03\x04 (an archive)")
         elif how == "repository":
             prepare(os.path.join(folder, "exercises"), "good", ())
             git = ["git", "-C", folder, "-c", "user.name=s", "-c", "user.email=s@example.org"]
@@ -121,17 +129,35 @@ def start_roster(work):
     # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run (and
     # now with the cases graded beside it).
     log = open(os.path.join(work, "roster.log"), "w+")
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE,
-                             "--out", out, "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2",
-                             "--sandbox", "require"], stdout=log, stderr=subprocess.STDOUT, text=True)
-    return proc, log, time.monotonic()
+    command = [sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE, "--out", out,
+               "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2", "--sandbox", "require"]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    # While it runs: a second grading into the same folder is refused (it would write the same
+    # build trees and reports), and so is a hidden-tests folder that is not one, before anything is
+    # written.
+    refusals = []
+    for _ in range(300):
+        log.seek(0)
+        if "students in" in log.read() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    second = subprocess.run(command, capture_output=True, text=True)
+    if second.returncode != 2 or "another grading is using" not in second.stderr:
+        refusals.append(f"roster: a second roster into the same --out should be refused (exit 2), got "
+                        f"{second.returncode}: {second.stderr[-500:]!r}")
+    typo = subprocess.run(command + ["--extra-tests", os.path.join(work, "no-such-hidden-tests")],
+                          capture_output=True, text=True)
+    if typo.returncode != 2 or "not a folder" not in typo.stderr:
+        refusals.append(f"roster: --extra-tests naming no folder should be refused (exit 2), got "
+                        f"{typo.returncode}: {typo.stderr[-500:]!r}")
+    return proc, log, started, refusals
 
 
 def check_roster(work, started):
     import csv
-    failures = []
     roster, out = os.path.join(work, "roster"), os.path.join(work, "roster-out")
-    proc, log, t0 = started
+    proc, log, t0, failures = started
     proc.wait()
     seconds = time.monotonic() - t0
     log.seek(0)
@@ -155,13 +181,15 @@ def check_roster(work, started):
             failures.append(f"roster: {student} ({how}) got {got}, expected {points}; note: {row['note']}")
         if words and words not in row["note"]:
             failures.append(f"roster: {student} ({how})'s note should contain {words!r}; it is: {row['note']!r}")
-        if not os.path.exists(os.path.join(out, "students", student + ".json")):
+        if how in ("file", "empty") and row["complete"] != "no":
+            failures.append(f"roster: {student} ({how}) was not graded, yet its row says complete={row['complete']}")
+        if how != "file" and not os.path.exists(os.path.join(out, "students", student + ".json")):
             failures.append(f"roster: no report for {student}")
     head = subprocess.run(["git", "-C", os.path.join(roster, "grace"), "rev-parse", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     if rows.get("grace", {}).get("commit") != head:
         failures.append(f"roster: grace's row names commit {rows.get('grace', {}).get('commit')!r}, expected {head}")
-    if output.count("] ") < len(ROSTER):
+    if output.count("] ") < len(ROSTER) - 1:  # (not for the file)
         failures.append("roster: expected a progress line per student")
     print(f"roster of {len(ROSTER)} students graded in {seconds:.1f} s")
     return failures
