@@ -922,6 +922,10 @@ def grade(args):
         if not lessons:
             raise GradingError(f"no lesson matches {' '.join(args.lessons)}")
     cases = {k: v for k, v in cases.items() if v[0] in lessons}
+    if not any(os.path.isdir(os.path.join(args.student, l)) for l in grade_report.lesson_dirs(args.source)):
+        raise GradingError(f"{args.report_student or args.student} holds no lesson folder (expected a copy of exercises/: "
+                           f"{grade_report.lesson_dirs(args.source)[0]}/, ...; or the course's repository, whose "
+                           "exercises/ folder is the one to grade)")
     results = {}
     before = tree_snapshot(args.source, args.build)
 
