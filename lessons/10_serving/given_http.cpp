@@ -196,7 +196,7 @@ struct Server::Impl {
 class Server::Impl::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket socket, Server::Impl& server)
-      : stream_(std::move(socket)), s_(server), deadline_(stream_.get_executor()) {
+      : stream_(std::move(socket)), s_(server), began_(Clock::now()), deadline_(stream_.get_executor()) {
     ++s_.connections;
     beast::error_code ec;
     const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);

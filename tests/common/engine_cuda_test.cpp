@@ -39,6 +39,7 @@
 #include "lessons/10_serving/serving.hpp"
 #include "lessons/11_quantization/cuda_weights.hpp"
 #include "lessons/11_quantization/quantization.hpp"
+#include "tests/common/engine_scenarios.hpp"
 
 namespace infer::gpu {
 namespace {
@@ -619,6 +620,54 @@ TEST(Lesson10OnTheGpu, TheNaiveGpuForwardEqualsLesson00) {
     EXPECT_TRUE(testing::all_close(want.bottomRows(1), gpu.prefill(tokens).transpose(), 1e-3, 1e-3, text));
   }
 }
+
+
+// ------------------------------------------------------------ random scenarios --
+
+class EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(EngineScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind) {
+  // tests/common/engine_scenarios.hpp's scenarios on the GPU engine: lesson 07's forward over its
+  // slots in device memory or lesson 08's pool on the device (under lesson 04's or 05's
+  // bookkeeping), the draft on the device too. A greedy request gets the tokens it gets alone on
+  // the CPU; a sampled one is checked for length and finish only (the device sums in another
+  // order, and a draw near a boundary between two tokens may go the other way).
+  REQUIRE_DEVICE();
+  const ModelWeights& m = testing::bundled_model();
+  const testing::Scenario s = testing::draw_scenario(GetParam());
+  SCOPED_TRACE(s.describe());
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<KVManager> memory;
+  if (s.memory == testing::ScenarioMemory::Slots) {
+    runner = std::make_unique<CudaForward>(m, WeightType::F32);
+    memory = cuda_slots(m.config, s.max_running);
+  } else {
+    CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, s.num_blocks, s.block_size);
+    runner = std::move(parts.forward);
+    if (s.memory == testing::ScenarioMemory::Prefix) memory = std::make_unique<PrefixKVManager>(std::move(parts.pool));
+    else memory = std::make_unique<PagedKVManager>(std::move(parts.pool));
+  }
+  CudaDraft draft;  // (before the engine, whose speculator runs it)
+  std::unique_ptr<Speculator> speculator;
+  if (s.speculation == testing::ScenarioSpeculation::Lookup) speculator = prompt_lookup_speculator();
+  if (s.speculation == testing::ScenarioSpeculation::Draft) {
+    draft = cuda_draft(testing::bundled_draft(), WeightType::F32);
+    speculator = draft_speculator(*draft.forward, draft.new_cache, m.config.vocab_size);
+  }
+  Engine engine(std::move(runner), std::move(memory), testing::scenario_options(s), testing::scenario_planner(s),
+                std::move(speculator));
+  testing::run_scenario(engine, s, testing::draw_plan(GetParam()), m.config.eos_token_id,
+                        [&](const GenerationRequest& r) -> std::optional<std::vector<int>> {
+                          if (r.sampling.temperature > 0.0f) return std::nullopt;
+                          KVCache cache(m.config, m.config.max_position_embeddings);
+                          Sampler sampler(r.sampling);
+                          return generate_cached(m, r.prompt, r.max_new_tokens, sampler, cache);
+                        });
+}
+
+// One test per scenario (a failure's name is its seed): the first 40 of the CPU's 100.
+INSTANTIATE_TEST_SUITE_P(Gpu, EngineScenario, ::testing::Range<uint64_t>(1, 41),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
 
 }  // namespace
 }  // namespace infer::gpu
