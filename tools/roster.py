@@ -206,7 +206,7 @@ def main():
             later = [r["seconds"] for r in list(rows.values())[1:]]
             eta = ""
             if later and n < len(names):
-                eta = f", about {sum(later) / len(later) * (len(names) - n) / workers / 60:.1f} min to go"
+                eta = f", about {sum(later) / len(later) * (len(names) - n) / workers / 60:.1f} min to go at this pace"
             print(f"[{n:>{len(str(len(names)))}}/{len(names)}] {name}: {row['earned']}/{row['total']} "
                   f"({row['seconds']:.0f} s){'; ' + row['note'] if row['note'] else ''} | "
                   f"{elapsed / 60:.1f} min so far{eta}", flush=True)

@@ -57,10 +57,10 @@ TEST_P(EngineScenario, EveryRequestGetsItsSoloTokensAndLeavesNothingBehind) {
   SCOPED_TRACE(s.describe());
   const auto engine = cpu_scenario_engine(s, m);
   run_scenario(*engine, s, draw_plan(GetParam()), m.config.eos_token_id,
-               [&](const GenerationRequest& r) -> std::optional<std::vector<int>> {
+               [&](const GenerationRequest& r) -> std::optional<Expected> {
                  // (a sampled request that speculates keeps its distribution, not its seed's tokens)
                  if (r.sampling.temperature > 0.0f && s.speculation != ScenarioSpeculation::None) return std::nullopt;
-                 return solo_tokens(m, r);
+                 return Expected{.tokens = solo_tokens(m, r), .leads = {}, .tie = 0.0f};
                });
 }
 
