@@ -651,25 +651,24 @@ testing::Expected greedy_with_leads(const ModelWeights& m, const GenerationReque
   return e;
 }
 
-class EngineScenario : public ::testing::TestWithParam<uint64_t> {};
-
-TEST_P(EngineScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind) {
-  // tests/common/engine_scenarios.hpp's scenarios on the GPU engine: lesson 07's forward over its
-  // slots in device memory or lesson 08's pool on the device (under lesson 04's or 05's
-  // bookkeeping), the draft on the device too. A greedy request gets the tokens it gets alone on
-  // the CPU; a sampled one is checked for length and finish only (the device sums in another
-  // order, and a draw near a boundary between two tokens may go the other way).
-  REQUIRE_DEVICE();
+/// tests/common/engine_scenarios.hpp's scenario `seed` on the GPU engine, its matrices as `type`
+/// says: lesson 07's forward over its slots in device memory or lesson 08's pool on the device
+/// (under lesson 04's or 05's bookkeeping), the draft on the device too. A greedy request gets the
+/// tokens it gets alone on the CPU (over the same weights rounded to bf16, for bf16); a sampled one
+/// is checked for length and finish only (the device sums in another order, and a draw near a
+/// boundary between two tokens may go the other way).
+void run_gpu_scenario(uint64_t seed, WeightType type) {
   const ModelWeights& m = testing::bundled_model();
-  const testing::Scenario s = testing::draw_scenario(GetParam());
+  const ModelWeights reference = type == WeightType::BF16 ? rounded_to_bf16(m) : m;
+  const testing::Scenario s = testing::draw_scenario(seed);
   SCOPED_TRACE(s.describe());
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<KVManager> memory;
   if (s.memory == testing::ScenarioMemory::Slots) {
-    runner = std::make_unique<CudaForward>(m, WeightType::F32);
+    runner = std::make_unique<CudaForward>(m, type);
     memory = cuda_slots(m.config, s.max_running);
   } else {
-    CudaPagedParts parts = cuda_paged_parts(m, WeightType::F32, s.num_blocks, s.block_size);
+    CudaPagedParts parts = cuda_paged_parts(m, type, s.num_blocks, s.block_size);
     runner = std::move(parts.forward);
     if (s.memory == testing::ScenarioMemory::Prefix) memory = std::make_unique<PrefixKVManager>(std::move(parts.pool));
     else memory = std::make_unique<PagedKVManager>(std::move(parts.pool));
@@ -678,20 +677,36 @@ TEST_P(EngineScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind
   std::unique_ptr<Speculator> speculator;
   if (s.speculation == testing::ScenarioSpeculation::Lookup) speculator = prompt_lookup_speculator();
   if (s.speculation == testing::ScenarioSpeculation::Draft) {
-    draft = cuda_draft(testing::bundled_draft(), WeightType::F32);
+    draft = cuda_draft(testing::bundled_draft(), type);
     speculator = draft_speculator(*draft.forward, draft.new_cache, m.config.vocab_size);
   }
   Engine engine(std::move(runner), std::move(memory), testing::scenario_options(s), testing::scenario_planner(s),
                 std::move(speculator));
-  testing::run_scenario(engine, s, testing::draw_plan(GetParam()), m.config.eos_token_id,
+  testing::run_scenario(engine, s, testing::draw_plan(seed), m.config.eos_token_id,
                         [&](const GenerationRequest& r) -> std::optional<testing::Expected> {
                           if (r.sampling.temperature > 0.0f) return std::nullopt;
-                          return greedy_with_leads(m, r);
+                          return greedy_with_leads(reference, r);
                         });
 }
 
-// One test per scenario (a failure's name is its seed): the first 40 of the CPU's 100.
+class EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(EngineScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind) {
+  REQUIRE_DEVICE();
+  run_gpu_scenario(GetParam(), WeightType::F32);
+}
+
+class Bf16EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(Bf16EngineScenario, EveryGreedyRequestGetsTheCpusTokensOverTheRoundedWeights) {
+  REQUIRE_DEVICE();
+  run_gpu_scenario(GetParam(), WeightType::BF16);
+}
+
+// One test per scenario (a failure's name is its seed): the first 40 of the CPU's 100; in bf16, 10.
 INSTANTIATE_TEST_SUITE_P(Gpu, EngineScenario, ::testing::Range<uint64_t>(1, 41),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Gpu, Bf16EngineScenario, ::testing::Range<uint64_t>(1, 11),
                          [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
 
 }  // namespace
