@@ -548,12 +548,18 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     logged_ = true;
     if (status == 200 && (path_ == "/health" || path_ == "/metrics")) return;
     const double seconds = std::chrono::duration<double>(Clock::now() - began_).count();
-    std::string shown_path = path_.size() > 100 ? path_.substr(0, 100) + "..." : path_;
-    for (char& c : shown_path)  // (a client's bytes: nothing that would move a terminal's cursor)
-      if (c < 0x20 || c > 0x7e) c = '?';
-    std::fprintf(stderr, "serve: %s %s %s %s %.3f s%s\n", peer_.empty() ? "-" : peer_.c_str(),
-                 method_.empty() ? "-" : method_.c_str(), shown_path.empty() ? "-" : shown_path.c_str(),
-                 status > 0 ? std::to_string(status).c_str() : "-", seconds, detail.c_str());
+    std::string line = cat("serve: ", peer_.empty() ? "-" : peer_, " ", method_.empty() ? "-" : method_, " ",
+                           path_.empty() ? "-" : path_.size() > 100 ? path_.substr(0, 100) + "..." : path_, " ",
+                           status > 0 ? std::to_string(status) : "-", " ");
+    char time[32];
+    std::snprintf(time, sizeof time, "%.3f s", seconds);
+    line += time + detail;
+    // A client's bytes are in it (its path, values its error quotes). The parser refuses control
+    // bytes in a request line and headers, and error messages quote JSON values escaped; should
+    // one come through all the same: one line, and nothing that would move a terminal's cursor.
+    for (char& c : line)
+      if ((c >= 0 && c < 0x20) || c == 0x7f) c = '?';
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
 
   /// What a generation's log line says of it.
