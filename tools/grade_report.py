@@ -46,7 +46,7 @@ def graded_cases(extra_dir=None, root=ROOT):
     roots = [os.path.join(root, "tests")] + ([extra_dir] if extra_dir else [])
     for lesson in lesson_dirs(root):
         for root in roots:
-            for path in sorted(glob.glob(os.path.join(root, lesson, "*_test.c*"))):
+            for path in sorted(glob.glob(os.path.join(glob.escape(root), lesson, "*_test.c*"))):
                 with open(path, encoding="utf-8") as f:
                     for suite, name, points in GRADED.findall(f.read()):
                         cases[f"{suite}.{name}"] = (lesson, int(points), path)
@@ -60,7 +60,7 @@ def extra_tests_error(extra_dir, root=ROOT):
     if not os.path.isdir(extra_dir):
         return f"--extra-tests {extra_dir}: not a folder (expected one folder per lesson, such as 00_naive_decoder/)"
     lessons = lesson_dirs(root)
-    if any(glob.glob(os.path.join(extra_dir, l, "*_test.cpp")) for l in lessons):
+    if any(glob.glob(os.path.join(glob.escape(extra_dir), l, "*_test.cpp")) for l in lessons):
         return None
     here = os.path.basename(os.path.normpath(extra_dir))
     hint = (f"; it is {here}/ itself: give the folder that holds it" if here in lessons
@@ -72,14 +72,17 @@ def hold_lock(folder):
     """Takes `folder`'s grading lock (folder/.grading.lock) for as long as this process lives, or
     returns False when another process holds it: two gradings writing the same build trees and
     reports would give each other's points."""
+    import errno
     import fcntl
     os.makedirs(folder, exist_ok=True)
     f = open(os.path.join(folder, ".grading.lock"), "w")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
         f.close()
-        return False
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise OSError(e.errno, f"cannot lock {folder} for grading ({e.strerror}): a file system without locks?")
     _held_locks.append(f)  # (kept open: closing it would let go of the lock)
     return True
 

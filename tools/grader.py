@@ -1141,7 +1141,13 @@ def main():
         ap.error(why)
     args.student = os.path.abspath(args.student)
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
-    if not grade_report.hold_lock(args.build):
+    # (./course check takes the lock itself, before it configures the build, and says so.)
+    try:
+        locked = os.environ.get("COURSE_GRADING_LOCK_HELD") == args.build or grade_report.hold_lock(args.build)
+    except OSError as e:
+        print(f"grader: cannot grade into {args.build}: {e}", file=sys.stderr)
+        return 2
+    if not locked:
         print(f"grader: another grading is using {args.build} (its build and its reports); wait until it ends, "
               "or grade into another folder (--build)", file=sys.stderr)
         return 2

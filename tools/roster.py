@@ -49,18 +49,21 @@ from grader import kill_tree  # noqa: E402
 def student_folder(path, lessons):
     """The folder of the student's exercises: path/exercises in a clone of the course, else path;
     where path holds no lesson folder and a single folder (an archive unpacked one level deep:
-    NAME/course-main/exercises), the same within that folder."""
+    NAME/course-main/exercises; a macOS archive's __MACOSX/ beside it is not counted), the same
+    within that folder. A symbolic link is never followed (it could name any folder of this
+    machine, the reference solutions among them): path itself then."""
+    here = path
     for _ in range(3):
-        inner = os.path.join(path, "exercises")
-        if os.path.isdir(inner):
+        inner = os.path.join(here, "exercises")
+        if os.path.isdir(inner) and not os.path.islink(inner):
             return inner
-        entries = [e for e in os.listdir(path) if not e.startswith(".")]
+        entries = [e for e in os.listdir(here) if not e.startswith(".") and e != "__MACOSX"]
         if any(e in lessons for e in entries):
-            return path
-        folders = [e for e in entries if os.path.isdir(os.path.join(path, e))]
-        if len(folders) != 1:
-            return path
-        path = os.path.join(path, folders[0])
+            return here
+        folders = [e for e in entries if os.path.isdir(os.path.join(here, e))]
+        if len(folders) != 1 or os.path.islink(os.path.join(here, folders[0])):
+            break
+        here = os.path.join(here, folders[0])
     return path
 
 
@@ -162,8 +165,14 @@ def main():
         print(f"roster: {args.roster} is not a directory (expected one folder per student)", file=sys.stderr)
         return 2
     names = sorted(d for d in os.listdir(roster) if not d.startswith(".") and os.path.isdir(os.path.join(roster, d)))
-    # Files beside the folders (a student's archive not unpacked, say): a row each, saying so.
-    not_folders = sorted(d for d in os.listdir(roster) if not d.startswith(".") and not os.path.isdir(os.path.join(roster, d)))
+    # Archives beside the folders (a student's, not unpacked): a row each, saying so. Other files
+    # (a README, last term's gradebook) are no student's: named once, and left out.
+    files = sorted(d for d in os.listdir(roster) if not d.startswith(".") and not os.path.isdir(os.path.join(roster, d)))
+    archive = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.xz", ".tar.bz2", ".7z", ".rar")
+    not_folders = [f for f in files if f.lower().endswith(archive)]
+    if len(not_folders) < len(files):
+        print(f"roster: not a student's (a file, not an archive), left out: "
+              f"{', '.join(f for f in files if f not in not_folders)}", file=sys.stderr)
     if not names:
         print(f"roster: {args.roster} has no student folders", file=sys.stderr)
         return 2
@@ -171,7 +180,12 @@ def main():
     if args.extra_tests and (why := grade_report.extra_tests_error(os.path.abspath(args.extra_tests), source)):
         print(f"roster: {why}", file=sys.stderr)
         return 2
-    if not grade_report.hold_lock(out):
+    try:
+        locked = grade_report.hold_lock(out)
+    except OSError as e:
+        print(f"roster: cannot write the gradebook in {out}: {e}", file=sys.stderr)
+        return 2
+    if not locked:
         print(f"roster: another grading is using {out} (its build trees, reports and gradebook); wait until it ends, "
               "or give this one another folder (--out DIR)", file=sys.stderr)
         return 2

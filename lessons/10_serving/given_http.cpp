@@ -112,6 +112,7 @@ struct Server::Impl {
   NaiveForward naive;  // naive mode: what runs every token
   Metrics metrics;
   Mailbox mailbox{metrics};
+  ServerLog log;  // (destroyed after the connections and threads that write to it)
   std::atomic<int> answering{0};  ///< requests queued for the engine whose answer is not written yet
   std::atomic<int> connections{0};       ///< open connections (ServerOptions::max_connections)
   std::atomic<size_t> body_bytes{0};     ///< bytes of bodies received and not yet parsed (max_body_bytes_in_flight)
@@ -200,7 +201,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     ++s_.connections;
     beast::error_code ec;
     const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
-    if (!ec) peer_ = cat(peer.address().to_string(), ":", peer.port());
+    if (!ec)
+      peer_ = peer.address().is_v6() ? cat("[", peer.address().to_string(), "]:", peer.port())
+                                     : cat(peer.address().to_string(), ":", peer.port());
   }
   ~Connection() {
     uncount();
@@ -222,7 +225,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   // --------------------------------------------------------------- reading --
 
   void read_header() {
-    began_ = Clock::now();  // (for the log: an idle keep-alive connection's wait counts too, at most its timeout)
+    began_ = Clock::now();  // (for the log of a request whose headers never come whole; on_header() sets it again)
     method_.clear(), path_.clear(), log_detail_.clear();
     logged_ = false;
     header_.emplace();
@@ -253,6 +256,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     if (req.version() != 11)  // (HTTP/1.0 would need its own framing: no chunked streams, no default keep-alive)
       return refuse(ApiError(505, cat("This server speaks HTTP/1.1; the request is HTTP/", req.version() / 10, ".",
                                       req.version() % 10)));
+    began_ = Clock::now();  // (the log's seconds count from here: a keep-alive connection's idle wait is not the request's)
     path_ = origin_path({req.target().data(), req.target().size()});
     method_ = std::string(req.method_string());
     head_only_ = req.method() == http::verb::head;
@@ -388,11 +392,10 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
         std::lock_guard lock(job_->mutex);
         finished = job_->finished;
       }
-      if (!finished) {
-        s_.mailbox.cancel(job_->id);  // the engine frees its sequence before its next step
-        log_request(shown_.head_sent ? 200 : 0, cat(": the client hung up after ", shown_.bytes,
-                                                    " bytes of its answer's text; cancelled"));
-      }
+      if (!finished) s_.mailbox.cancel(job_->id);  // the engine frees its sequence before its next step
+      log_request(shown_.head_sent ? 200 : 0,
+                  cat(": the client hung up after ", shown_.bytes, " bytes of its answer's text",
+                      finished ? ", before the rest was written" : "; cancelled"));
     }
     close();
   }
@@ -541,8 +544,9 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
   // --------------------------------------------------------------- the log --
 
   /// The request's line in the server's log (ServerOptions::log_requests), once: who, what, the
-  /// status (0: none was sent, "-"), how long from its first byte, and `detail`. Successful
-  /// /health and /metrics requests (a balancer's or a scraper's, every few seconds) are left out.
+  /// status (0: none was sent, "-"), the seconds from its headers' arrival, and `detail`.
+  /// Successful /health and /metrics requests (a balancer's or a scraper's, every few seconds) are
+  /// left out.
   void log_request(int status, const std::string& detail) {
     if (!s_.options.log_requests || logged_) return;
     logged_ = true;
@@ -554,12 +558,7 @@ class Server::Impl::Connection : public std::enable_shared_from_this<Connection>
     char time[32];
     std::snprintf(time, sizeof time, "%.3f s", seconds);
     line += time + detail;
-    // A client's bytes are in it (its path, values its error quotes). The parser refuses control
-    // bytes in a request line and headers, and error messages quote JSON values escaped; should
-    // one come through all the same: one line, and nothing that would move a terminal's cursor.
-    for (char& c : line)
-      if ((c >= 0 && c < 0x20) || c == 0x7f) c = '?';
-    std::fprintf(stderr, "%s\n", line.c_str());
+    s_.log.add(line);  // (made printable there: a client's bytes are in it, its path and what its error quotes)
   }
 
   /// What a generation's log line says of it.
@@ -698,12 +697,12 @@ void Server::Impl::accept() {
     if (ec == net::error::operation_aborted || !acceptor->is_open()) return;  // stopping
     if (ec) {  // out of file descriptors, say: try again in a moment, never stop accepting
       if (!accept_failing)  // (said once while it lasts: the loop comes back every 50 ms)
-        std::fprintf(stderr, "serve: cannot accept connections: %s (with %d open; `ulimit -n` bounds them): new ones wait "
-                             "in the system's queue until some close\n", ec.message().c_str(), connections.load());
+        log.add(cat("serve: cannot accept connections: ", ec.message(), " (with ", connections.load(),
+                    " open; `ulimit -n` bounds them): new ones wait in the system's queue until some close"));
       accept_failing = true;
       return accept_later();
     }
-    if (accept_failing) std::fprintf(stderr, "serve: accepting connections again\n");
+    if (accept_failing) log.add("serve: accepting connections again");
     accept_failing = false;
     // One event per token: do not let Nagle hold them back. A send buffer of its own size: the
     // system would let it grow to megabytes for a client that reads nothing, which the write
@@ -714,7 +713,7 @@ void Server::Impl::accept() {
     if (!ec)
       std::make_shared<Connection>(std::move(socket), *this)->start();
     else
-      std::fprintf(stderr, "serve: dropped a connection that could not be set up: %s\n", ec.message().c_str());
+      log.add(cat("serve: dropped a connection that could not be set up: ", ec.message()));
     if (connections.load() >= 2 * options.max_connections) return accept_later();  // a flood: the system's queue holds the next ones
     accept();
   });
@@ -799,7 +798,7 @@ int Server::start() {
           s.io.run();
           return;
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "serve: a connection's handler failed: %s\n", e.what());
+          s.log.add(cat("serve: a connection's handler failed: ", e.what()));
         }
       }
     });

@@ -82,9 +82,10 @@ struct ServerOptions {
   /// otherwise); /health and /metrics stay open.
   std::string api_key = "";
   /// A line on stderr for each request answered (or whose client left first): the client's
-  /// address, the method and path, the status, the seconds from its first byte, and what it got
-  /// (a generation's prompt and generated tokens and finish reason; an error's message).
-  /// Successful /health and /metrics requests are left out.
+  /// address, the method and path, the status, the seconds from its headers' arrival, and what it
+  /// got (a generation's prompt and generated tokens and finish reason; an error's message).
+  /// Successful /health and /metrics requests are left out. Written by a thread of its own
+  /// (server_parts.hpp's ServerLog): a stderr nobody reads holds up no answer.
   bool log_requests = false;
 };
 

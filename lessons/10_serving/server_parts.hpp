@@ -11,6 +11,7 @@
 /// | the engine thread | given_http_engine.cpp | owns the Engine: submit, cancel, step, hand out its events |
 /// | the naive thread | given_http_naive.cpp | the baseline: one request at a time, no cache |
 /// | the client | given_http_client.cpp | the HTTP client the tests and the load generator use |
+/// | the log | given_http_log.cpp | the server's lines on stderr, written by a thread of their own |
 ///
 /// Two kinds of lock: the Mailbox's (what travels between the HTTP threads and the engine
 /// thread), each Job's own (its tokens, for the connection answering it); Metrics keeps its own
@@ -29,6 +30,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -233,6 +235,37 @@ class Mailbox {
   int next_id_ = 1;
   int open_jobs_ = 0;   ///< queued or in the engine
   std::string broken_;  ///< the engine threw: every later job fails with this
+};
+
+// ------------------------------------------------------------------ the log --
+
+/// The server's log: lines on stderr (a request's, an accept that failed), queued by whichever
+/// thread has one and written by a thread of the log's own, so that no HTTP thread ever waits on
+/// stderr (a pipe that nobody reads would otherwise stop every answer). At most kMaxQueued lines
+/// wait; more are dropped, and a line says how many when writing goes on. Each line is one line:
+/// every byte outside printable ASCII (a client's path, the values an error quotes) is written as
+/// \xNN, so that nothing a client sends can start a line or move a terminal's cursor.
+class ServerLog {
+ public:
+  static constexpr size_t kMaxQueued = 4096;
+  ServerLog();
+  /// Writes what is queued, for at most a second more if stderr will not take it (then drops it).
+  ~ServerLog();
+  ServerLog(const ServerLog&) = delete;
+  ServerLog& operator=(const ServerLog&) = delete;
+  /// Queues `line` (without its newline), made printable; never waits on stderr.
+  void add(const std::string& line);
+  /// `text` with every byte outside 0x20..0x7e written as \xNN (a backslash as \x5c).
+  static std::string printable(const std::string& text);
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::string> queued_;
+  size_t dropped_ = 0;
+  bool stopping_ = false;
+  std::thread writer_;
 };
 
 // ------------------------------------------------------------ the two loops --

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The HTTP server over lesson 12's MPI ranks, end to end: options it cannot combine with ranks are
-refused before mpirun starts; on 2 ranks (mpirun started by the server) concurrent greedy requests
+refused before mpirun starts; a server whose log nobody reads (stderr a pipe left unread) answers
+every request all the same; on 2 ranks (mpirun started by the server) concurrent greedy requests
 get the single-process server's texts; SIGTERM stops the server gracefully (a request in flight
 finishes; a second SIGTERM ends it at once); SIGTERM to the server stops every rank, exit status 0, also
 when it reaches every process at once (a service manager's stop), and under an mpirun that does not
@@ -9,6 +10,7 @@ pass SIGUSR1 on to its ranks (as one Open MPI 4.1.6 did not).
     serve_cli_test.py LESSON10_SERVE_BINARY REPOSITORY_ROOT
 """
 import concurrent.futures
+import http.client
 import json
 import os
 import queue
@@ -172,6 +174,38 @@ print("serve --tensor-parallel-size 2: a bad --host and a port in use are refuse
 one = Started().wait_ready()
 expected = texts(one.port)
 one.stop("the single-process server")
+
+# A log that nobody reads (its stderr a pipe left unread, as Started leaves it until the end): no
+# answer may wait on it. 6,000 refused requests, each a line of about 350 bytes in the log, many
+# times what a pipe holds and what the log queues: each is answered, /health too, and once
+# stderr is read again the log says how many of its lines it dropped.
+quiet = Started().wait_ready()
+connection = http.client.HTTPConnection("127.0.0.1", quiet.port, timeout=10)
+answered, t0 = 0, time.monotonic()
+try:
+    for _ in range(6000):
+        connection.request("GET", "/v1/models/" + "m" * 150)
+        answer = connection.getresponse()
+        answer.read()
+        answered += answer.status == 404
+    health = urllib.request.urlopen(f"http://127.0.0.1:{quiet.port}/health", timeout=10).status
+except OSError as e:
+    quiet.kill()
+    sys.exit(f"a server whose stderr nobody reads stopped answering after {answered} requests: {e!r}")
+seconds = time.monotonic() - t0
+err = []
+reader = threading.Thread(target=lambda: err.append(quiet.process.stderr.read()), daemon=True)
+reader.start()
+time.sleep(0.5)
+quiet.process.send_signal(signal.SIGTERM)
+code, _ = quiet.ended("the server whose stderr nobody read")
+reader.join(timeout=30)
+dropped = re.search(r"serve: (\d+) lines of this log were dropped", "".join(err))
+if answered != 6000 or health != 200 or code != 0 or not dropped:
+    sys.exit(f"a server whose stderr nobody read: {answered} of 6000 answered, /health {health}, exit {code}, "
+             f"its log {'said' if dropped else 'did not say'} it dropped lines")
+print(f"serve with a log nobody reads: 6000 requests answered in {seconds:.1f} s, /health answered, "
+      f"{dropped.group(1)} log lines dropped and said so, exit 0")
 
 
 def in_engine(port):

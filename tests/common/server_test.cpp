@@ -487,7 +487,8 @@ TEST(ServerSeeds, ARequestWithoutASeedSamplesAfreshAndOneWithASeedRepeats) {
 TEST(ServerLog, EachRequestIsOneLineSayingWhoWhatAndHowItEnded) {
   // ServerOptions::log_requests: one line on stderr per request answered, or left by its client
   // (a stream's status is the 200 its head said); none for a successful /health; nothing at all
-  // without the option.
+  // without the option. A client's bytes outside printable ASCII are written as \xNN: UTF-8's
+  // NEL (C2 85) would start a line on a terminal that honours it, its CSI (C2 9B) move the cursor.
   const ModelWeights& m = testing::bundled_model();
   const auto lines_of = [](const std::string& text) {
     std::vector<std::string> lines;
@@ -498,33 +499,42 @@ TEST(ServerLog, EachRequestIsOneLineSayingWhoWhatAndHowItEnded) {
   for (const bool log : {true, false}) {
     auto engine = serving_engine(std::make_unique<testing::SlowForward>(m), std::make_unique<PagedKVManager>(m.config, 64, 16),
                                  {.max_running = 4, .token_budget = 32});
-    Server server(std::move(engine), ApiModel{"tiny-fortunes", m.config}, {.http_threads = 2, .log_requests = log});
-    const int port = server.start();
+    auto server = std::make_unique<Server>(std::move(engine), ApiModel{"tiny-fortunes", m.config},
+                                           ServerOptions{.http_threads = 2, .log_requests = log});
+    const int port = server->start();
     ::testing::internal::CaptureStderr();
     EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", kGood).status, 200);
     EXPECT_EQ(http_post("127.0.0.1", port, "/v1/completions", R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 0})").status, 400);
     EXPECT_EQ(http_get("127.0.0.1", port, "/health").first, 200);
+    EXPECT_EQ(exchange(port, "GET /x\xc2\x85serve:FAKE\xc2\x9b" "2J HTTP/1.1\r\nHost: a\r\n\r\n").status, 404);
     const int fd = connect_loopback(port);  // a client that leaves before its answer
     const std::string body = R"({"model": "tiny-fortunes", "prompt": "The", "max_tokens": 200, "stream": true})";
     ASSERT_TRUE(send_all(fd, post_head("/v1/completions", "Content-Type: application/json\r\nContent-Length: " +
                                                                 std::to_string(body.size()) + "\r\n") + body));
-    for (int i = 0; i < 2000 && metric_value(server.metrics(), "course_generation_tokens_total") < 10; ++i)
+    for (int i = 0; i < 2000 && metric_value(server->metrics(), "course_generation_tokens_total") < 10; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ::close(fd);
-    EXPECT_TRUE(server.wait_idle(20));
-    server.stop();
-    const std::vector<std::string> lines = lines_of(::testing::internal::GetCapturedStderr());
+    EXPECT_TRUE(server->wait_idle(20));
+    server.reset();  // (its log's thread has written every line)
+    const std::string text = ::testing::internal::GetCapturedStderr();
+    const std::vector<std::string> lines = lines_of(text);
     if (!log) {
       EXPECT_TRUE(lines.empty()) << lines.front();
       continue;
     }
-    ASSERT_EQ(lines.size(), 3u) << "a line each for the completion, the refusal and the client that left; none for /health";
-    EXPECT_TRUE(std::regex_match(lines[0], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s, prompt 5 tokens, 2 generated \(length\))")))
-        << lines[0];
-    EXPECT_TRUE(std::regex_match(lines[1], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 400 \d+\.\d{3} s: 'max_tokens' must be >= 1, got 0)")))
-        << lines[1];
-    EXPECT_TRUE(std::regex_match(lines[2], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s: the client hung up after \d+ bytes of its answer's text; cancelled)")))
-        << lines[2];
+    ASSERT_EQ(lines.size(), 4u) << "a line each for the completion, the two refusals and the client that left; none for "
+                                   "/health:\n" << text;
+    EXPECT_TRUE(std::none_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x7f; }))
+        << "a byte outside ASCII in the log: " << lines[2];
+    EXPECT_NE(lines[2].find("GET /x\\xc2\\x85serve:FAKE\\xc2\\x9b2J 404 "), std::string::npos) << lines[2];
+    std::vector<std::string> rest = lines;
+    rest.erase(rest.begin() + 2);
+    EXPECT_TRUE(std::regex_match(rest[0], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s, prompt 5 tokens, 2 generated \(length\))")))
+        << rest[0];
+    EXPECT_TRUE(std::regex_match(rest[1], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 400 \d+\.\d{3} s: 'max_tokens' must be >= 1, got 0)")))
+        << rest[1];
+    EXPECT_TRUE(std::regex_match(rest[2], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s: the client hung up after \d+ bytes of its answer's text; cancelled)")))
+        << rest[2];
   }
 }
 

@@ -125,6 +125,8 @@ def start_roster(work):
             subprocess.run(git + ["commit", "-qm", "mine"], check=True)
         else:
             prepare(folder, how, ())
+    with open(os.path.join(roster, "README.md"), "w") as f:  # no student's: not a row
+        f.write("The class of this term.\n")
     # --build-timeout 20: heidi's build never ends; a lesson's build takes a few seconds alone, but
     # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run (and
     # now with the cases graded beside it).
