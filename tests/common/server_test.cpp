@@ -17,7 +17,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -484,6 +483,24 @@ TEST(ServerSeeds, ARequestWithoutASeedSamplesAfreshAndOneWithASeedRepeats) {
   EXPECT_GT(texts.size(), 1u) << "a null seed is no seed";
 }
 
+/// `line` with each run of digits written as N (but those of the address 127.0.0.1): a log line's
+/// shape, whatever its port and seconds.
+std::string with_numbers_as_n(const std::string& line) {
+  std::string out;
+  for (size_t i = 0; i < line.size();) {
+    if (line.compare(i, 9, "127.0.0.1") == 0) {
+      out += "127.0.0.1";
+      i += 9;
+    } else if (std::isdigit(static_cast<unsigned char>(line[i]))) {
+      out += 'N';
+      while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+    } else {
+      out += line[i++];
+    }
+  }
+  return out;
+}
+
 TEST(ServerLog, EachRequestIsOneLineSayingWhoWhatAndHowItEnded) {
   // ServerOptions::log_requests: one line on stderr per request answered, or left by its client
   // (a stream's status is the 200 its head said); none for a successful /health; nothing at all
@@ -529,12 +546,14 @@ TEST(ServerLog, EachRequestIsOneLineSayingWhoWhatAndHowItEnded) {
     EXPECT_NE(lines[2].find("GET /x\\xc2\\x85serve:FAKE\\xc2\\x9b2J 404 "), std::string::npos) << lines[2];
     std::vector<std::string> rest = lines;
     rest.erase(rest.begin() + 2);
-    EXPECT_TRUE(std::regex_match(rest[0], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s, prompt 5 tokens, 2 generated \(length\))")))
-        << rest[0];
-    EXPECT_TRUE(std::regex_match(rest[1], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 400 \d+\.\d{3} s: 'max_tokens' must be >= 1, got 0)")))
-        << rest[1];
-    EXPECT_TRUE(std::regex_match(rest[2], std::regex(R"(serve: 127\.0\.0\.1:\d+ POST /v1/completions 200 \d+\.\d{3} s: the client hung up after \d+ bytes of its answer's text; cancelled)")))
-        << rest[2];
+    EXPECT_EQ(with_numbers_as_n(rest[0]), "serve: 127.0.0.1:N POST /vN/completions N N.N s, prompt N tokens, N generated (length)");
+    EXPECT_NE(rest[0].find(" 200 "), std::string::npos) << rest[0];
+    EXPECT_NE(rest[0].find(", prompt 5 tokens, 2 generated"), std::string::npos) << rest[0];
+    EXPECT_EQ(with_numbers_as_n(rest[1]), "serve: 127.0.0.1:N POST /vN/completions N N.N s: 'max_tokens' must be >= N, got N");
+    EXPECT_NE(rest[1].find(" 400 "), std::string::npos) << rest[1];
+    EXPECT_EQ(with_numbers_as_n(rest[2]),
+              "serve: 127.0.0.1:N POST /vN/completions N N.N s: the client hung up after N bytes of its answer's text; cancelled");
+    EXPECT_NE(rest[2].find(" 200 "), std::string::npos) << rest[2];
   }
 }
 
