@@ -90,6 +90,18 @@ def hold_lock(folder):
 _held_locks = []
 
 
+def lock_or_refusal(folder, program, holds, instead):
+    """Takes `folder`'s grading lock (hold_lock), or says why not: `program`'s message that another
+    grading (which `holds` what) is using it and what to do `instead`, or that it cannot be locked
+    at all. None when it is taken."""
+    try:
+        if hold_lock(folder):
+            return None
+    except OSError as e:
+        return f"{program}: cannot grade into {folder}: {e}"
+    return f"{program}: another grading is using {folder} ({holds}); wait until it ends, or {instead}"
+
+
 def extra_tests_warnings(extra_dir, root=ROOT):
     """What in an instructor's hidden-tests folder would silently grade nothing: a folder that
     names no lesson, a test file whose cases are plain TEST()s, a source not named *_test.cpp."""

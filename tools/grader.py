@@ -1142,14 +1142,9 @@ def main():
     args.student = os.path.abspath(args.student)
     args.build = os.path.abspath(args.build or os.path.join(args.source, "build", "grade"))
     # (./course check takes the lock itself, before it configures the build, and says so.)
-    try:
-        locked = os.environ.get("COURSE_GRADING_LOCK_HELD") == args.build or grade_report.hold_lock(args.build)
-    except OSError as e:
-        print(f"grader: cannot grade into {args.build}: {e}", file=sys.stderr)
-        return 2
-    if not locked:
-        print(f"grader: another grading is using {args.build} (its build and its reports); wait until it ends, "
-              "or grade into another folder (--build)", file=sys.stderr)
+    if os.environ.get("COURSE_GRADING_LOCK_HELD") != args.build and (refusal := grade_report.lock_or_refusal(
+            args.build, "grader", "its build and its reports", "grade into another folder (--build)")):
+        print(refusal, file=sys.stderr)
         return 2
     if args.extra_tests:
         args.extra_tests = os.path.abspath(args.extra_tests)

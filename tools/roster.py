@@ -180,14 +180,9 @@ def main():
     if args.extra_tests and (why := grade_report.extra_tests_error(os.path.abspath(args.extra_tests), source)):
         print(f"roster: {why}", file=sys.stderr)
         return 2
-    try:
-        locked = grade_report.hold_lock(out)
-    except OSError as e:
-        print(f"roster: cannot write the gradebook in {out}: {e}", file=sys.stderr)
-        return 2
-    if not locked:
-        print(f"roster: another grading is using {out} (its build trees, reports and gradebook); wait until it ends, "
-              "or give this one another folder (--out DIR)", file=sys.stderr)
+    if refusal := grade_report.lock_or_refusal(out, "roster", "its build trees, reports and gradebook",
+                                               "give this one another folder (--out DIR)"):
+        print(refusal, file=sys.stderr)
         return 2
     for w in grade_report.extra_tests_warnings(args.extra_tests and os.path.abspath(args.extra_tests), source):
         print(f"roster: WARNING: {w}", file=sys.stderr)
