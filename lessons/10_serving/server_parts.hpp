@@ -244,10 +244,10 @@ class Mailbox {
 /// stderr (a pipe that nobody reads would otherwise stop every answer). At most kMaxQueued lines
 /// wait; more are dropped, and a line says how many when writing goes on. Each line is one line:
 /// every byte outside printable ASCII (a client's path, the values an error quotes) is written as
-/// \xNN, so that nothing a client sends can start a line or move a terminal's cursor.
+/// `\xNN`, so that nothing a client sends can start a line or move a terminal's cursor.
 class ServerLog {
  public:
-  static constexpr size_t kMaxQueued = 4096;
+  static constexpr size_t kMaxQueued = 4096;  ///< lines that may wait for stderr; more are dropped
   ServerLog();
   /// Writes what is queued, for at most a second more if stderr will not take it (then drops it).
   ~ServerLog();
@@ -255,7 +255,7 @@ class ServerLog {
   ServerLog& operator=(const ServerLog&) = delete;
   /// Queues `line` (without its newline), made printable; never waits on stderr.
   void add(const std::string& line);
-  /// `text` with every byte outside 0x20..0x7e written as \xNN (a backslash as \x5c).
+  /// `text` with every byte outside 0x20..0x7e written as `\xNN` (a backslash as `\x5c`).
   static std::string printable(const std::string& text);
 
  private:

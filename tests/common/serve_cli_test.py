@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -36,10 +37,10 @@ class Started:
     released could be taken by a parallel test before the server binds it), its stdout read as it
     comes, and the processes it started (mpirun and the ranks) found by following its children."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, preexec=None):
         self.extra = list(extra)
         self.process = subprocess.Popen([binary, "--model", model, "--port", "0"] + self.extra,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
         self.lines = queue.Queue()
         self.out = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -206,6 +207,29 @@ if answered != 6000 or health != 200 or code != 0 or not dropped:
              f"its log {'said' if dropped else 'did not say'} it dropped lines")
 print(f"serve with a log nobody reads: 6000 requests answered in {seconds:.1f} s, /health answered, "
       f"{dropped.group(1)} log lines dropped and said so, exit 0")
+
+# Out of file descriptors (`ulimit -n` 64, far below --max-connections' 1,024): said at start, said
+# once when accepting fails, and again when it accepts again; the connections past the limit wait
+# in the system's queue, and /health is answered once the others close.
+low = Started(preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))).wait_ready()
+crowd = [socket.create_connection(("127.0.0.1", low.port), timeout=10) for _ in range(80)]
+time.sleep(0.5)
+for c in crowd:
+    c.close()
+try:
+    health = urllib.request.urlopen(f"http://127.0.0.1:{low.port}/health", timeout=15).status
+except OSError as e:
+    health = repr(e)
+low.process.send_signal(signal.SIGTERM)
+code, _ = low.ended("the server with 64 files")
+err = low.process.stderr.read()
+said = [w for w in ("too few for 1024 connections", "cannot accept connections: Too many open files",
+                    "accepting connections again") if w in err]
+if health != 200 or code != 0 or len(said) != 3:
+    sys.exit(f"a server with 64 files and 80 connections: /health {health}, exit {code}, its log said {said} "
+             f"of the three lines expected: {err[-1500:]!r}")
+print("serve with 64 files and 80 connections: the limit said at start, running out and accepting again "
+      "each said once, /health answered after, exit 0")
 
 
 def in_engine(port):
