@@ -39,7 +39,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <new>
+#include <sstream>
+#include <string>
 
 #include <omp.h>
 
@@ -60,6 +63,24 @@
 #endif
 
 using namespace infer;
+
+namespace {
+
+/// The requests that ended, by how (finish_reason: stop, length, cancelled, error), as the
+/// server's /metrics counts them (course_requests_total).
+std::map<std::string, long> ended_requests(const std::string& metrics) {
+  const std::string key = "course_requests_total{finish_reason=\"";
+  std::map<std::string, long> ended;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t end = line.find('"', key.size());
+    if (line.rfind(key, 0) == 0 && end != std::string::npos && line.find(' ', end) != std::string::npos)
+      ended[line.substr(key.size(), end - key.size())] = std::atol(line.c_str() + line.find(' ', end) + 1);
+  }
+  return ended;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Ctrl-C, SIGTERM and SIGHUP (a closed terminal; systemd's SendSIGHUP) are taken by the main
@@ -269,6 +290,7 @@ int main(int argc, char** argv) {
     while (sigwaitinfo(&stop_signals, &first) < 0) {
     }
     const Stopwatch since_stop;
+    const std::map<std::string, long> ended_before = ended_requests(server->metrics());
     // A graceful stop, as a service manager or a rolling restart expects: no new connection or
     // request (each gets 503, /health too), and the requests already in finish, for
     // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left. Over
@@ -304,6 +326,14 @@ int main(int argc, char** argv) {
     std::printf("\nstopping\n");
     std::fflush(stdout);  // (said at once, whatever the stop takes)
     server->stop();
+    // What the stop did to the requests that were in: an operator's account of it.
+    std::map<std::string, long> since = ended_requests(server->metrics());
+    for (const auto& [reason, n] : ended_before) since[reason] -= n;
+    std::printf("stopped: %ld requests ended since the stop: %ld finished (EOS or their length), %ld cancelled by "
+                "their clients, %ld ended by the stop (an error event or answer)\n",
+                since["stop"] + since["length"] + since["cancelled"] + since["error"], since["stop"] + since["length"],
+                since["cancelled"], since["error"]);
+    std::fflush(stdout);
     return rank_result(0);  // (over ranks: rank 0 reached its end, whatever mpirun says of the job)
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: lesson10_serve: out of memory: the model, or the KV pool (--kv-blocks, --block-size, "

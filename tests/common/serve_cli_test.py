@@ -298,10 +298,22 @@ def finish_reason(event):
     return None if event == "[DONE]" or "error" in json.loads(event) else json.loads(event)["choices"][0]["finish_reason"]
 
 
+def stop_account(out):
+    """What the server said the stop did: (ended, finished, cancelled, cut) since it, or None."""
+    said = re.search(r"stopped: (\d+) requests ended since the stop: (\d+) finished .*?, (\d+) cancelled .*?, "
+                     r"(\d+) ended by the stop", out)
+    return tuple(int(n) for n in said.groups()) if said else None
+
+
 def all_finished(what, events, code, out, server):
     """Checks that every one of the 16 requests finished (each token, its finish_reason, then
     [DONE]) and the server said so and exited 0, leaving nothing running."""
     whole = [e for e in events if e and e[-1] == "[DONE]" and any(finish_reason(x) for x in e)]
+    account = stop_account(out)
+    if not account or account[0] < 1 or account[1] != account[0]:
+        server.kill()
+        sys.exit(f"{what}: the server's account of its stop should say that every request ended since finished; "
+                 f"stdout {out[-400:]!r}")
     if code != 0 or len(whole) != 16 or "the requests already in finish first" not in out:
         server.kill()  # (mpirun and the ranks, were any left)
         sys.exit(f"{what} with 16 requests in: exit {code}, {len(whole)} of 16 finished (the ends: "
@@ -322,7 +334,8 @@ def second_stop_cuts(what, events, code, out, server):
     """Checks that a second stop ended what was left at once: some requests ended by an error event
     saying the server is shutting down, exit status 0, nothing left running."""
     cut = [e for e in events if any("shutting down" in x for x in e)]
-    if code != 0 or not cut:
+    account = stop_account(out)
+    if code != 0 or not cut or not account or account[3] < 1:
         server.kill()
         sys.exit(f"{what}, two SIGTERMs with 16 requests in: exit {code}, {len(cut)} ended saying the server is "
                  f"shutting down (the ends: {[e[-2:] for e in events]!r})")
