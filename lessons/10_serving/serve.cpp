@@ -34,6 +34,7 @@
 // and those already in finish, for --shutdown-timeout seconds at most (30; 0: they end at once, with
 // 503) or until a second Ctrl-C.
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -41,7 +42,6 @@
 #include <iostream>
 #include <map>
 #include <new>
-#include <sstream>
 #include <string>
 
 #include <omp.h>
@@ -67,15 +67,13 @@ using namespace infer;
 namespace {
 
 /// The requests that ended, by how (finish_reason: stop, length, cancelled, error), as the
-/// server's /metrics counts them (course_requests_total).
-std::map<std::string, long> ended_requests(const std::string& metrics) {
-  const std::string key = "course_requests_total{finish_reason=\"";
+/// server's /metrics counts them (course_requests_total; none yet: 0).
+std::map<std::string, long> ended_requests(const Server& server) {
+  const std::string text = server.metrics();
   std::map<std::string, long> ended;
-  std::istringstream lines(metrics);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t end = line.find('"', key.size());
-    if (line.rfind(key, 0) == 0 && end != std::string::npos && line.find(' ', end) != std::string::npos)
-      ended[line.substr(key.size(), end - key.size())] = std::atol(line.c_str() + line.find(' ', end) + 1);
+  for (const char* reason : {"stop", "length", "cancelled", "error"}) {
+    const double n = metric_value(text, cat("course_requests_total{finish_reason=\"", reason, "\"}"));
+    ended[reason] = std::isnan(n) ? 0 : static_cast<long>(n);
   }
   return ended;
 }
@@ -290,7 +288,7 @@ int main(int argc, char** argv) {
     while (sigwaitinfo(&stop_signals, &first) < 0) {
     }
     const Stopwatch since_stop;
-    const std::map<std::string, long> ended_before = ended_requests(server->metrics());
+    const std::map<std::string, long> ended_before = ended_requests(*server);
     // A graceful stop, as a service manager or a rolling restart expects: no new connection or
     // request (each gets 503, /health too), and the requests already in finish, for
     // --shutdown-timeout seconds at most or until a second stop; stop() ends what is left. Over
@@ -327,7 +325,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);  // (said at once, whatever the stop takes)
     server->stop();
     // What the stop did to the requests that were in: an operator's account of it.
-    std::map<std::string, long> since = ended_requests(server->metrics());
+    std::map<std::string, long> since = ended_requests(*server);
     for (const auto& [reason, n] : ended_before) since[reason] -= n;
     std::printf("stopped: %ld requests ended since the stop: %ld finished (EOS or their length), %ld cancelled by "
                 "their clients, %ld ended by the stop (an error event or answer)\n",

@@ -689,24 +689,24 @@ void run_gpu_scenario(uint64_t seed, WeightType type) {
                         });
 }
 
-class EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+class RandomScenario : public ::testing::TestWithParam<uint64_t> {};
 
-TEST_P(EngineScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind) {
+TEST_P(RandomScenario, EveryGreedyRequestGetsTheCpusTokensAndLeavesNothingBehind) {
   REQUIRE_DEVICE();
   run_gpu_scenario(GetParam(), WeightType::F32);
 }
 
-class Bf16EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+class Bf16RandomScenario : public ::testing::TestWithParam<uint64_t> {};
 
-TEST_P(Bf16EngineScenario, EveryGreedyRequestGetsTheCpusTokensOverTheRoundedWeights) {
+TEST_P(Bf16RandomScenario, EveryGreedyRequestGetsTheCpusTokensOverTheRoundedWeights) {
   REQUIRE_DEVICE();
   run_gpu_scenario(GetParam(), WeightType::BF16);
 }
 
 // One test per scenario (a failure's name is its seed): the first 40 of the CPU's 100; in bf16, 10.
-INSTANTIATE_TEST_SUITE_P(Gpu, EngineScenario, ::testing::Range<uint64_t>(1, 41),
+INSTANTIATE_TEST_SUITE_P(Gpu, RandomScenario, ::testing::Range<uint64_t>(1, 41),
                          [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
-INSTANTIATE_TEST_SUITE_P(Gpu, Bf16EngineScenario, ::testing::Range<uint64_t>(1, 11),
+INSTANTIATE_TEST_SUITE_P(Gpu, Bf16RandomScenario, ::testing::Range<uint64_t>(1, 11),
                          [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
 
 }  // namespace

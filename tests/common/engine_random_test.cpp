@@ -49,9 +49,9 @@ std::unique_ptr<Engine> cpu_scenario_engine(const Scenario& s, const ModelWeight
                                   scenario_planner(s), std::move(speculator));
 }
 
-class EngineScenario : public ::testing::TestWithParam<uint64_t> {};
+class RandomScenario : public ::testing::TestWithParam<uint64_t> {};
 
-TEST_P(EngineScenario, EveryRequestGetsItsSoloTokensAndLeavesNothingBehind) {
+TEST_P(RandomScenario, EveryRequestGetsItsSoloTokensAndLeavesNothingBehind) {
   const ModelWeights& m = bundled_model();
   const Scenario s = draw_scenario(GetParam());
   SCOPED_TRACE(s.describe());
@@ -65,7 +65,7 @@ TEST_P(EngineScenario, EveryRequestGetsItsSoloTokensAndLeavesNothingBehind) {
 }
 
 // One test per scenario: ctest runs them side by side, and a failure's name is its seed.
-INSTANTIATE_TEST_SUITE_P(Cpu, EngineScenario, ::testing::Range<uint64_t>(1, 101),
+INSTANTIATE_TEST_SUITE_P(Cpu, RandomScenario, ::testing::Range<uint64_t>(1, 101),
                          [](const ::testing::TestParamInfo<uint64_t>& info) { return std::to_string(info.param); });
 
 }  // namespace

@@ -66,7 +66,7 @@ struct Scenario {
       << (budget > 0 ? "chunks within a budget of " + std::to_string(budget) : std::string("whole prompts"))
       << ", speculation " << speculators[static_cast<int>(speculation)];
     if (speculation != ScenarioSpeculation::None) s << " k = " << guesses;
-    s << " (rerun it alone: --gtest_filter='*EngineScenario*/" << seed << "')";
+    s << " (rerun it alone: --gtest_filter='*Scenario*/" << seed << "')";
     return s.str();
   }
 };
