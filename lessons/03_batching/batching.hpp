@@ -148,10 +148,10 @@ std::vector<int> pareto_lengths(int n, double shape, double scale, int cap, uint
 /// watches linear() to see each matrix read once for the batch; swiglu_mlp() calls it for the
 /// MLP's three); RoPE uses each row's own position; each row appends its K/V to its own cache and attends over it
 /// (`caches[i]->attend(...)`, lesson 02's KVStore::attend).
-/// Validate everything first (at least one token, as many tokens as caches, ids, room in every
-/// cache and in the model's context): a refused call appends nothing, and a bad id's message
-/// names it. Two rows must not share a cache. The caches are the caller's: non-null, made for
-/// this model.
+/// Validate everything first (at least one token, as many tokens as caches, ids, no two rows
+/// sharing one cache, room in every cache and in the model's context): a call that breaks any of
+/// these throws and appends nothing, and a bad id's message names it. The caches are the caller's,
+/// who keeps them non-null and made for this model (not checked here).
 /// @return [B, vocab] logits, row i for sequence i; equal to forward_cached() of each alone.
 Matrix forward_batch(const ModelWeights& model, std::span<const int> tokens, std::span<KVStore* const> caches);
 

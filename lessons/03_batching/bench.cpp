@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
              << "," << batch << "\n";
       }
       const double utilization = static_cast<double>(working) / (static_cast<double>(batch) * engine.log().size());
-      std::printf("%-11s %8ld %9.2f %10.1f %11.2f %11.2f %7zu %11.0f%%\n", name, tokens, seconds, tokens / seconds,
+      std::printf("%-11s %8ld %9.2f %10.1f %11.3f %11.3f %7zu %11.0f%%\n", name, tokens, seconds, tokens / seconds,
                   percentile(latency, 50), percentile(latency, 99), engine.log().size(), 100 * utilization);
       summary << subject.name << "," << name << "," << n << "," << batch << "," << tokens << "," << seconds << "," << tokens / seconds << ","
               << percentile(latency, 50) << "," << percentile(latency, 99) << "," << engine.log().size() << ","

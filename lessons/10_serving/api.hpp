@@ -94,11 +94,11 @@ struct CompletionRequest {
 /// | max_tokens | integer | >= 1 (chat also accepts max_completion_tokens; if both come, max_tokens counts and the other is not read; a context error names whichever counted) | completions: 16; chat: what the context leaves (a prompt that leaves nothing is refused) |
 /// | temperature | number | in [0, 2], checked as the float SamplingParams holds | 1 |
 /// | top_p | number | in (0, 1], checked as the float SamplingParams holds (1e-50 is 0 there, and refused) | 1 |
-/// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary) | 0 |
-/// | seed | integer | >= 0 | 0 (the server then gives the request a seed of its own: a fresh sample each time, as OpenAI's API) |
+/// | top_k | integer | >= 0, or -1 (both 0 and -1 keep every token; so does any k >= the vocabulary: a k past int's range too, so narrow it only after bounding it by the vocabulary) | 0 |
+/// | seed | integer | >= 0 | 0 (for this parse; the server looks at the body itself, and gives a request that names no seed one of its own: a fresh sample each time, as OpenAI's API; "seed": 0 repeats like any seed) |
 /// | n | integer | must be 1 | 1 |
 /// | stream | boolean | | false |
-/// | stream_options | object | {"include_usage": boolean}; checked whether or not "stream" is true (ignored when it is not) | |
+/// | stream_options | object | {"include_usage": boolean}, other keys ignored; checked whether or not "stream" is true (ignored when it is not) | |
 /// | stop | string, or array of strings | at most 4, each non-empty (a bare "" too is refused; an empty array: none) | none |
 /// | logprobs (completions) | integer | in [0, 5]: the sampled token's log-probability and the N most likely tokens'; not with "stream": true | none |
 /// | logprobs (chat) | boolean | true: each token's log-probability; not with "stream": true | false |

@@ -10,7 +10,7 @@
 
 #include "common/testing/graded.hpp"
 #include "common/testing/models.hpp"
-#include "common/testing/slow_runner.hpp"
+#include "common/testing/runners.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
 #include "lessons/10_serving/server.hpp"

@@ -29,6 +29,7 @@
 #include "lessons/10_serving/serving.hpp"
 #include "common/testing/compare.hpp"
 #include "common/testing/models.hpp"
+#include "common/testing/runners.hpp"
 #include "tests/02_kv_cache/observed_store.hpp"
 #include "tools/engine_parts.hpp"
 
@@ -700,23 +701,6 @@ TEST(Plumbing, SpeculationOverPagedAndPrefixMemoryGivesPlainGreedyTokens) {
   }
 }
 
-/// The CPU runner, recording how many positions each forward call computes.
-class PositionCountingRunner final : public ModelRunner {
- public:
-  explicit PositionCountingRunner(const ModelWeights& m, std::vector<long>& per_call) : inner_(m), per_call_(per_call) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(const StepInput& step) override {
-    long n = 0;
-    for (const Chunk& c : step.chunks) n += static_cast<long>(c.tokens.size());
-    per_call_.push_back(n);
-    return inner_.forward(step);
-  }
-
- private:
-  CpuRunner inner_;
-  std::vector<long>& per_call_;
-};
-
 TEST(Plumbing, TheStepLogCountsWhatTheForwardComputes) {
   // Lesson 05's and 10's tests count computed positions from the step log, lesson 05's graded
   // ones at the forward: the two must agree, step by step, with prompts planned in chunks, a
@@ -729,8 +713,13 @@ TEST(Plumbing, TheStepLogCountsWhatTheForwardComputes) {
                   {.temperature = i % 2 ? 0.8f : 0.0f, .seed = 7u + i}, i < 4 ? 0 : 80});
   for (int speculate = 0; speculate < 2; ++speculate) {
     SCOPED_TRACE(speculate ? "with prompt lookup" : "without speculation");
-    std::vector<long> per_call;
-    Engine engine(std::make_unique<PositionCountingRunner>(m, per_call),
+    std::vector<long> per_call;  // positions each forward computes
+    const auto count = [&](const StepInput& step) {
+      long n = 0;
+      for (const Chunk& c : step.chunks) n += static_cast<long>(c.tokens.size());
+      per_call.push_back(n);
+    };
+    Engine engine(std::make_unique<testing::WatchedForward>(m, count),
                   std::make_unique<PrefixKVManager>(m.config, 24, 8),
                   {.max_running = 4, .speculative_tokens = speculate ? 4 : 0}, std::make_unique<ChunkedPrefill>(24),
                   speculate ? prompt_lookup_speculator() : nullptr);

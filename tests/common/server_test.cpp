@@ -27,7 +27,7 @@
 #include <omp.h>
 
 #include "common/testing/models.hpp"
-#include "common/testing/slow_runner.hpp"
+#include "common/testing/runners.hpp"
 #include "common/tokenizer.hpp"
 #include "lessons/02_kv_cache/kv_cache.hpp"
 #include "lessons/04_paged_attention/paged_attention.hpp"
@@ -425,21 +425,6 @@ TEST(ServerHostile, AnApiKeyGuardsTheApiButNotHealth) {
   EXPECT_NE(no_key.body.find("invalid_api_key"), std::string::npos) << no_key.body;
 }
 
-/// The CPU forward, recording the OpenMP threads its thread would compute with.
-class ThreadsRecordingForward final : public ModelRunner {
- public:
-  explicit ThreadsRecordingForward(const ModelWeights& m, std::atomic<int>& threads) : inner_(m), threads_(threads) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  Matrix forward(const StepInput& step) override {
-    threads_ = omp_get_max_threads();
-    return inner_.forward(step);
-  }
-
- private:
-  CpuRunner inner_;
-  std::atomic<int>& threads_;
-};
-
 TEST(ServerThreads, TheEngineComputesWithTheThreadsOfTheThreadThatStartedIt) {
   // A program's --threads is omp_set_num_threads() on its main thread; the engine runs on a
   // thread of the server's, which would otherwise compute with OpenMP's default (every core),
@@ -449,7 +434,7 @@ TEST(ServerThreads, TheEngineComputesWithTheThreadsOfTheThreadThatStartedIt) {
   for (const int threads : {1, 3}) {
     omp_set_num_threads(threads);
     std::atomic<int> seen{0};
-    auto engine = serving_engine(std::make_unique<ThreadsRecordingForward>(m, seen),
+    auto engine = serving_engine(std::make_unique<testing::WatchedForward>(m, [&](const StepInput&) { seen = omp_get_max_threads(); }),
                                  std::make_unique<PagedKVManager>(m.config, 64, 16), {.max_running = 4, .token_budget = 32});
     Server server(std::move(engine), ApiModel{"tiny-fortunes", m.config}, {.http_threads = 1});
     const int port = server.start();

@@ -127,12 +127,12 @@ def start_roster(work):
             prepare(folder, how, ())
     with open(os.path.join(roster, "README.md"), "w") as f:  # no student's: not a row
         f.write("The class of this term.\n")
-    # --build-timeout 20: heidi's build never ends; a lesson's build takes a few seconds alone, but
+    # --build-timeout 40: heidi's build never ends; a lesson's build takes a few seconds alone, but
     # 10 s stopped carol's lesson 00 once, on two cores shared with another build and test run (and
-    # now with the cases graded beside it).
+    # now with the cases graded beside it); 40 leaves room for a heavier load than that.
     log = open(os.path.join(work, "roster.log"), "w+")
     command = [sys.executable, os.path.join(REPO, "tools", "roster.py"), roster, "--source", COURSE, "--out", out,
-               "--timeout", str(TIMEOUT), "--build-timeout", "20", "--workers", "2", "--sandbox", "require"]
+               "--timeout", str(TIMEOUT), "--build-timeout", "40", "--workers", "2", "--sandbox", "require"]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
     # While it runs: a second grading into the same folder is refused (it would write the same
