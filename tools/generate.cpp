@@ -356,7 +356,8 @@ int main(int argc, char** argv) {
                                engine.log().size(), " steps");
       if (paged)
         engine_name += infer::cat("; paged KV memory: at most ", most_reserved / block_size, " of ", blocks,
-                                  " blocks of ", block_size, " positions held");
+                                  " blocks of ", block_size, " positions held",
+                                  num_blocks ? "" : " (the pool sized from the request: --num-blocks N sets it)");
       if (prefix)
         engine_name += infer::cat("; prefix cache: ", prefix->matched_tokens(), " of ", prefix->requested_tokens(),
                                   " prompt positions found cached over ", runs, " runs, ", prefix->cache().cached_blocks(),

@@ -141,7 +141,9 @@ class Proposer {
 /// Prompt lookup: the guess is what followed the last time the context's newest tokens appeared.
 /// For n from max_n down to min_n, it looks for the most recent earlier occurrence of the last n
 /// tokens that something follows, and proposes up to k of the tokens that followed it; the first
-/// n that finds one wins. No occurrence: no proposal. Certain guesses (an empty q).
+/// n that finds one wins. An occurrence may overlap the last n tokens themselves, and what follows
+/// it may run into them (up to the context's end). No occurrence: no proposal. Certain guesses (an
+/// empty q).
 class NgramProposer final : public Proposer {
  public:
   /// Throws infer::Error unless 1 <= min_n <= max_n (the message names min_n).
@@ -191,7 +193,9 @@ class TargetModel {
 /// rng_ seeded with params.seed when the proposer is made), feeding each but the last back to get
 /// the next one's distribution: its cache then also holds the last token and the first k - 1
 /// guesses (fewer where the draft's cache, or its model's context, has no room to feed the next
-/// guess). q's rows are
+/// guess). The context itself must fit that room (the caller sizes the draft's cache as the
+/// target's): its last token is run whatever k, and one that does not fit throws, as the forward
+/// does. q's rows are
 /// sampling_distribution() of the draft's logits with the proposer's params; at temperature 0
 /// the guess is the argmax and the Rng is not drawn from. With k = 0 it only catches up.
 /// rollback(length) keeps at most the first `length` cached tokens, in the cache and in
@@ -241,7 +245,7 @@ class DraftProposer final : public Proposer {
 
 // ================================================================= the loop ==
 
-/// What a speculative generation did.
+/// What a speculative generation did: generate_speculative() fills every field.
 struct SpecStats {
   int rounds = 0;            ///< verification rounds: target forwards after the prefill
   long proposed = 0;         ///< tokens proposed, over all rounds
