@@ -5,8 +5,11 @@
 /// packets: load kLanes weights in their small format, widen them to a packet of floats in a
 /// register, multiply-add it into every row of x. The widening is given here: on processors with
 /// AVX-512 it is one or two instructions per packet (a sign- or zero-extension, a conversion or a
-/// table lookup); elsewhere it is written with GCC's vector types, which the compiler lowers to
-/// what the processor has (AVX2, SSE, NEON). What the loop around it does is your part.
+/// table lookup), with AVX2 two or three (an extension, a conversion, a fused multiply-add);
+/// elsewhere it is written with GCC's vector types, which the compiler lowers to what the processor
+/// has (SSE, NEON), not always well: for AVX2 it took the high nibbles apart a byte at a time in
+/// general-purpose registers, which made INT4 slower than float32 there (lesson 11's README). What
+/// the loop around it does is your part.
 ///
 /// The packets are Eigen's (common/packet.hpp): `Packet` holds kLanes floats (16 with AVX-512, 8
 /// with AVX, 4 with SSE or NEON), Eigen::internal::pmadd(a, b, c) is a * b + c, fused where the
@@ -21,7 +24,7 @@
 
 #include "common/packet.hpp"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -41,6 +44,10 @@ inline Packet widen_int8(const int8_t* p) {
 #if defined(__AVX512F__)
   if constexpr (kLanes == 16)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__AVX2__)
+  if constexpr (kLanes == 8)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 #endif
   // GCC widens unsigned bytes with one instruction but signed ones a byte at a time: read them
   // with the sign bit flipped (q + 128), widen, take 128 off.
@@ -63,6 +70,17 @@ inline void widen_int4(const uint8_t* p, float scale, Packet& lo, Packet& hi) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     lo = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)), table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+    return;
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (kLanes == 8) {
+    // scale * (n - 8) as n * scale + (-8 * scale): one rounding either way (-8 * scale is exact),
+    // so the same floats as the lines below.
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256 s = _mm256_set1_ps(scale), offset = _mm256_set1_ps(-8.0f * scale);
+    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F))), s, offset);
+    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), s, offset);
     return;
   }
 #endif

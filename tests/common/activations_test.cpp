@@ -9,6 +9,7 @@
 #include "common/testing/throws.hpp"
 #include "common/weights.hpp"
 #include "lessons/11_quantization/activations.hpp"
+#include "lessons/11_quantization/simd.hpp"
 #include "tests/11_quantization/random_matrix.hpp"
 
 namespace infer {
@@ -63,6 +64,31 @@ using Product = void (*)(ConstMatrixRef, const QuantizedMatrix&, MatrixRef, long
                                              << ", groups of " << w.group << ", " << x.rows() << " rows of x)";
     }
   return ::testing::AssertionSuccess();
+}
+
+TEST(Widening, EachLaneIsItsWeightExactly) {
+  // simd.hpp's widenings (AVX-512 or AVX2 intrinsics where the build has them, GCC's vector types
+  // elsewhere) against the plain arithmetic, lane by lane: int8 q as a float, and each nibble n of
+  // a byte as scale * (n - 8), the same float, over every byte value and scales of many sizes.
+  using simd::kLanes;
+  float out[kLanes], lo_out[kLanes], hi_out[kLanes];
+  for (int start = 0; start < 256; start += kLanes) {
+    int8_t q[kLanes];
+    uint8_t b[kLanes];
+    for (int i = 0; i < kLanes; ++i) q[i] = static_cast<int8_t>(start + i - 128), b[i] = static_cast<uint8_t>(start + i);
+    Eigen::internal::pstoreu(out, simd::widen_int8(q));
+    for (int i = 0; i < kLanes; ++i) ASSERT_EQ(out[i], static_cast<float>(q[i])) << "int8 " << int(q[i]);
+    for (const float scale : {1.0f, 0.1f, 3.7e-5f, 1234.5f, 0.0f}) {
+      simd::Packet lo, hi;
+      simd::widen_int4(b, scale, lo, hi);
+      Eigen::internal::pstoreu(lo_out, lo);
+      Eigen::internal::pstoreu(hi_out, hi);
+      for (int i = 0; i < kLanes; ++i) {
+        ASSERT_EQ(lo_out[i], scale * static_cast<float>((b[i] & 0x0F) - 8)) << "byte " << int(b[i]) << ", scale " << scale;
+        ASSERT_EQ(hi_out[i], scale * static_cast<float>((b[i] >> 4) - 8)) << "byte " << int(b[i]) << ", scale " << scale;
+      }
+    }
+  }
 }
 
 TEST(Int4Int8, FastAndPlainEqualTheExactSum) {

@@ -64,10 +64,18 @@ def snapshot(root):
     return out
 
 
-def leftovers(build):
-    """Processes the students started that are still alive: their sleeps, or their test programs."""
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [l for l in ps.splitlines() if "sleep 9732" in l or os.path.join(build, "bin") + "/" in l]
+def leftovers(build, patience=5.0):
+    """Processes the students started that are still alive after `patience` seconds: their sleeps,
+    or their test programs. (A sandbox's inner process dies when the grader kills its outer one, by
+    the kernel's parent-death signal, but not at once: under load it was once still there when
+    looked for right after the grading. What a student leaves behind on purpose sleeps for hours.)"""
+    deadline = time.monotonic() + patience
+    while True:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        left = [l for l in ps.splitlines() if "sleep 9732" in l or os.path.join(build, "bin") + "/" in l]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def prepare(student_dir, name, leave_out):
