@@ -61,3 +61,20 @@ def signal_taken(pid, sig, timeout=5.0):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.001)
+
+
+def stopped(pid, timeout=10.0):
+    """Waits until process `pid` is stopped (SIGSTOP taken: state T), or has ended; False after
+    `timeout` seconds. Signals sent to it meanwhile stay pending, all taken at once when it goes on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("T", "t", "Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
