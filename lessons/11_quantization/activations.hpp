@@ -11,6 +11,9 @@
 /// packet of 8-bit x (rearranged once per call into the nibbles' order), and the + 8 is taken off
 /// by starting each 32-bit sum from -8 times the 8 values of x it multiplies. The float arithmetic
 /// is left to, per 16 sums, one conversion, one product of W's and x's scales and one multiply-add.
+/// With AVX2 (no VNNI), packets of 32 bytes: `vpmaddubsw` multiplies 32 unsigned bytes by 32
+/// signed ones and adds each two products into 16 bits, `vpmaddwd` by ones adds each two of those
+/// into 32 bits: the same sums, three instructions where VNNI takes one, on half the bytes.
 ///
 /// The price is a second rounding: each x, rounded to its group's step s_x = max |x| / 127, moves
 /// by at most s_x / 2, so a product over one group moves by at most s_x / 2 times the sum of the
@@ -46,9 +49,11 @@ Int8Rows quantize_rows_int8(ConstMatrixRef x, int group);
 /// w.scale(first + i, g) * xq.scale(j, g) * (the group's integer sum of q_w q_x), (+= with
 /// `accumulate`), on the calling thread alone. W is read once, as stored, for any rows of x. With
 /// AVX-512 VNNI and a group whose half is 4, 8, 16, 32 or a multiple of 64 bytes (groups of 8, 16,
-/// 32, 64, 128, 256, 384...), 64 bytes of W at a time through `vpdpbusd`; otherwise (another processor,
-/// another group) linear_int4_int8_plain(). Both sum the same integers; they differ by float
-/// rounding only, within 1e-5 of the sum of the terms' magnitudes. Throws infer::Error for a W
+/// 32, 64, 128, 256, 384...), 64 bytes of W at a time through `vpdpbusd`; without VNNI but with
+/// AVX2 and FMA, and a half of 4, 8, 16 or a multiple of 32 bytes (the same groups), 32 bytes at a
+/// time through `vpmaddubsw` and `vpmaddwd`; otherwise (another processor, another group)
+/// linear_int4_int8_plain(). All sum the same integers; they differ by float rounding only, within
+/// 1e-5 of the sum of the terms' magnitudes. Throws infer::Error for a W
 /// that is not INT4 (or whose group or arrays do not fit its shape), mismatched shapes or rows
 /// outside W.
 void linear_int4_int8_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
@@ -59,9 +64,13 @@ void linear_int4_int8_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, Matr
 void linear_int4_int8_plain(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
                             bool accumulate);
 
-/// Whether linear_int4_int8_rows_into() takes its VNNI path for groups of `group` on this build
-/// (for a bench to say which path it measured).
+/// Whether linear_int4_int8_rows_into() takes a vectorized path (VNNI's or AVX2's) for groups of
+/// `group` on this build.
 bool int4_int8_vectorized(int group);
+
+/// Which path linear_int4_int8_rows_into() takes for groups of `group` on this build, in words
+/// ("AVX-512 VNNI", "AVX2" or "the plain loop"), for a bench to say what it measured.
+const char* int4_int8_path(int group);
 
 /// An INT4 QuantizedMatrix behind the engine's seam, its products by 8-bit activations:
 /// rows_into() is linear_int4_int8_rows_into().

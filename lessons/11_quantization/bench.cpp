@@ -254,8 +254,7 @@ int main(int argc, char** argv) {
     speed << "model,format,batch,tokens_per_s,bytes_per_step,bandwidth,roof_tokens_per_s,ceiling_tokens_per_s,"
              "rest_seconds,serial_tokens_per_s\n";
     std::printf("Decode through the engine, %d threads, %d positions in:\n", omp_get_max_threads(), context);
-    std::printf("(a8: INT4 weights by 8-bit activations, %s)\n",
-                int4_int8_vectorized(32) ? "summed by AVX-512 VNNI" : "the plain loop: this build has no AVX-512 VNNI");
+    std::printf("(a8: INT4 weights by 8-bit activations, summed by %s)\n", int4_int8_path(32));
     std::printf("%-14s %-12s %5s %9s %7s %8s %7s %8s %9s %8s %6s %10s %6s\n", "model", "format", "batch", "tokens/s",
                 "vs f32", "MB/step", "GB/s", "memory", "compute", "bound", "of it", "no overlap", "of it");
     double last_rest = 0;  // the last model's rest of a batch-1 step, for the note below

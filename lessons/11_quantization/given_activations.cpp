@@ -14,13 +14,23 @@
 #error "given_activations.cpp needs IEEE inf and NaN: build it without -ffast-math or -ffinite-math-only"
 #endif
 
+// The integer path: AVX-512 VNNI where the processor has it, else AVX2 (with FMA), else none
+// (the plain loop).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define COURSE_INT4_INT8_VNNI 1
+#define COURSE_INT4_INT8_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__)
+#define COURSE_INT4_INT8_VNNI 0
+#define COURSE_INT4_INT8_AVX2 1
+#else
+#define COURSE_INT4_INT8_VNNI 0
+#define COURSE_INT4_INT8_AVX2 0
+#endif
+#define COURSE_INT4_INT8_SIMD (COURSE_INT4_INT8_VNNI || COURSE_INT4_INT8_AVX2)
+#if COURSE_INT4_INT8_SIMD
 #include <immintrin.h>
 
 #include <Eigen/Core>
-#define COURSE_INT4_INT8_VNNI 1
-#else
-#define COURSE_INT4_INT8_VNNI 0
 #endif
 
 namespace infer {
@@ -98,12 +108,18 @@ void plain_groups(const QuantizedMatrix& w, const Int8Rows& x, float* y, long ld
     }
 }
 
+/// Bytes of a row of W per packet: a 512-bit register with AVX-512, 256 with AVX2.
+constexpr int kPacketBytes = COURSE_INT4_INT8_VNNI ? 64 : 32;
+
+/// A 32-bit lane (4 bytes of W) must lie in one group, and a packet's groups must be whole (or
+/// the packet inside one group): half % 4 == 0, and half divides the packet or the packet it.
 bool vectorizable(int group) {
   const int half = group / 2;
-  return COURSE_INT4_INT8_VNNI && group > 0 && group % 2 == 0 && half % 4 == 0 && (64 % half == 0 || half % 64 == 0);
+  return COURSE_INT4_INT8_SIMD && group > 0 && group % 2 == 0 && half % 4 == 0 &&
+         (kPacketBytes % half == 0 || half % kPacketBytes == 0);
 }
 
-#if COURSE_INT4_INT8_VNNI
+#if COURSE_INT4_INT8_SIMD
 /// Rows of x arranged as W's bytes are: byte b of a row of W (group b / half, index i = b % half)
 /// holds the group's values i (low nibble) and half + i (high nibble); `lo` and `hi` hold x's values
 /// at those places, so that one packet of W's bytes meets one packet of each. Per 4 bytes (a
@@ -138,6 +154,7 @@ void arrange(const Int8Rows& x, Arranged& a) {
   }
 }
 
+#if COURSE_INT4_INT8_VNNI
 /// How a packet of 64 bytes of a row of W meets its groups' scales: lane l (bytes 4l..4l+3) is
 /// in group `idx[l]` of the packet's first, whose scales are the first `scales` of its row's
 /// from group 64 c / half on (c: the packet). Set once per call.
@@ -153,14 +170,17 @@ struct PacketGroups {
   }
 };
 
+/// Rows of W and of x per tile (R x B sums in registers: 32 of AVX-512's registers hold them).
+constexpr int kTileRows = 4, kTileBatch = 4;
+
 /// y[j][r + i] += the product over each row: `chunks` whole packets of 64 bytes and the rest, for R rows of W
 /// (from r) and B rows of x (from j0). Each packet of 64 bytes of W is loaded once, split into its
 /// low and high nibbles, and meets every row of x in registers: two vpdpbusd (nibbles times x,
 /// four products to a 32-bit sum, started from the lane's offset), one conversion, one multiply-add
 /// by the two scales.
 template <int R, int B>
-void vnni_tile(const QuantizedMatrix& w, long r, const Arranged& a, long j0, long chunks, const PacketGroups& pg,
-               float* y, long ldy) {
+void tile(const QuantizedMatrix& w, long r, const Arranged& a, long j0, long chunks, const PacketGroups& pg, float* y,
+          long ldy) {
   const long rb = w.cols / 2, half = w.group / 2, groups = w.cols / w.group, lanes = rb / 4;
   const __m512i idx = pg.idx;
   const __mmask16 scales_in_packet = pg.scales;
@@ -210,29 +230,113 @@ void vnni_tile(const QuantizedMatrix& w, long r, const Arranged& a, long j0, lon
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < B; ++j) y[(j0 + j) * ldy + r + i] += Eigen::internal::predux(acc[i][j]);  // (GCC 12 warns in _mm512_reduce_add_ps)
 }
+#else  // AVX2
+/// The first n of a packet's 8 32-bit lanes, as AVX2's masked loads take them (sign bits).
+inline __m256i first_lanes(long n) {
+  static const int32_t ones_then_zeros[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ones_then_zeros + 8 - n));
+}
 
+/// How a packet of 32 bytes of a row of W meets its groups' scales: lane l (bytes 4l..4l+3) is
+/// in group `idx[l]` of the packet's first, whose scales are the `scales` lanes of its row's from
+/// group 32 c / half on (c: the packet). Set once per call.
+struct PacketGroups {
+  __m256i idx;
+  __m256i scales;
+
+  explicit PacketGroups(long half) {
+    alignas(32) int32_t lane_group[8];
+    for (int l = 0; l < 8; ++l) lane_group[l] = static_cast<int32_t>(4 * l / half);
+    idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_group));
+    scales = first_lanes(half >= 32 ? 1 : 32 / half);
+  }
+};
+
+/// Rows of W and of x per tile (AVX2 has 16 registers: R x B sums, R packets of W in two halves).
+constexpr int kTileRows = 2, kTileBatch = 2;
+
+/// The AVX-512 tile's contract, for packets of 32 bytes. AVX2 has no vpdpbusd; per packet and row of
+/// x, two vpmaddubsw (unsigned nibbles times signed x, each two products summed to 16 bits: at
+/// most 2 x 15 x 127 in size, and the two results' sum 7,620, far inside 16 bits), their sum,
+/// one vpmaddwd by ones (each two 16-bit sums to 32 bits: the 4 bytes of a lane), the lane's
+/// offset added, one conversion, one multiply-add by the two scales.
+template <int R, int B>
+void tile(const QuantizedMatrix& w, long r, const Arranged& a, long j0, long chunks, const PacketGroups& pg, float* y,
+          long ldy) {
+  const long rb = w.cols / 2, half = w.group / 2, groups = w.cols / w.group, lanes = rb / 4;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* bytes[R];
+  const float* sw[R];
+  for (int i = 0; i < R; ++i) bytes[i] = w.packed.data() + (r + i) * rb, sw[i] = w.scales.data() + (r + i) * groups;
+  __m256 acc[R][B];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < B; ++j) acc[i][j] = _mm256_setzero_ps();
+  // The row's last `rest` bytes (whole groups, so whole lanes: fewer than 32), read through masks.
+  const long rest = rb - 32 * chunks;
+  const __m256i rest_lanes = first_lanes(rest / 4), rest_scales = first_lanes(rest / half);
+  const auto load = [&]<bool kPart>(const void* p) __attribute__((always_inline)) {
+    return kPart ? _mm256_maskload_epi32(static_cast<const int*>(p), rest_lanes)
+                 : _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  };
+  const auto packet = [&]<bool kPart>(long c) __attribute__((always_inline)) {
+    __m256i wl[R], wh[R];
+    __m256 s[R];
+    for (int i = 0; i < R; ++i) {
+      const __m256i v = load.template operator()<kPart>(bytes[i] + 32 * c);
+      wl[i] = _mm256_and_si256(v, nibble);
+      wh[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      s[i] = _mm256_permutevar8x32_ps(_mm256_maskload_ps(sw[i] + 32 * c / half, kPart ? rest_scales : pg.scales),
+                                      pg.idx);
+    }
+    for (int j = 0; j < B; ++j) {
+      const long row = j0 + j;
+      const __m256i xl = load.template operator()<kPart>(a.lo.data() + row * rb + 32 * c);
+      const __m256i xh = load.template operator()<kPart>(a.hi.data() + row * rb + 32 * c);
+      const __m256i o = load.template operator()<kPart>(a.offset.data() + row * lanes + 8 * c);
+      const __m256 sx = _mm256_castsi256_ps(load.template operator()<kPart>(a.scale.data() + row * lanes + 8 * c));
+      for (int i = 0; i < R; ++i) {
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(wl[i], xl), _mm256_maddubs_epi16(wh[i], xh));
+        const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), o);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s[i], sx), acc[i][j]);
+      }
+    }
+  };
+  for (long c = 0; c < chunks; ++c) packet.template operator()<false>(c);
+  if (rest > 0) packet.template operator()<true>(chunks);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < B; ++j) y[(j0 + j) * ldy + r + i] += Eigen::internal::predux(acc[i][j]);
+}
+#endif
+
+/// Rows [j, n) of x against R rows of W from r: tiles of B rows of x, the last one smaller.
+template <int R, int B>
+void tiles_of_x(const QuantizedMatrix& w, long r, const Arranged& a, long j, long n, long chunks,
+                const PacketGroups& pg, float* y, long ldy) {
+  for (; j + B <= n; j += B) tile<R, B>(w, r, a, j, chunks, pg, y, ldy);
+  if constexpr (B > 1)
+    if (j < n) tiles_of_x<R, B - 1>(w, r, a, j, n, chunks, pg, y, ldy);
+}
+
+/// Rows [r, end) of W against every row of x: tiles of R rows of W, the last one smaller.
 template <int R>
-void vnni_rows(const QuantizedMatrix& w, long r, const Arranged& a, long n, long chunks, const PacketGroups& pg,
-               float* y, long ldy) {
+void rows_of_w(const QuantizedMatrix& w, long r, long end, const Arranged& a, long n, long chunks,
+               const PacketGroups& pg, float* y, long ldy) {
   // The rows kAhead rows on, asked for now: bytes and scales. Without the scales' stream in it the
   // product waits on memory between packets (a throwaway run on this course's 2-core machine, over
   // a 50 MB matrix: 38 GB/s without prefetching, 61 with; the bytes alone gained nothing).
   constexpr long kAhead = 16;
   const long rb = w.cols / 2, sb = w.cols / w.group * static_cast<long>(sizeof(float));
-  if (r + kAhead + R <= w.rows) {  // (the last rows of W have nothing ahead to ask for)
-    const char* bytes = reinterpret_cast<const char*>(w.packed.data()) + (r + kAhead) * rb;
-    const char* scales = reinterpret_cast<const char*>(w.scales.data()) + (r + kAhead) * sb;
-    for (long b = 0; b < R * rb; b += 64) __builtin_prefetch(bytes + b);
-    for (long b = 0; b < R * sb; b += 64) __builtin_prefetch(scales + b);
+  for (; r + R <= end; r += R) {
+    if (r + kAhead + R <= w.rows) {  // (the last rows of W have nothing ahead to ask for)
+      const char* bytes = reinterpret_cast<const char*>(w.packed.data()) + (r + kAhead) * rb;
+      const char* scales = reinterpret_cast<const char*>(w.scales.data()) + (r + kAhead) * sb;
+      for (long b = 0; b < R * rb; b += 64) __builtin_prefetch(bytes + b);
+      for (long b = 0; b < R * sb; b += 64) __builtin_prefetch(scales + b);
+    }
+    tiles_of_x<R, kTileBatch>(w, r, a, 0, n, chunks, pg, y, ldy);
   }
-  long j = 0;
-  for (; j + 4 <= n; j += 4) vnni_tile<R, 4>(w, r, a, j, chunks, pg, y, ldy);
-  switch (n - j) {
-    case 1: vnni_tile<R, 1>(w, r, a, j, chunks, pg, y, ldy); break;
-    case 2: vnni_tile<R, 2>(w, r, a, j, chunks, pg, y, ldy); break;
-    case 3: vnni_tile<R, 3>(w, r, a, j, chunks, pg, y, ldy); break;
-    default: break;
-  }
+  if constexpr (R > 1)
+    if (r < end) rows_of_w<R - 1>(w, r, end, a, n, chunks, pg, y, ldy);
 }
 #endif
 
@@ -242,7 +346,7 @@ void vnni_rows(const QuantizedMatrix& w, long r, const Arranged& a, long n, long
 /// it has seen (a prefill of 256 rows of 2,048 columns: 1.5 MB a thread).
 struct Scratch {
   Int8Rows x;
-#if COURSE_INT4_INT8_VNNI
+#if COURSE_INT4_INT8_SIMD
   Arranged arranged;
 #endif
 };
@@ -258,6 +362,11 @@ Int8Rows quantize_rows_int8(ConstMatrixRef x, int group) {
 }
 
 bool int4_int8_vectorized(int group) { return vectorizable(group); }
+
+const char* int4_int8_path(int group) {
+  if (!vectorizable(group)) return "the plain loop";
+  return COURSE_INT4_INT8_VNNI ? "AVX-512 VNNI" : "AVX2";
+}
 
 void linear_int4_int8_plain(ConstMatrixRef x, const QuantizedMatrix& w, MatrixRef y, long first, long count,
                             bool accumulate) {
@@ -275,19 +384,10 @@ void linear_int4_int8_rows_into(ConstMatrixRef x, const QuantizedMatrix& w, Matr
   if (!accumulate) y.middleCols(first, count).setZero();
   if (x.rows() == 0 || count == 0) return;
   quantize_rows_into(x, w.group, scratch.x);
-#if COURSE_INT4_INT8_VNNI
+#if COURSE_INT4_INT8_SIMD
   arrange(scratch.x, scratch.arranged);
-  const long chunks = w.cols / 2 / 64, n = x.rows(), ldy = y.outerStride();
-  float* yd = y.data();
-  const PacketGroups pg(w.group / 2);
-  for (long r = first; r < first + count; r += 4) {
-    switch (std::min<long>(4, first + count - r)) {
-      case 4: vnni_rows<4>(w, r, scratch.arranged, n, chunks, pg, yd, ldy); break;
-      case 3: vnni_rows<3>(w, r, scratch.arranged, n, chunks, pg, yd, ldy); break;
-      case 2: vnni_rows<2>(w, r, scratch.arranged, n, chunks, pg, yd, ldy); break;
-      default: vnni_rows<1>(w, r, scratch.arranged, n, chunks, pg, yd, ldy); break;
-    }
-  }
+  rows_of_w<kTileRows>(w, first, first + count, scratch.arranged, x.rows(), w.cols / 2 / kPacketBytes,
+                       PacketGroups(w.group / 2), y.data(), y.outerStride());
 #endif
 }
 

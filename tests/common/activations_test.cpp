@@ -92,17 +92,19 @@ TEST(Widening, EachLaneIsItsWeightExactly) {
 }
 
 TEST(Int4Int8, FastAndPlainEqualTheExactSum) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  // This build has the fast path: make sure the cases below take it.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) || defined(__AVX2__) && defined(__FMA__)
+  // This build has a fast path (AVX-512 VNNI's, or AVX2's): make sure the cases below take it.
   for (int g : {8, 16, 32, 64, 128, 256, 384}) EXPECT_TRUE(int4_int8_vectorized(g)) << g;
 #endif
   EXPECT_FALSE(int4_int8_vectorized(96));  // a half of 48 bytes straddles the packets: the plain path
   EXPECT_FALSE(int4_int8_vectorized(4));   // a 32-bit lane would span two groups
-  // Columns that are whole packets of 64 bytes (768), and that leave groups after them (192: one
-  // packet and 32 bytes; 96); groups from 16 to a packet (8 to 128), over several packets (256,
-  // 384: three packets a group), and one the fast path leaves to the plain one (96); rows of W not
-  // a multiple of 4 (tiles of 4, 3, 2 and 1 rows); the batches of decode and a prefill.
-  for (long cols : {768L, 192L, 96L})
+  // Columns that are whole packets (768: 384 bytes a row, six of AVX-512's 64 bytes, twelve of
+  // AVX2's 32), and that leave groups after them (192: 96 bytes, one packet of 64 and 32 bytes
+  // more, or three of 32; 96 and 80: 48 and 40 bytes, a packet and 16 or 8 bytes more); groups
+  // from 8 to a packet and more, over several packets (256, 384), and one the fast paths leave to
+  // the plain one (96); rows of W not a multiple of 4 (tiles of 4, 3, 2 and 1 rows); the batches of
+  // decode and a prefill.
+  for (long cols : {768L, 192L, 96L, 80L})
     for (int group : {8, 16, 32, 64, 96, 128, 256, 384})
       for (long n : {1L, 3L, 4L, 5L, 8L, 70L}) {
         if (cols % group) continue;
